@@ -1,0 +1,175 @@
+"""Per-step batch state: each row's SamplingParams turned into tensors once, plus its token ids for penalties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Sequence
+
+import torch
+
+from leapgen.decoding.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What the engine knows about one row of the logits this step.
+
+    `prompt_ids`/`output_ids` are the sequence's tokens so far (generated ones only in `output_ids`);
+    `generator` is the row's own torch.Generator (see `sampler.request_generator`), None for the global one.
+    """
+
+    params: SamplingParams
+    prompt_ids: Sequence[int] = ()
+    output_ids: Sequence[int] = ()
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class SamplingBatch:
+    """Everything the processors need for one step, as `[B]` tensors on the logits' device.
+
+    Disabled settings hold neutral values (top_k = vocab, top_p = 1, ...) and the `uses_*` flags say
+    whether any row needs a stage at all, so a feature no row uses costs nothing.  Greedy rows get
+    neutral warper settings: warpers never move the argmax, and their processed logprobs stay meaningful.
+    Build it with `SamplingBatch.build(...)`.
+    """
+
+    rows: list[SamplingRow]
+    vocab_size: int
+    device: torch.device
+    eos_token_ids: tuple[int, ...]
+    greedy: torch.Tensor                # bool
+    temperature: torch.Tensor           # float, 1.0 on greedy rows
+    top_k: torch.Tensor                 # long, vocab_size where disabled
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    typical_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    frequency_penalty: torch.Tensor
+    presence_penalty: torch.Tensor
+    uses_temperature: bool
+    uses_top_k: bool
+    uses_top_p: bool
+    uses_min_p: bool
+    uses_typical_p: bool
+    uses_repetition_penalty: bool
+    uses_output_penalties: bool         # frequency or presence
+    all_greedy: bool
+    any_greedy: bool
+    # Sparse per-row work, precomputed in Python because only some rows have it.
+    bias_rows: list[int] = field(default_factory=list)
+    bias_cols: list[int] = field(default_factory=list)
+    bias_values: list[float] = field(default_factory=list)
+    suppressed: list[tuple[int, list[int]]] = field(default_factory=list)   # min_tokens: (row, ids to ban)
+    ngram_rows: list[tuple[int, int]] = field(default_factory=list)         # (row, ngram size)
+    extra_rows: list[tuple[int, list[Any]]] = field(default_factory=list)  # (row, transformers-style processors)
+    token_bitmask: torch.Tensor | None = None   # [B, ceil(V/32)] int32 allowed-token words (constraints)
+
+    @classmethod
+    def build(
+        cls,
+        rows: Sequence[SamplingRow],
+        vocab_size: int,
+        eos_token_ids: Sequence[int] = (),
+        device: torch.device | str = "cpu",
+        token_bitmask: torch.Tensor | None = None,
+    ) -> "SamplingBatch":
+        """Collect the rows' settings into tensors; raises ValueError naming the row of a bad logit_bias id."""
+        if not rows:
+            raise ValueError("SamplingBatch.build needs at least one row")
+        device = torch.device(device)
+        eos = tuple(int(t) for t in eos_token_ids)
+        params = [r.params for r in rows]
+        greedy = [p.greedy for p in params]
+
+        def sampled(values: list, neutral) -> list:
+            return [neutral if g else v for v, g in zip(values, greedy)]
+
+        top_k = [k if 0 < k < vocab_size else vocab_size for k in sampled([p.top_k for p in params], 0)]
+        temperature = sampled([p.temperature for p in params], 1.0)
+        top_p = sampled([p.top_p for p in params], 1.0)
+        min_p = sampled([p.min_p for p in params], 0.0)
+        typical_p = sampled([p.typical_p for p in params], 1.0)
+        rep = [p.repetition_penalty for p in params]
+        freq = [p.frequency_penalty for p in params]
+        pres = [p.presence_penalty for p in params]
+
+        def floats(values: list) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        batch = cls(
+            rows=list(rows), vocab_size=vocab_size, device=device, eos_token_ids=eos,
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            temperature=floats(temperature),
+            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+            top_p=floats(top_p), min_p=floats(min_p), typical_p=floats(typical_p),
+            repetition_penalty=floats(rep), frequency_penalty=floats(freq), presence_penalty=floats(pres),
+            uses_temperature=any(t != 1.0 for t in temperature),
+            uses_top_k=any(k < vocab_size for k in top_k),
+            uses_top_p=any(p < 1.0 for p in top_p),
+            uses_min_p=any(p > 0.0 for p in min_p),
+            uses_typical_p=any(p < 1.0 for p in typical_p),
+            uses_repetition_penalty=any(r != 1.0 for r in rep),
+            uses_output_penalties=any(f != 0.0 for f in freq) or any(p != 0.0 for p in pres),
+            all_greedy=all(greedy), any_greedy=any(greedy),
+            token_bitmask=token_bitmask,
+        )
+        for i, row in enumerate(rows):
+            batch._collect_sparse(i, row)
+        return batch
+
+    def _collect_sparse(self, i: int, row: SamplingRow) -> None:
+        p = row.params
+        if p.logit_bias:
+            for token, bias in p.logit_bias.items():
+                if not isinstance(token, int) or not 0 <= token < self.vocab_size:
+                    raise ValueError(
+                        f"row {i}: logit_bias token id {token!r} is outside the vocabulary [0, {self.vocab_size})"
+                    )
+                self.bias_rows.append(i)
+                self.bias_cols.append(token)
+                self.bias_values.append(float(bias))
+        if len(row.output_ids) < p.min_tokens:
+            banned = list(p.stop_token_ids or ()) + ([] if p.ignore_eos else list(self.eos_token_ids))
+            banned = [t for t in banned if t < self.vocab_size]
+            if banned:
+                self.suppressed.append((i, banned))
+        if p.no_repeat_ngram_size > 0:
+            self.ngram_rows.append((i, p.no_repeat_ngram_size))
+        if p.logits_processors:
+            self.extra_rows.append((i, list(p.logits_processors)))
+
+    @property
+    def size(self) -> int:
+        """Number of rows."""
+        return len(self.rows)
+
+    def row_token_ids(self, i: int) -> torch.Tensor:
+        """Prompt + output ids of row `i` as a 1-D long tensor (what transformers calls input_ids)."""
+        row = self.rows[i]
+        return torch.tensor([*row.prompt_ids, *row.output_ids], dtype=torch.long, device=self.device)
+
+    @cached_property
+    def output_counts(self) -> torch.Tensor:
+        """`[B, V]` float count of each token among the row's generated ids (built once, when first needed)."""
+        return self._counts([r.output_ids for r in self.rows])
+
+    @cached_property
+    def seen_mask(self) -> torch.Tensor:
+        """`[B, V]` bool: the token occurs in the row's prompt or output (repetition penalty's domain)."""
+        return (self._counts([r.prompt_ids for r in self.rows]) > 0) | (self.output_counts > 0)
+
+    def _counts(self, id_lists: list[Sequence[int]]) -> torch.Tensor:
+        # One scatter_add over ids padded with an extra column V that is dropped afterwards.
+        width = max((len(ids) for ids in id_lists), default=0)
+        counts = torch.zeros(len(id_lists), self.vocab_size + 1, dtype=torch.float32, device=self.device)
+        if width == 0:
+            return counts[:, : self.vocab_size]
+        padded = torch.full((len(id_lists), width), self.vocab_size, dtype=torch.long)
+        for i, ids in enumerate(id_lists):
+            if len(ids):
+                padded[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+        padded = padded.clamp_(max=self.vocab_size).to(self.device, non_blocking=True)
+        counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.float32))
+        return counts[:, : self.vocab_size]

@@ -1,0 +1,104 @@
+"""Interop with transformers: its LogitsProcessors inside leapgen, and leapgen grammars inside `model.generate`."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+from transformers import LogitsProcessor
+
+from leapgen.decoding.batch import SamplingBatch
+from leapgen.decoding.bitmask import apply_token_bitmask_, bitmask_words
+
+
+class RequestProcessors:
+    """Applies each row's `SamplingParams.logits_processors` (transformers-style `(input_ids, scores) -> scores`).
+
+    Each processor sees only its own row: `input_ids` is `[1, L]` (prompt + output so far), `scores` `[1, V]`.
+    """
+
+    def is_active(self, batch: SamplingBatch) -> bool:
+        """True when some row brings processors."""
+        return bool(batch.extra_rows)
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Row by row; a processor returning the wrong shape raises naming it."""
+        for row, processors in batch.extra_rows:
+            input_ids = batch.row_token_ids(row)[None, :]
+            scores = logits[row: row + 1]
+            for processor in processors:
+                scores = processor(input_ids, scores)
+                if not isinstance(scores, torch.Tensor) or scores.shape != (1, logits.shape[1]):
+                    shape = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
+                    raise ValueError(
+                        f"row {row}: logits processor {processor!r} returned {shape}, expected (1, {logits.shape[1]})"
+                    )
+            logits[row] = scores[0]
+        return logits
+
+
+class Matcher(Protocol):
+    """The part of the leapgen grammar matcher contract the adapter uses."""
+
+    def fill_bitmask(self, buf: np.ndarray) -> None:
+        """Write the allowed-token bits into an int32 buffer of ceil(vocab/32) words."""
+
+    def advance(self, token_id: int) -> None:
+        """Consume one token (raises when it is not allowed)."""
+
+
+class CompiledGrammar(Protocol):
+    """Anything with `.matcher()`, e.g. what `leapgen.grammars.compile_regex` returns."""
+
+    def matcher(self) -> Matcher:
+        """A fresh per-sequence matcher."""
+
+
+class GrammarLogitsProcessor(LogitsProcessor):
+    """A transformers LogitsProcessor that keeps every row of `model.generate` inside a leapgen grammar.
+
+    One matcher per batch row, fed the tokens appended since the previous call.  A row that has
+    produced an eos id is finished: transformers pads it from then on, so it is neither advanced nor
+    masked.  `vocab_size` is the tokenizer's size (the bitmask width) when the model's logits are wider.
+    Works with greedy and sampling; beam search reorders rows between steps, so it is rejected.
+    Use a fresh processor per `generate` call.
+    """
+
+    def __init__(self, grammar: CompiledGrammar, eos_token_id: int | Sequence[int], vocab_size: int | None = None):
+        self.grammar = grammar
+        self.eos_token_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+        if not self.eos_token_ids:
+            raise ValueError("GrammarLogitsProcessor needs at least one eos_token_id")
+        self.vocab_size = vocab_size
+        self._matchers: list[Any] = []
+        self._finished: list[bool] = []
+        self._consumed = 0
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        """Advance each row's matcher by its new tokens, then mask the scores to the allowed tokens."""
+        batch, length = input_ids.shape
+        if not self._matchers:
+            self._matchers = [self.grammar.matcher() for _ in range(batch)]
+            self._finished = [False] * batch
+            self._consumed = length
+        elif batch != len(self._matchers) or length < self._consumed:
+            raise ValueError(
+                f"GrammarLogitsProcessor was started on {len(self._matchers)} rows at length {self._consumed} but now "
+                f"sees {batch} rows at length {length}: beam search and reused processors are not supported"
+            )
+        new_tokens = input_ids[:, self._consumed:].tolist()
+        self._consumed = length
+        vocab = self.vocab_size or scores.shape[-1]
+        bitmask = np.full((batch, bitmask_words(vocab)), -1, dtype=np.int32)
+        for row, (matcher, tokens) in enumerate(zip(self._matchers, new_tokens)):
+            for token in tokens:
+                if self._finished[row]:
+                    break
+                if token in self.eos_token_ids:
+                    self._finished[row] = True
+                else:
+                    matcher.advance(token)
+            if not self._finished[row]:
+                matcher.fill_bitmask(bitmask[row])
+        return apply_token_bitmask_(scores.clone(), torch.from_numpy(bitmask).to(scores.device))

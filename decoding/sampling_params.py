@@ -1,0 +1,91 @@
+"""Per-request decoding parameters, validated once so the engine can trust them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    """How one request is decoded.  `temperature=0` is greedy; every bad value raises ValueError naming the field."""
+
+    max_tokens: int = 128
+    min_tokens: int = 0
+    temperature: float = 0.0
+    top_k: int = 0                      # 0: disabled
+    top_p: float = 1.0
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    no_repeat_ngram_size: int = 0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None         # top-n alternatives per generated token (0: chosen token only)
+    prompt_logprobs: int | None = None
+    n: int = 1
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    skip_special_tokens: bool = True
+    logits_processors: list[Any] = field(default_factory=list)  # extra processors, incl. transformers.LogitsProcessor
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self._check_int("max_tokens", minimum=1)
+        self._check_int("min_tokens", minimum=0)
+        self._check_int("top_k", minimum=0)
+        self._check_int("no_repeat_ngram_size", minimum=0)
+        self._check_int("n", minimum=1)
+        self._check_int("num_beams", minimum=1)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        self._check_float("temperature", lambda x: x >= 0, "must be >= 0")
+        self._check_float("top_p", lambda x: 0 < x <= 1, "must be in (0, 1]")
+        self._check_float("min_p", lambda x: 0 <= x <= 1, "must be in [0, 1]")
+        self._check_float("typical_p", lambda x: 0 < x <= 1, "must be in (0, 1]")
+        self._check_float("repetition_penalty", lambda x: x > 0, "must be > 0")
+        self._check_float("frequency_penalty", lambda x: -2 <= x <= 2, "must be in [-2, 2]")
+        self._check_float("presence_penalty", lambda x: -2 <= x <= 2, "must be in [-2, 2]")
+        self._check_float("length_penalty", lambda x: True, "")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"SamplingParams.{name} must be None or an int >= 0, got {value!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
+        if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
+        if self.stop_token_ids is not None and not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"SamplingParams.stop_token_ids must be token ids >= 0, got {self.stop_token_ids!r}")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"SamplingParams.early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        for i, processor in enumerate(self.logits_processors):
+            if not callable(processor):
+                raise ValueError(
+                    f"SamplingParams.logits_processors[{i}] must be callable as (input_ids, scores), got {processor!r}"
+                )
+        if self.num_beams > 1 and self.n > self.num_beams:
+            raise ValueError(f"SamplingParams.n ({self.n}) must not exceed num_beams ({self.num_beams})")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding picks the argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+    def _check_int(self, name: str, minimum: int) -> None:
+        value = getattr(self, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(f"SamplingParams.{name} must be an int >= {minimum}, got {value!r}")
+
+    def _check_float(self, name: str, ok, requirement: str) -> None:
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or not ok(value):
+            raise ValueError(f"SamplingParams.{name} {requirement or 'must be a number'}, got {value!r}")

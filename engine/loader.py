@@ -1,0 +1,221 @@
+"""Load a checkpoint into leapgen: a local HF directory or a `.gguf` file -> model, configs and tokenizer.
+
+Weights stream from safetensors straight into parameters of the target dtype and device: the
+module is built on the meta device, given uninitialised storage, and each checkpoint tensor is
+copied into place (one tensor at a time; no full float32 copy of the model ever exists).
+Architectures outside leapgen's own model code run through `FallbackModel` (slower).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from leapgen.engine.config import ConfigError, ModelConfig, UnsupportedConfigError, read_json, resolve_dtype
+from leapgen.engine.fallback import FallbackModel
+from leapgen.engine.models import MODEL_CLASSES
+from leapgen.engine.models.layers import MergedLinear
+
+SINGLE_WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# Tensors some checkpoints carry that the model recomputes or shares.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint whose files or tensors do not fit the model; the message names the file and tensor."""
+
+
+@dataclass
+class LoadedModel:
+    """What `load_model` returns; also unpacks as `model, hf_config, tokenizer = load_model(...)`.
+
+    `config` is leapgen's validated view (None for the fallback); `eos_token_ids`, `vocab_size`
+    (rows of the logits, may exceed `len(tokenizer)`) and `max_model_len` are set for both kinds.
+    """
+
+    model: nn.Module
+    hf_config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+    config: ModelConfig | None
+    path: Path
+    dtype: torch.dtype
+    device: torch.device
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+    max_model_len: int
+
+    @property
+    def is_fallback(self) -> bool:
+        """True when the model is the slower HF wrapper rather than leapgen's paged model."""
+        return isinstance(self.model, FallbackModel)
+
+    def __iter__(self) -> Iterator:
+        return iter((self.model, self.hf_config, self.tokenizer))
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu",
+               *, allow_fallback: bool = True) -> LoadedModel:
+    """Load a local HF checkpoint directory or a `.gguf` file onto `device` in `dtype` ('auto': the checkpoint's)."""
+    path = Path(path).expanduser()
+    if path.suffix == ".gguf" and not path.is_dir():
+        from leapgen.engine.gguf_loader import convert_gguf
+        path = convert_gguf(path)
+    directory = _checkpoint_dir(path)
+    raw = read_json(directory / "config.json")
+    generation = _read_generation_config(directory)
+    torch_dtype, torch_device = resolve_dtype(dtype, raw), torch.device(device)
+    _check_model_type(raw, directory / "config.json")
+    try:
+        config = ModelConfig.from_dict(raw, str(directory / "config.json"), generation)
+    except UnsupportedConfigError as exc:
+        if not allow_fallback:
+            raise
+        warnings.warn(f"{exc}; running it through the transformers fallback, which is much slower "
+                      f"(no paged KV cache, recomputation each step)", stacklevel=2)
+        return _load_fallback(directory, raw, generation, torch_dtype, torch_device)
+
+    try:
+        hf_config = AutoConfig.from_pretrained(directory)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{directory / 'config.json'}: transformers rejects it: {exc}") from exc
+    tokenizer = load_tokenizer(directory)
+    with torch.device("meta"):
+        model = MODEL_CLASSES[config.model_type](config)
+    model = model.to(torch_dtype).to_empty(device=torch_device)
+    load_safetensors_weights(model, directory)
+    model.eval().requires_grad_(False)
+    eos = config.eos_token_ids or _tokenizer_eos(tokenizer)
+    return LoadedModel(model, hf_config, tokenizer, config, directory, torch_dtype, torch_device, eos,
+                       config.vocab_size, config.max_model_len)
+
+
+def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
+    """The HF tokenizer saved in a checkpoint directory."""
+    if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
+        raise CheckpointError(f"{directory}: no tokenizer files (expected one of {', '.join(_TOKENIZER_FILES)})")
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def load_safetensors_weights(model: nn.Module, directory: Path) -> None:
+    """Copy every checkpoint tensor into `model`'s parameters (already on the target device and dtype)."""
+    targets = _checkpoint_targets(model)
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for file, names in _weight_files(directory).items():
+        with safe_open(file, framework="pt", device="cpu") as handle:
+            for name in names if names is not None else handle.keys():
+                target = targets.get(name)
+                if target is None:
+                    if not (name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight")):
+                        unexpected.append(name)
+                    continue
+                tensor = handle.get_tensor(name)
+                if tensor.shape != target.shape:
+                    raise CheckpointError(f"{file}: tensor '{name}' has shape {tuple(tensor.shape)}, the config "
+                                          f"implies {tuple(target.shape)}")
+                with torch.no_grad():
+                    target.copy_(tensor)
+                loaded.add(name)
+    missing = sorted(set(targets) - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise CheckpointError(f"{directory}: checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}")
+    if unexpected:
+        warnings.warn(f"{directory}: ignored {len(unexpected)} checkpoint tensor(s) the model does not use, "
+                      f"e.g. {unexpected[0]}", stacklevel=3)
+
+
+def _checkpoint_targets(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Checkpoint tensor name -> the parameter (or merged-parameter rows) it fills."""
+    targets: dict[str, torch.Tensor] = {}
+    for module_name, module in model.named_modules():
+        prefix = f"{module_name}." if module_name else ""
+        if isinstance(module, MergedLinear):
+            parent = module_name.rpartition(".")[0]
+            parent = f"{parent}." if parent else ""
+            for shard in module.shards:
+                for param_name, _ in module.named_parameters(recurse=False):
+                    targets[f"{parent}{shard}.{param_name}"] = module.shard(shard, param_name)
+        else:
+            for param_name, param in module.named_parameters(recurse=False):
+                targets[prefix + param_name] = param
+    return targets
+
+
+def _weight_files(directory: Path) -> dict[Path, list[str] | None]:
+    """Safetensors file -> tensor names to read from it (None: all), from the shard index or the single file."""
+    index_path = directory / WEIGHTS_INDEX
+    if index_path.is_file():
+        weight_map = read_json(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ConfigError(f"{index_path}: field 'weight_map' must be a non-empty object of tensor -> file")
+        files: dict[Path, list[str] | None] = {}
+        for name, file in weight_map.items():
+            shard = directory / str(file)
+            if not shard.is_file():
+                raise CheckpointError(f"{index_path}: shard '{file}' (holding '{name}') does not exist")
+            files.setdefault(shard, []).append(name)
+        return files
+    if (directory / SINGLE_WEIGHTS).is_file():
+        return {directory / SINGLE_WEIGHTS: None}
+    others = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt*"))
+    hint = f" (found {', '.join(others)}: convert them to safetensors)" if others else ""
+    raise CheckpointError(f"{directory}: no weights — expected {SINGLE_WEIGHTS} or {WEIGHTS_INDEX}{hint}")
+
+
+def _checkpoint_dir(path: Path) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: expected a checkpoint directory (config.json + safetensors) or a .gguf file")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json in the checkpoint directory")
+    return path
+
+
+def _check_model_type(raw: dict, source: Path) -> None:
+    """Reject a `model_type` neither leapgen nor transformers knows, before anything heavier runs."""
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ConfigError(f"{source}: field 'model_type' must be a non-empty string, got {model_type!r}")
+    if model_type not in MODEL_CLASSES and model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"{source}: field 'model_type' is {model_type!r}, which neither leapgen nor the installed "
+                          f"transformers knows")
+
+
+def _read_generation_config(directory: Path) -> dict | None:
+    path = directory / "generation_config.json"
+    return read_json(path) if path.is_file() else None
+
+
+def _tokenizer_eos(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    return () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+
+
+def _load_fallback(directory: Path, raw: dict, generation: dict | None, dtype: torch.dtype,
+                   device: torch.device) -> LoadedModel:
+    """Wrap transformers' own model for an architecture leapgen's model code does not cover."""
+    model = FallbackModel.from_pretrained(directory, dtype, device)
+    hf_config = model.hf_model.config
+    tokenizer = load_tokenizer(directory)
+    eos_value = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
+    eos = tuple(eos_value) if isinstance(eos_value, list) else (eos_value,) if isinstance(eos_value, int) else ()
+    vocab_size = model.hf_model.get_output_embeddings().weight.shape[0]
+    max_len = getattr(hf_config, "max_position_embeddings", None) or tokenizer.model_max_length
+    return LoadedModel(model, hf_config, tokenizer, None, directory, dtype, device, eos or _tokenizer_eos(tokenizer),
+                       vocab_size, int(max_len))
+
+
+__all__ = ["CheckpointError", "LoadedModel", "load_model", "load_safetensors_weights", "load_tokenizer"]
+

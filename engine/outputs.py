@@ -1,0 +1,54 @@
+"""What generation returns for each request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's log-probability and the `top` alternatives (id -> logprob), best first."""
+
+    token_id: int
+    logprob: float
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class CompletionOutput:
+    """One generated continuation (a request has `n` of them, or the `n` best beams)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None          # "stop", "length" or None while running
+    stop_reason: str | int | None = None      # the stop string or stop token id that ended it
+    logprobs: list[TokenLogprob] | None = None
+    cumulative_logprob: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """A request's result.  `text`, `token_ids` and `finish_reason` are those of the first (best) completion."""
+
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    @property
+    def text(self) -> str:
+        """The first completion's text."""
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The first completion's token ids."""
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the first completion ended ("stop" or "length")."""
+        return self.outputs[0].finish_reason

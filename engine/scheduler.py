@@ -1,0 +1,215 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each computes.
+
+Policy (one screen, nano-vllm style, with chunked prefill):
+- a *prefill step* runs when a running sequence has more than one uncomputed token (a prompt
+  chunk to continue, a forced-token jump, draft tokens to verify) or a waiting sequence can be
+  admitted; running ones go first, then admissions, packed up to `max_num_batched_tokens`; a
+  prompt longer than what is left of the budget is cut into chunks over several steps;
+- otherwise a *decode step* computes one token for every running sequence;
+- when a running sequence cannot get a block, the most recently admitted running sequence is
+  preempted: its blocks are freed (registered ones stay revivable through the prefix cache) and it
+  goes back to the front of the waiting queue with all its tokens, to be recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from leapgen.engine.block_manager import BlockManager
+from leapgen.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """What the next step computes.
+
+    `scheduled`: `(seq, num_new_tokens)` in batch order; each computes tokens
+    `seq.num_computed_tokens .. + num_new_tokens - 1`.  `is_decode`: every entry has one new
+    token past its prompt.  `copies`: copy-on-write `(src_block, dst_block)` pairs to apply to
+    the KV tensors before the step.  `preempted`: sequences sent back to the waiting queue.
+    """
+
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    is_decode: bool = False
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens computed by the step."""
+        return sum(n for _, n in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing was scheduled."""
+        return not self.scheduled
+
+
+class Scheduler:
+    """Owns the waiting queue and the running batch; see the module docstring for the policy."""
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 num_lookahead_tokens: int = 0):
+        for name, value, minimum in (("max_num_seqs", max_num_seqs, 1),
+                                     ("max_num_batched_tokens", max_num_batched_tokens, 1),
+                                     ("num_lookahead_tokens", num_lookahead_tokens, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ValueError(f"Scheduler.{name} must be an int >= {minimum}, got {value!r}")
+        if max_num_batched_tokens < max_num_seqs:
+            # else a full decode step would not fit the token budget and the last sequences would starve
+            raise ValueError(f"Scheduler.max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({max_num_seqs})")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # tokens a sequence may hold beyond prompt + max_tokens (speculative drafts awaiting verification)
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []      # in admission order: the last one is preempted first
+        self._seq_ids: set[int] = set()          # of unfinished sequences
+        self.num_preemptions = 0
+
+    @property
+    def has_unfinished(self) -> bool:
+        """True while some sequence is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; ValueError if it could never fit in the cache even alone."""
+        if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.num_computed_tokens:
+            raise ValueError(f"sequence {seq.seq_id} must be new (WAITING, no blocks) to be added, got {seq!r}")
+        self._check_new_id(seq.seq_id)
+        bm = self.block_manager
+        need = seq.num_prompt_tokens + seq.max_tokens + self.num_lookahead_tokens
+        if need > bm.capacity_tokens:
+            lookahead = f" + {self.num_lookahead_tokens} lookahead" if self.num_lookahead_tokens else ""
+            raise ValueError(f"sequence {seq.seq_id}: prompt ({seq.num_prompt_tokens} tokens) + max_tokens "
+                             f"({seq.max_tokens}){lookahead} = {need} tokens exceeds the KV cache capacity of "
+                             f"{bm.capacity_tokens} tokens ({bm.num_blocks} blocks x {bm.block_size})")
+        self.waiting.append(seq)
+        self._seq_ids.add(seq.seq_id)
+
+    def fork(self, parent: Sequence, child_seq_id: int) -> Sequence:
+        """A copy of `parent` (beams, n>1 samples) sharing its blocks; call it after `commit`.
+
+        Forks join the running batch even past `max_num_seqs` (a beam group must stay whole);
+        admissions then wait until the batch is back under the limit.
+        """
+        self._check_new_id(child_seq_id)
+        child = parent.fork(child_seq_id)
+        if parent.status is SequenceStatus.RUNNING:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)          # admitted now: among the first to be preempted
+        elif parent.status is SequenceStatus.WAITING:
+            self.waiting.insert(self.waiting.index(parent) + 1, child)
+        else:
+            raise ValueError(f"cannot fork finished sequence {parent.seq_id}")
+        self._seq_ids.add(child_seq_id)
+        return child
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire a waiting or running sequence (finished or aborted) and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            raise ValueError(f"sequence {seq.seq_id} is already finished ({seq.finish_reason})")
+        self.block_manager.free(seq)
+        self._seq_ids.discard(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick the next step (see the module docstring).
+
+        Empty only when every running sequence is fully computed (the step loop appended no
+        token) and nothing can be admitted; RuntimeError if a waiting sequence cannot fit an empty cache.
+        """
+        out = SchedulerOutput()
+        if any(seq.num_uncomputed > 1 for seq in self.running) or self._can_admit():
+            self._schedule_prefill(out)
+        if not out.scheduled:
+            self._schedule_decode(out)
+        if not out.scheduled and self.waiting and not self.running:
+            head = self.waiting[0]
+            raise RuntimeError(f"sequence {head.seq_id} ({head.num_tokens} tokens) needs "
+                               f"{self.block_manager.num_blocks_to_allocate(head)} blocks; the cache has "
+                               f"{self.block_manager.num_free_blocks} free of {self.block_manager.num_blocks}")
+        out.is_decode = bool(out.scheduled) and all(
+            n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens for seq, n in out.scheduled)
+        return out
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """After the forward pass: mark the scheduled tokens computed and register newly full blocks."""
+        for seq, n in out.scheduled:
+            if seq.status is not SequenceStatus.RUNNING:     # finished meanwhile
+                continue
+            if n > seq.num_uncomputed:
+                raise ValueError(f"sequence {seq.seq_id}: committing {n} tokens but only {seq.num_uncomputed} "
+                                 "are uncomputed (was it truncated before commit?)")
+            seq.num_computed_tokens += n
+            self.block_manager.commit(seq)
+
+    def _check_new_id(self, seq_id: int) -> None:
+        if seq_id in self._seq_ids:
+            raise ValueError(f"sequence id {seq_id} is already in use by an unfinished sequence")
+
+    def _schedule_prefill(self, out: SchedulerOutput) -> None:
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if budget == 0:
+                return
+            if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed > 1:
+                n = min(seq.num_uncomputed, budget)
+                if self._reserve(seq, n, out):
+                    out.scheduled.append((seq, n))
+                    budget -= n
+        while budget > 0 and self._can_admit():
+            seq = self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget)
+            out.scheduled.append((seq, n))
+            budget -= n
+
+    def _schedule_decode(self, out: SchedulerOutput) -> None:
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if budget == 0:
+                return
+            # a sequence preempted by this loop, or one whose step loop has not appended a token yet
+            if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed > 0 and self._reserve(seq, 1, out):
+                out.scheduled.append((seq, 1))
+                budget -= 1
+
+    def _can_admit(self) -> bool:
+        """True when the head of the waiting queue fits now, keeping the blocks running ones need next."""
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        bm = self.block_manager
+        # running sequences whose newest token has no slot yet need a block in the next decode step;
+        # admitting into those blocks would only force a preemption right after
+        reserve = sum(1 for seq in self.running if seq.num_tokens > len(seq.block_table) * bm.block_size)
+        return bm.num_blocks_to_allocate(self.waiting[0]) + reserve <= bm.num_free_blocks
+
+    def _reserve(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        """Give `seq` slots for its next `n` tokens, preempting from the back; False if `seq` itself was preempted."""
+        while not self.block_manager.can_append(seq, n):
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        out.copies.extend(self.block_manager.append_slots(seq, n))
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1

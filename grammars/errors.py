@@ -1,0 +1,38 @@
+"""Errors raised while compiling constraints; each names what is wrong and where."""
+
+from __future__ import annotations
+
+
+class GrammarError(ValueError):
+    """A constraint that cannot be compiled (base class of all constraint errors)."""
+
+
+class RegexError(GrammarError):
+    """An invalid or unsupported regex; `position` is the offset in `pattern`."""
+
+    def __init__(self, message: str, pattern: str, position: int | None = None):
+        where = f" at position {position}" if position is not None else ""
+        super().__init__(f"{message}{where} in regex {pattern!r}")
+        self.pattern = pattern
+        self.position = position
+
+
+class SchemaError(GrammarError):
+    """A malformed JSON schema; `pointer` is the JSON pointer of the offending subschema."""
+
+    def __init__(self, message: str, pointer: str = ""):
+        super().__init__(f"{message} (at {pointer or '/'})")
+        self.pointer = pointer
+
+
+class UnsupportedSchemaError(SchemaError):
+    """A valid schema keyword that leapgen cannot enforce exactly; never silently ignored."""
+
+
+class LarkGrammarError(GrammarError):
+    """An invalid or unsupported lark grammar; `line` is 1-based when known."""
+
+    def __init__(self, message: str, line: int | None = None):
+        where = f" (line {line})" if line is not None else ""
+        super().__init__(f"{message}{where}")
+        self.line = line

@@ -1,0 +1,69 @@
+"""The grammar IR that every front end (regex, JSON schema, lark) compiles to.
+
+A grammar is a set of named rules; each rule body is an expression over
+literal text, regex terminals, references to other rules (recursion allowed),
+sequences, choices and bounded or unbounded repetition.  Terminals are
+matched whole against decoded text (str); the runtime turns them into byte
+automata, so front ends never think about UTF-8 or tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Lit:
+    """Exact text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """Strings matching `pattern` (Python regex syntax, matched whole, no
+    lookarounds or back-references), and every regex in `also`, and none in
+    `excluding`.  `also`/`excluding` express intersection and difference
+    (pattern + length bounds, "any key but the declared ones")."""
+
+    pattern: str
+    also: tuple[str, ...] = ()
+    excluding: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to the rule called `name` (may be recursive)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Seq:
+    items: tuple["Expr", ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    items: tuple["Expr", ...]
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """`item` repeated between `min` and `max` times (`max=None`: unbounded)."""
+
+    item: "Expr"
+    min: int = 0
+    max: int | None = None
+
+
+Expr = Union[Lit, Terminal, Ref, Seq, Choice, Repeat]
+
+
+@dataclass
+class Grammar:
+    """Named rules and the start rule's name."""
+
+    rules: dict[str, Expr] = field(default_factory=dict)
+    start: str = "start"

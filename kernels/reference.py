@@ -1,0 +1,90 @@
+"""Torch reference implementations of the attention and cache kernels.
+
+These are the ground truth the Triton kernels are tested against, and the path
+used on CPU.  Layouts follow flash-attn: packed tokens `[total, heads, head_dim]`,
+paged cache `[num_blocks, block_size, num_kv_heads, head_dim]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write `k`/`v` `[n, kv_heads, dim]` into the paged caches at flat slots (`-1` = skip)."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def _gather_paged(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` positions of one sequence's K or V from its block list."""
+    block_size = cache.shape[1]
+    needed = blocks[: (length + block_size - 1) // block_size].long()
+    return cache[needed].flatten(0, 1)[:length]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """Attention of `q [lq, hq, d]` over `k, v [lk, hkv, d]`; causal is bottom-right aligned."""
+    lq, lk = q.shape[0], k.shape[0]
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    mask = None
+    if causal and lq > 1:
+        rows = torch.arange(lq, device=q.device).unsqueeze(1) + (lk - lq)
+        mask = torch.arange(lk, device=q.device).unsqueeze(0) <= rows
+    out = F.scaled_dot_product_attention(qh, kh.to(q.dtype), vh.to(q.dtype), attn_mask=mask, scale=scale,
+                                         enable_gqa=kh.shape[0] != qh.shape[0])
+    return out.transpose(0, 1)
+
+
+def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = True,
+                      softmax_scale: float | None = None, block_table: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed attention over several sequences (reference).
+
+    `q [total_q, hq, d]`.  Without `block_table`, `k`/`v` are packed `[total_k, hkv, d]`; with it they are
+    paged caches and sequence i reads its first `cu_seqlens_k[i+1]-cu_seqlens_k[i]` positions through
+    `block_table[i]`.  Queries are the last positions of their sequence (causal mask aligned bottom-right).
+    """
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out = torch.empty_like(q)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(cq) - 1):
+        if cq[i + 1] == cq[i]:
+            continue
+        length = ck[i + 1] - ck[i]
+        if block_table is None:
+            ks, vs = k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]]
+        else:
+            ks, vs = _gather_paged(k, block_table[i], length), _gather_paged(v, block_table[i], length)
+        out[cq[i]:cq[i + 1]] = _attend(q[cq[i]:cq[i + 1]], ks, vs, causal, scale)
+    return out
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor,
+                           softmax_scale: float | None = None) -> torch.Tensor:
+    """One query token per sequence, `q [batch, hq, d]`, over its first `seq_lens[i]` cached positions."""
+    batch, hq, dim = q.shape
+    if batch == 0:
+        return torch.empty_like(q)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(dim)
+    block_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    max_len = int(seq_lens.max())
+    n_blocks = (max_len + block_size - 1) // block_size
+    blocks = block_table[:, :n_blocks].long().clamp_min(0)
+    k = k_cache[blocks].flatten(1, 2)[:, :max_len].to(q.dtype)   # [b, L, hkv, d]
+    v = v_cache[blocks].flatten(1, 2)[:, :max_len].to(q.dtype)
+    group = hq // hkv
+    qg = q.view(batch, hkv, group, dim)
+    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale
+    valid = torch.arange(max_len, device=q.device).unsqueeze(0) < seq_lens.unsqueeze(1).to(q.device)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.einsum("bhgl,blhd->bhgd", probs, v).reshape(batch, hq, dim)

@@ -1,0 +1,54 @@
+"""Tiny random-weight checkpoints of every native family, saved with transformers for tests."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast, Qwen2Config,
+                          Qwen3Config)
+
+VOCAB = 96
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15, bos_token_id=1,
+             eos_token_id=2, pad_token_id=0)
+
+CHECKPOINTS = {
+    "llama": (LlamaConfig, dict(), None),
+    "llama-tied-llama3-rope": (LlamaConfig, dict(tie_word_embeddings=True, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}), None),
+    "llama-linear-rope-bias": (LlamaConfig, dict(attention_bias=True, mlp_bias=True,
+                                                 rope_scaling={"rope_type": "linear", "factor": 2.0}), None),
+    "mistral": (MistralConfig, dict(sliding_window=None, head_dim=24), None),
+    "qwen2-sharded": (Qwen2Config, dict(), "60KB"),
+    "qwen3": (Qwen3Config, dict(head_dim=16, tie_word_embeddings=True), None),
+}
+
+
+def save_tiny_tokenizer(directory) -> None:
+    """A word-level tokenizer over VOCAB ids, enough for the loader to find and load one."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                            pad_token="<unk>").save_pretrained(directory)
+
+
+def build_checkpoint(directory, name: str):
+    """Save a tiny random checkpoint of family `name`; returns the transformers model (fp32, eval)."""
+    config_class, extra, shard_size = CHECKPOINTS[name]
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(config_class(**SMALL, **extra)).eval()
+    with torch.no_grad():
+        # Random norms and biases too, so a misplaced norm or bias cannot hide behind ones and zeros.
+        for param_name, param in hf.named_parameters():
+            if param_name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif param_name.endswith("bias"):
+                param.normal_(0.0, 0.3)
+    kwargs = {"max_shard_size": shard_size} if shard_size else {}
+    hf.save_pretrained(directory, **kwargs)
+    save_tiny_tokenizer(directory)
+    return hf

@@ -1,0 +1,13 @@
+"""Test-session setup shared by every test module."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# `python -m pytest` puts the checkout root on sys.path, where the folders `kernels/`, `engine/`, ...
+# would shadow unrelated top-level packages (transformers probes for the HF `kernels` package).
+# leapgen is imported through its installed mapping (`leapgen.kernels`), so the root is not needed.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _ROOT]
