@@ -96,9 +96,10 @@ class BlockManager:
 
     def num_blocks_to_allocate(self, seq: Sequence) -> int:
         """Free blocks `allocate(seq)` would take (prefix hits on held blocks cost none)."""
-        hits, _ = self._prefix_hits(seq)
-        held = sum(1 for b in hits if self.blocks[b].ref_count > 0)
-        return self.num_blocks_for(seq.num_tokens) - held
+        return self._blocks_to_allocate(seq, self._prefix_hits(seq)[0])
+
+    def _blocks_to_allocate(self, seq: Sequence, hits: list[int]) -> int:
+        return self.num_blocks_for(seq.num_tokens) - sum(1 for b in hits if self.blocks[b].ref_count > 0)
 
     def can_allocate(self, seq: Sequence) -> bool:
         """True when `allocate(seq)` would succeed."""
@@ -112,10 +113,10 @@ class BlockManager:
         """
         if seq.block_table:
             raise ValueError(f"sequence {seq.seq_id} already holds blocks {seq.block_table}; free it before allocating")
-        needed = self.num_blocks_to_allocate(seq)
+        hits, hashes = self._prefix_hits(seq)
+        needed = self._blocks_to_allocate(seq, hits)
         if needed > self.num_free_blocks:
             raise OutOfBlocksError(f"sequence {seq.seq_id} needs {needed} free blocks, {self.num_free_blocks} are free")
-        hits, hashes = self._prefix_hits(seq)
         for block_id in hits:
             self._hold(block_id)
         fresh = [self._take_free() for _ in range(self.num_blocks_for(seq.num_tokens) - len(hits))]
@@ -153,9 +154,12 @@ class BlockManager:
     def num_blocks_to_append(self, seq: Sequence, num_new_tokens: int) -> int:
         """Free blocks `append_slots(seq, num_new_tokens)` would take: new ones plus copy-on-write copies."""
         first, last = self._write_range(seq, num_new_tokens)
-        table = seq.block_table
-        shared = sum(1 for i in range(first, min(last + 1, len(table))) if self.blocks[table[i]].ref_count > 1)
-        return max(0, last + 1 - len(table)) + shared
+        table, blocks = seq.block_table, self.blocks
+        needed = max(0, last + 1 - len(table))
+        for i in range(first, min(last + 1, len(table))):
+            if blocks[table[i]].ref_count > 1:
+                needed += 1
+        return needed
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         """True when `append_slots(seq, num_new_tokens)` would succeed."""

@@ -107,9 +107,6 @@ class ModelConfig:
         rope_theta, rope_scaling = _parse_rope(fields)
         max_positions = fields.positive_int("max_position_embeddings")
         attention_bias = fields.get("attention_bias", bool, default=False)
-        eos_token_ids = _parse_eos(raw, source)
-        if generation_config and generation_config.get("eos_token_id") is not None:
-            eos_token_ids = _parse_eos(generation_config, str(Path(source).with_name("generation_config.json")))
         return cls(
             model_type=model_type,
             vocab_size=fields.positive_int("vocab_size"),
@@ -130,7 +127,7 @@ class ModelConfig:
             o_bias=attention_bias if model_type in ("llama", "qwen3") else False,
             mlp_bias=model_type == "llama" and fields.get("mlp_bias", bool, default=False),
             qk_norm=model_type == "qwen3",
-            eos_token_ids=eos_token_ids,
+            eos_token_ids=eos_token_ids(raw, generation_config, source),
         )
 
 
@@ -212,6 +209,14 @@ def _parse_sliding_window(fields: _Fields, model_type: str, max_positions: int) 
     warnings.warn(f"{fields.source}: sliding window attention ({window} tokens) is not implemented; leapgen "
                   f"limits sequences to {window} tokens, where full attention is exact", stacklevel=3)
     return window
+
+
+def eos_token_ids(raw: dict[str, Any], generation_config: dict[str, Any] | None, source: str) -> tuple[int, ...]:
+    """End-of-sequence ids: generation_config.json's when it names any (as `generate` does), else config.json's."""
+    ids = _parse_eos(raw, source)
+    if generation_config and generation_config.get("eos_token_id") is not None:
+        ids = _parse_eos(generation_config, str(Path(source).with_name("generation_config.json")))
+    return ids
 
 
 def _parse_eos(raw: dict[str, Any], source: str) -> tuple[int, ...]:

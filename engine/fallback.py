@@ -35,7 +35,7 @@ class FallbackModel(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype, device: torch.device) -> FallbackModel:
         """Load a local checkpoint with transformers onto `device` in `dtype`."""
-        hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, device_map=None)
+        hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
         return cls(hf_model.to(device))
 
     @torch.inference_mode()

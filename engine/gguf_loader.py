@@ -1,8 +1,9 @@
 """Convert a `.gguf` file into an HF checkpoint directory once, and reuse it from a disk cache.
 
-transformers reads the GGUF metadata into an HF config and tokenizer and dequantises the tensors
-(undoing llama.cpp's q/k row permutation for Llama), so the converted checkpoint is exactly what
-transformers' own GGUF loading produces.  It is written as config.json + model.safetensors
+transformers' GGUF utilities read the metadata into an HF config and tokenizer and dequantise the
+tensors with `load_gguf_checkpoint` (undoing llama.cpp's q/k row permutation for Llama), the same
+routine behind `from_pretrained(gguf_file=...)`, which here needs neither accelerate nor a full
+HF model.  The result is written as config.json + model.safetensors
 (float32, the dequantised values unrounded) + tokenizer files under
 `$LEAPGEN_CACHE/gguf/<key>/` (default `~/.cache/leapgen`), keyed by the file's path, size and
 mtime; later loads read that directory like any other checkpoint.
@@ -56,8 +57,14 @@ def convert_gguf(gguf_path: str | Path) -> Path:
     try:
         _write_checkpoint(path.resolve(), staging)
         (staging / _DONE_MARKER).write_text(f"{path.resolve()}\n")
-        shutil.rmtree(target, ignore_errors=True)
+        if target.exists() and not (target / _DONE_MARKER).is_file():
+            shutil.rmtree(target, ignore_errors=True)     # incomplete (its marker was removed): replace it
         staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        # Renaming onto a non-empty directory fails: another process finished the same conversion first.
+        if not (target / _DONE_MARKER).is_file():
+            raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -19,7 +19,8 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from leapgen.engine.config import ConfigError, ModelConfig, UnsupportedConfigError, read_json, resolve_dtype
+from leapgen.engine.config import (ConfigError, ModelConfig, UnsupportedConfigError, eos_token_ids, read_json,
+                                   resolve_dtype)
 from leapgen.engine.fallback import FallbackModel
 from leapgen.engine.models import MODEL_CLASSES
 from leapgen.engine.models.layers import MergedLinear
@@ -39,8 +40,11 @@ class CheckpointError(ValueError):
 class LoadedModel:
     """What `load_model` returns; also unpacks as `model, hf_config, tokenizer = load_model(...)`.
 
-    `config` is leapgen's validated view (None for the fallback); `eos_token_ids`, `vocab_size`
-    (rows of the logits, may exceed `len(tokenizer)`) and `max_model_len` are set for both kinds.
+    Native models: `model(input_ids, positions, metadata) -> hidden`, `model.compute_logits(hidden)`,
+    and `model.attention_layers` whose `k_cache`/`v_cache` the runner assigns; `config` (leapgen's
+    validated view) sizes the cache.  Fallback (`is_fallback`, `config` None): `model.forward_sequences`.
+    `eos_token_ids`, `vocab_size` (logit columns; may exceed `len(tokenizer)`) and `max_model_len` are
+    set for both kinds.
     """
 
     model: nn.Module
@@ -209,9 +213,9 @@ def _load_fallback(directory: Path, raw: dict, generation: dict | None, dtype: t
     model = FallbackModel.from_pretrained(directory, dtype, device)
     hf_config = model.hf_model.config
     tokenizer = load_tokenizer(directory)
-    eos_value = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
-    eos = tuple(eos_value) if isinstance(eos_value, list) else (eos_value,) if isinstance(eos_value, int) else ()
-    vocab_size = model.hf_model.get_output_embeddings().weight.shape[0]
+    eos = eos_token_ids(raw, generation, str(directory / "config.json"))
+    output_embeddings = model.hf_model.get_output_embeddings()
+    vocab_size = hf_config.vocab_size if output_embeddings is None else output_embeddings.weight.shape[0]
     max_len = getattr(hf_config, "max_position_embeddings", None) or tokenizer.model_max_length
     return LoadedModel(model, hf_config, tokenizer, None, directory, dtype, device, eos or _tokenizer_eos(tokenizer),
                        vocab_size, int(max_len))

@@ -1,14 +1,17 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each computes.
 
-Policy (one screen, nano-vllm style, with chunked prefill):
-- a *prefill step* runs when a running sequence has more than one uncomputed token (a prompt
-  chunk to continue, a forced-token jump, draft tokens to verify) or a waiting sequence can be
-  admitted; running ones go first, then admissions, packed up to `max_num_batched_tokens`; a
-  prompt longer than what is left of the budget is cut into chunks over several steps;
-- otherwise a *decode step* computes one token for every running sequence;
+Policy (one screen; nano-vllm's structure with vLLM-v1-style mixed steps and chunked prefill):
+- every running sequence computes its uncomputed tokens, oldest first: one for a plain decode, a
+  prompt chunk, a forced-token jump or draft tokens to verify all in the same step, so a jump
+  never stalls the sequences that are simply decoding;
+- waiting sequences are admitted behind them with what is left of `max_num_batched_tokens`;
+- a prompt longer than its share of the budget is cut into chunks over several steps; a chunk
+  leaves one token of budget for each running sequence behind it, so decodes never starve;
 - when a running sequence cannot get a block, the most recently admitted running sequence is
   preempted: its blocks are freed (registered ones stay revivable through the prefix cache) and it
   goes back to the front of the waiting queue with all its tokens, to be recomputed later.
+A step whose entries are all single tokens past their prompts is a decode step (`is_decode`),
+which the runner sends down the paged-decode path.
 """
 
 from __future__ import annotations
@@ -129,10 +132,27 @@ class Scheduler:
         token) and nothing can be admitted; RuntimeError if a waiting sequence cannot fit an empty cache.
         """
         out = SchedulerOutput()
-        if any(seq.num_uncomputed > 1 for seq in self.running) or self._can_admit():
-            self._schedule_prefill(out)
-        if not out.scheduled:
-            self._schedule_decode(out)
+        budget = self.max_num_batched_tokens
+        behind = sum(1 for seq in self.running if seq.num_uncomputed)    # running ones still to schedule
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING or not seq.num_uncomputed:
+                continue       # preempted by this loop, or the step loop appended no token for it
+            behind -= 1
+            n = min(seq.num_uncomputed, max(1, budget - behind))
+            if self._reserve(seq, n, out):
+                out.scheduled.append((seq, n))
+                budget -= n
+        # a step that had to preempt has no memory to spare: admitting now would only churn
+        while budget > 0 and not out.preempted and self._can_admit():
+            seq = self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget)
+            out.scheduled.append((seq, n))
+            budget -= n
         if not out.scheduled and self.waiting and not self.running:
             head = self.waiting[0]
             raise RuntimeError(f"sequence {head.seq_id} ({head.num_tokens} tokens) needs "
@@ -157,43 +177,14 @@ class Scheduler:
         if seq_id in self._seq_ids:
             raise ValueError(f"sequence id {seq_id} is already in use by an unfinished sequence")
 
-    def _schedule_prefill(self, out: SchedulerOutput) -> None:
-        budget = self.max_num_batched_tokens
-        for seq in list(self.running):
-            if budget == 0:
-                return
-            if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed > 1:
-                n = min(seq.num_uncomputed, budget)
-                if self._reserve(seq, n, out):
-                    out.scheduled.append((seq, n))
-                    budget -= n
-        while budget > 0 and self._can_admit():
-            seq = self.waiting.popleft()
-            self.block_manager.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            n = min(seq.num_uncomputed, budget)
-            out.scheduled.append((seq, n))
-            budget -= n
-
-    def _schedule_decode(self, out: SchedulerOutput) -> None:
-        budget = self.max_num_batched_tokens
-        for seq in list(self.running):
-            if budget == 0:
-                return
-            # a sequence preempted by this loop, or one whose step loop has not appended a token yet
-            if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed > 0 and self._reserve(seq, 1, out):
-                out.scheduled.append((seq, 1))
-                budget -= 1
-
     def _can_admit(self) -> bool:
         """True when the head of the waiting queue fits now, keeping the blocks running ones need next."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
         bm = self.block_manager
-        # running sequences whose newest token has no slot yet need a block in the next decode step;
-        # admitting into those blocks would only force a preemption right after
-        reserve = sum(1 for seq in self.running if seq.num_tokens > len(seq.block_table) * bm.block_size)
+        # running sequences whose blocks are full need a new block for their next token; admitting
+        # into those blocks would only force a preemption right after
+        reserve = sum(1 for seq in self.running if seq.num_tokens >= len(seq.block_table) * bm.block_size)
         return bm.num_blocks_to_allocate(self.waiting[0]) + reserve <= bm.num_free_blocks
 
     def _reserve(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:

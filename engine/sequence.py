@@ -106,10 +106,11 @@ class Sequence:
 
     def append_tokens(self, token_ids: list[int]) -> None:
         """Append several tokens at once (a forced-token jump or speculative draft)."""
-        self.token_ids.extend(_token_id(t, f"sequence {self.seq_id}: appended token {i}") for i, t in enumerate(token_ids))
+        where = f"sequence {self.seq_id}: appended token"
+        self.token_ids.extend(_token_id(t, f"{where} {i}") for i, t in enumerate(token_ids))
 
     def fork(self, seq_id: int) -> Sequence:
-        """A new WAITING sequence with the same tokens and params and no blocks (see `BlockManager.fork` to share them)."""
+        """A new WAITING sequence with the same tokens and params and no blocks (`BlockManager.fork` shares them)."""
         child = Sequence(seq_id, self.prompt_token_ids, self.params)
         child.token_ids = list(self.token_ids)
         return child

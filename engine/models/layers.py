@@ -160,4 +160,4 @@ class PagedAttention(nn.Module):
     @staticmethod
     def _require_cache(has_cache: bool, what: str) -> None:
         if not has_cache:
-            raise RuntimeError(f"{what} needs the KV cache, but k_cache/v_cache were not assigned to the attention layers")
+            raise RuntimeError(f"{what} needs the KV cache: assign k_cache/v_cache to the attention layers first")
