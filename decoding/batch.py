@@ -56,7 +56,6 @@ class SamplingBatch:
     uses_repetition_penalty: bool
     uses_output_penalties: bool         # frequency or presence
     all_greedy: bool
-    any_greedy: bool
     # Sparse per-row work, precomputed in Python because only some rows have it.
     bias_rows: list[int] = field(default_factory=list)
     bias_cols: list[int] = field(default_factory=list)
@@ -112,7 +111,7 @@ class SamplingBatch:
             uses_typical_p=any(p < 1.0 for p in typical_p),
             uses_repetition_penalty=any(r != 1.0 for r in rep),
             uses_output_penalties=any(f != 0.0 for f in freq) or any(p != 0.0 for p in pres),
-            all_greedy=all(greedy), any_greedy=any(greedy),
+            all_greedy=all(greedy),
             token_bitmask=token_bitmask,
         )
         for i, row in enumerate(rows):
@@ -151,25 +150,28 @@ class SamplingBatch:
         return torch.tensor([*row.prompt_ids, *row.output_ids], dtype=torch.long, device=self.device)
 
     @cached_property
-    def output_counts(self) -> torch.Tensor:
-        """`[B, V]` float count of each token among the row's generated ids (built once, when first needed)."""
-        return self._counts([r.output_ids for r in self.rows])
+    def output_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Generated ids of every row padded to `[B, L]` (with the row's first id) and the bool mask of real ones."""
+        return self._padded([r.output_ids for r in self.rows])
 
     @cached_property
-    def seen_mask(self) -> torch.Tensor:
-        """`[B, V]` bool: the token occurs in the row's prompt or output (repetition penalty's domain)."""
-        return (self._counts([r.prompt_ids for r in self.rows]) > 0) | (self.output_counts > 0)
+    def history_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt + generated ids of every row, padded like `output_ids` (repetition penalty's domain)."""
+        return self._padded([[*r.prompt_ids, *r.output_ids] for r in self.rows])
 
-    def _counts(self, id_lists: list[Sequence[int]]) -> torch.Tensor:
-        # One scatter_add over ids padded with an extra column V that is dropped afterwards.
+    def _padded(self, id_lists: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        # Penalties then cost O(tokens in the rows), not O(batch * vocab).
         width = max((len(ids) for ids in id_lists), default=0)
-        counts = torch.zeros(len(id_lists), self.vocab_size + 1, dtype=torch.float32, device=self.device)
-        if width == 0:
-            return counts[:, : self.vocab_size]
-        padded = torch.full((len(id_lists), width), self.vocab_size, dtype=torch.long)
+        padded = torch.zeros((len(id_lists), width), dtype=torch.long)
+        valid = torch.zeros((len(id_lists), width), dtype=torch.bool)
         for i, ids in enumerate(id_lists):
             if len(ids):
                 padded[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-        padded = padded.clamp_(max=self.vocab_size).to(self.device, non_blocking=True)
-        counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.float32))
-        return counts[:, : self.vocab_size]
+                valid[i, : len(ids)] = True
+        # Ids beyond the logits (padded embeddings never generate them) are ignored like padding.
+        valid &= padded < self.vocab_size
+        # Padding repeats the row's first real id, so a scatter writing it back stays consistent.
+        fill = padded.gather(1, valid.to(torch.uint8).argmax(dim=1, keepdim=True))
+        fill.masked_fill_(~valid.any(dim=1, keepdim=True), 0)
+        padded = torch.where(valid, padded, fill)
+        return padded.to(self.device, non_blocking=True), valid.to(self.device, non_blocking=True)

@@ -80,10 +80,15 @@ class RepetitionPenalty:
         return batch.uses_repetition_penalty
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Vectorised over the batch with the `[B, V]` seen mask."""
+        """Gather the seen tokens' logits, penalise, scatter back (repeated ids write the same value)."""
+        ids, valid = batch.history_ids
+        if ids.shape[1] == 0:
+            return logits
+        seen = logits.gather(1, ids)
         penalty = batch.repetition_penalty[:, None]
-        penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-        return torch.where(batch.seen_mask, penalised, logits)
+        penalised = torch.where(seen > 0, seen / penalty, seen * penalty)
+        # Padding repeats a seen id of the row, so it must write the penalised value too.
+        return logits.scatter_(1, ids, torch.where(valid.any(dim=1, keepdim=True), penalised, seen))
 
 
 class FrequencyPresencePenalty:
@@ -94,8 +99,13 @@ class FrequencyPresencePenalty:
         return batch.uses_output_penalties
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Vectorised over the batch with the `[B, V]` output counts."""
-        counts = batch.output_counts
-        logits -= batch.frequency_penalty[:, None] * counts
-        logits -= batch.presence_penalty[:, None] * (counts > 0)
-        return logits
+        """Every occurrence subtracts the frequency penalty, the first occurrence of each id also the presence one."""
+        ids, valid = batch.output_ids
+        if ids.shape[1] == 0:
+            return logits
+        ids, order = ids.masked_fill(~valid, -1).sort(dim=1)
+        valid = valid.gather(1, order)
+        first = torch.ones_like(valid)
+        first[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        delta = batch.frequency_penalty[:, None] + batch.presence_penalty[:, None] * first
+        return logits.scatter_add_(1, ids.clamp(min=0), -delta * valid)

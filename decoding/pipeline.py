@@ -48,6 +48,10 @@ class LogitsPipeline:
     def __init__(self, processors: Sequence[BatchLogitsProcessor] | None = None):
         self.processors = list(default_processors() if processors is None else processors)
 
+    def is_active(self, batch: SamplingBatch) -> bool:
+        """True when some processor would change this batch's logits."""
+        return any(p.is_active(batch) for p in self.processors)
+
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """Process `logits` [B, V] float32 in place (callers that need the raw values copy them first)."""
         if logits.dim() != 2 or logits.shape[0] != batch.size:

@@ -43,9 +43,8 @@ class SamplerOutput:
 class Sampler:
     """Processes a step's logits and picks tokens; seeded rows draw only from their own generator.
 
-    Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)), an exact draw from p whose
-    randomness for a row is V exponentials from that row's generator, so a seeded request's tokens
-    do not depend on which other requests share the batch.
+    Sampling inverts the row's CDF at one uniform draw, taken from the row's own generator when it
+    has one, so a seeded request's tokens do not depend on which other requests share the batch.
     """
 
     def __init__(self, pipeline: LogitsPipeline | None = None, logprobs_mode: Literal["raw", "processed"] = "raw",
@@ -64,7 +63,8 @@ class Sampler:
         """Sample one token per row of `logits` [B, V] (any float dtype; the caller's tensor is not modified)."""
         num_logprobs = max((r.params.logprobs or 0) for r in batch.rows)
         wants_logprobs = any(r.params.logprobs is not None for r in batch.rows)
-        logits = logits.to(torch.float32, copy=True)
+        # The pipeline works in place: copy only when it will run.
+        logits = logits.to(torch.float32, copy=self.pipeline.is_active(batch))
         raw_logprobs = logits.log_softmax(dim=-1) if wants_logprobs and self.logprobs_mode == "raw" else None
         processed = self.pipeline(logits, batch)
         token_ids = self._choose(processed, batch)
@@ -79,8 +79,7 @@ class Sampler:
         greedy_ids = logits.argmax(dim=-1)
         if batch.all_greedy:
             return greedy_ids
-        probs = logits.softmax(dim=-1)
-        noise = torch.empty_like(probs)
+        uniform = torch.empty(batch.size, dtype=torch.float64, device=logits.device)
         shared = []
         for i, row in enumerate(batch.rows):
             if row.params.greedy:
@@ -88,13 +87,15 @@ class Sampler:
             if row.generator is None:
                 shared.append(i)
             else:
-                noise[i].exponential_(generator=row.generator)
+                uniform[i] = torch.rand((), dtype=torch.float64, generator=row.generator, device=logits.device)
         if shared:
-            rows = torch.tensor(shared, device=probs.device)
-            noise[rows] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
-                generator=self.generator)
-        # Exp(1) is 0 with vanishing probability; the floor keeps 0/0 out of the race.
-        sampled_ids = (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+            uniform[shared] = torch.rand(len(shared), dtype=torch.float64, generator=self.generator,
+                                         device=logits.device)
+        # Inverse CDF in float64: exact up to rounding, and a zero-probability token is never picked
+        # (searching to the right of a flat step lands on the token that makes the step).
+        cumulative = logits.softmax(dim=-1).double().cumsum_(dim=-1)
+        target = uniform.masked_fill_(batch.greedy, 0.0)[:, None] * cumulative[:, -1:]
+        sampled_ids = torch.searchsorted(cumulative, target, right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
         return torch.where(batch.greedy, greedy_ids, sampled_ids)
 
 

@@ -26,37 +26,56 @@ class Temperature:
 
 
 class TopKTopP:
-    """Top-k then top-p (nucleus) filtering, sharing one sort when both are needed."""
+    """Top-k then top-p (nucleus) filtering, both decided on the row's best `candidates` tokens when possible.
+
+    Sorting a 100k vocabulary is the expensive part of nucleus sampling, while the nucleus of a real
+    model is nearly always far smaller: one `topk(candidates)` settles every row whose top-k limit
+    or nucleus ends inside it, and only the other rows are fully sorted.  Tokens tied with the last
+    kept one are all kept.
+    """
+
+    def __init__(self, candidates: int = 1024):
+        self.candidates = candidates
 
     def is_active(self, batch: SamplingBatch) -> bool:
         """True when some row sets top_k or top_p."""
         return batch.uses_top_k or batch.uses_top_p
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Top-k alone uses topk(max k); with top-p the row is sorted once and both cuts happen in sorted order."""
-        if not batch.uses_top_p:
-            return _top_k_only(logits, batch.top_k)
+        """Masks everything below each row's threshold; falls back to a full sort for wide nuclei."""
         vocab = logits.shape[-1]
-        sorted_logits, order = logits.sort(dim=-1)          # ascending, like transformers' TopPLogitsWarper
-        if batch.uses_top_k:
-            kth = sorted_logits.gather(1, (vocab - batch.top_k)[:, None])
-            sorted_logits.masked_fill_(sorted_logits < kth, _NEG_INF)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum_(dim=-1)
-        remove = cumulative <= (1 - batch.top_p)[:, None]
-        remove[:, -1] = False                                # always keep the most likely token
-        remove &= (batch.top_p < 1)[:, None]                 # top_p = 1 rows: keep even underflowed tokens
-        sorted_logits.masked_fill_(remove, _NEG_INF)
-        return logits.scatter_(1, order, sorted_logits)
+        top_k, top_p = batch.top_k, batch.top_p
+        limited = top_k < vocab
+        max_k = int(top_k.masked_fill(~limited, 0).max())
+        width = min(vocab, max(self.candidates, max_k) if batch.uses_top_p else max_k)
+        values = logits.topk(width, dim=-1).values                       # descending
+        kth = values.gather(1, (top_k.clamp(max=width) - 1)[:, None])
+        kth.masked_fill_(~limited[:, None], _NEG_INF)
+        if not batch.uses_top_p:
+            return logits.masked_fill_(logits < kth, _NEG_INF)
+        in_k = values >= kth
+        masked = values.masked_fill(~in_k, _NEG_INF)
+        log_total = torch.where(limited, masked.logsumexp(dim=-1), logits.logsumexp(dim=-1))
+        probs = (masked - log_total[:, None]).exp_()
+        cumulative = probs.cumsum(dim=-1)
+        # A token stays while the mass strictly above it is below top_p (transformers' rule, read from the top).
+        last = ((cumulative - probs) < top_p[:, None]).sum(dim=-1, keepdim=True) - 1
+        threshold = torch.where((top_p < 1)[:, None], values.gather(1, last), kth)
+        wide = (top_p < 1) & ~limited & (cumulative[:, -1] < top_p)    # nucleus reaches past the candidates
+        logits.masked_fill_(logits < threshold.masked_fill_(wide[:, None], _NEG_INF), _NEG_INF)
+        if bool(wide.any()):
+            rows = wide.nonzero()[:, 0]
+            logits[rows] = _sorted_top_p(logits[rows], top_p[rows])
+        return logits
 
 
-def _top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    vocab = logits.shape[-1]
-    max_k = int(top_k.max())
-    values = logits.topk(max_k, dim=-1).values
-    kth = values.gather(1, (top_k.clamp(max=max_k) - 1)[:, None])
-    # Rows without top-k (k == vocab) keep everything.
-    kth = kth.masked_fill_((top_k >= vocab)[:, None], _NEG_INF)
-    return logits.masked_fill_(logits < kth, _NEG_INF)
+def _sorted_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Nucleus filtering by a full ascending sort, exactly as transformers' TopPLogitsWarper does it."""
+    sorted_logits, order = logits.sort(dim=-1)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum_(dim=-1)
+    remove = cumulative <= (1 - top_p)[:, None]
+    remove[:, -1] = False                                # always keep the most likely token
+    return logits.scatter(1, order, sorted_logits.masked_fill_(remove, _NEG_INF))
 
 
 class MinP:

@@ -1,0 +1,96 @@
+"""transformers processors inside leapgen's pipeline, and leapgen grammars inside transformers' generate()."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+
+from leapgen.decoding.batch import SamplingBatch, SamplingRow
+from leapgen.decoding.hf_interop import GrammarLogitsProcessor
+from leapgen.decoding.pipeline import LogitsPipeline
+from leapgen.decoding.sampling_params import SamplingParams
+from tokenizers_util import byte_level_bpe
+
+VOCAB = 64
+
+
+def test_transformers_processors_apply_to_their_own_row_with_its_ids():
+    ngram, penalty, suppress = NoRepeatNGramLogitsProcessor(2), RepetitionPenaltyLogitsProcessor(1.7), \
+        SuppressTokensLogitsProcessor([5, 6])
+    rows = [
+        SamplingRow(SamplingParams(logits_processors=[ngram, penalty]), [1, 2, 3], [1, 2]),
+        SamplingRow(SamplingParams(), [1, 2], [1]),
+        SamplingRow(SamplingParams(temperature=0.5, logits_processors=[suppress]), [4], []),
+    ]
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
+    got = LogitsPipeline()(logits.clone(), SamplingBatch.build(rows, VOCAB))
+    ids0 = torch.tensor([[1, 2, 3, 1, 2]])
+    torch.testing.assert_close(got[0:1], penalty(ids0, ngram(ids0, logits[0:1].clone())))
+    torch.testing.assert_close(got[1], logits[1])
+    torch.testing.assert_close(got[2:3], suppress(torch.tensor([[4]]), logits[2:3].clone()) / 0.5)
+    assert torch.isinf(got[0, 3]) and torch.isinf(got[2, [5, 6]]).all()
+
+
+def test_a_processor_returning_the_wrong_shape_is_named():
+    def broken(input_ids, scores):
+        return scores[:, :10]
+
+    rows = [SamplingRow(SamplingParams(logits_processors=[broken]))]
+    with pytest.raises(ValueError, match="row 0: logits processor .*broken.* returned \\(1, 10\\)"):
+        LogitsPipeline()(torch.zeros(1, VOCAB), SamplingBatch.build(rows, VOCAB))
+    with pytest.raises(ValueError, match="logits_processors\\[0\\] must be callable"):
+        SamplingParams(logits_processors=["not a processor"])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_level_bpe()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tokenizer):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_grammar_processor_constrains_transformers_generate(tokenizer, tiny_model, do_sample):
+    grammars = pytest.importorskip("leapgen.grammars")
+    if not hasattr(grammars, "compile_regex"):
+        pytest.skip("leapgen.grammars.compile_regex is not available yet")
+    pattern = r"(yes|no), [0-9]{2}( items)?"
+    grammar = grammars.compile_regex(pattern, tokenizer)
+    prompts = torch.tensor([tokenizer.encode("answer: ", add_special_tokens=False)] * 3)
+    processor = GrammarLogitsProcessor(grammar, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        out = tiny_model.generate(prompts, attention_mask=torch.ones_like(prompts), logits_processor=[processor],
+                                  do_sample=do_sample, max_new_tokens=30, pad_token_id=tokenizer.eos_token_id,
+                                  eos_token_id=tokenizer.eos_token_id)
+    for row in out[:, prompts.shape[1]:].tolist():
+        assert tokenizer.eos_token_id in row, "generation must end with eos once the pattern is complete"
+        text = tokenizer.decode(row[: row.index(tokenizer.eos_token_id)])
+        assert re.fullmatch(pattern, text), text
+
+
+def test_grammar_processor_rejects_beam_reordering(tokenizer):
+    grammars = pytest.importorskip("leapgen.grammars")
+    if not hasattr(grammars, "compile_regex"):
+        pytest.skip("leapgen.grammars.compile_regex is not available yet")
+    processor = GrammarLogitsProcessor(grammars.compile_regex("a+", tokenizer), eos_token_id=tokenizer.eos_token_id)
+    scores = torch.zeros(2, len(tokenizer))
+    processor(torch.zeros(2, 3, dtype=torch.long), scores)
+    with pytest.raises(ValueError, match="started on 2 rows"):
+        processor(torch.zeros(4, 4, dtype=torch.long), torch.zeros(4, len(tokenizer)))

@@ -1,0 +1,159 @@
+"""The sampler draws from the distribution its settings define, seeds ignore batch composition, logprobs are right."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from leapgen.decoding.batch import SamplingBatch, SamplingRow
+from leapgen.decoding.sampler import Sampler, prompt_logprobs, request_generator
+from leapgen.decoding.sampling_params import SamplingParams
+
+VOCAB = 12
+DRAWS = 20000
+Z_999 = 3.090232  # standard normal quantile at 0.999
+
+
+def chi_square_critical(df: int) -> float:
+    """Upper 0.1% point of chi-square(df), Wilson-Hilferty approximation (accurate to ~1% for df >= 3)."""
+    return df * (1 - 2 / (9 * df) + Z_999 * math.sqrt(2 / (9 * df))) ** 3
+
+
+def draw(params: SamplingParams, logits: torch.Tensor, seed: int) -> np.ndarray:
+    rows = [SamplingRow(params)] * DRAWS
+    batch = SamplingBatch.build(rows, VOCAB)
+    tokens = Sampler(seed=seed)(logits.expand(DRAWS, VOCAB), batch).token_ids
+    return np.bincount(tokens.numpy(), minlength=VOCAB)
+
+
+def base_logits() -> torch.Tensor:
+    return torch.tensor([[2.0, 1.6, 1.3, 1.0, 0.8, 0.5, 0.2, 0.0, -0.3, -0.6, -1.0, -1.5]])
+
+
+CASES = {
+    "temperature": (SamplingParams(temperature=0.6), [TemperatureLogitsWarper(0.6)]),
+    "top_k": (SamplingParams(temperature=1.0, top_k=5), [TopKLogitsWarper(5)]),
+    "top_p": (SamplingParams(temperature=1.0, top_p=0.7), [TopPLogitsWarper(0.7)]),
+    "min_p": (SamplingParams(temperature=1.0, min_p=0.2), [MinPLogitsWarper(0.2)]),
+    "all": (SamplingParams(temperature=1.4, top_k=9, top_p=0.9, min_p=0.1),
+            [TemperatureLogitsWarper(1.4), TopKLogitsWarper(9), TopPLogitsWarper(0.9), MinPLogitsWarper(0.1)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_samples_follow_the_defined_distribution(name):
+    params, reference = CASES[name]
+    logits = base_logits()
+    expected_logits = logits.clone()
+    for warper in reference:
+        expected_logits = warper(torch.zeros(1, 1, dtype=torch.long), expected_logits)
+    expected = expected_logits.softmax(dim=-1)[0].double().numpy() * DRAWS
+    observed = draw(params, logits, seed=1234)
+    allowed = expected > 0
+    assert observed[~allowed].sum() == 0, "sampled a token the settings exclude"
+    assert allowed.sum() >= 4 and expected[allowed].min() >= 5   # chi-square needs enough cells and counts
+    statistic = float((((observed - expected) ** 2)[allowed] / expected[allowed]).sum())
+    assert statistic < chi_square_critical(int(allowed.sum()) - 1), (statistic, observed, expected.round())
+
+
+def test_chi_square_check_rejects_a_wrong_distribution():
+    # The same statistic must notice temperature 0.6 samples when temperature 1.0 is expected.
+    logits = base_logits()
+    expected = logits.softmax(dim=-1)[0].double().numpy() * DRAWS
+    observed = draw(SamplingParams(temperature=0.6), logits, seed=1234)
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    assert statistic > chi_square_critical(VOCAB - 1)
+
+
+def run_steps(rows: list[SamplingRow], steps: int, sampler: Sampler) -> list[list[int]]:
+    """Several decode steps with per-row logits that depend only on the row's params and step."""
+    out = [[] for _ in rows]
+    for step in range(steps):
+        logits = torch.stack([
+            torch.randn(500, generator=torch.Generator().manual_seed(1000 * step + (r.params.seed or 0))) * 2
+            for r in rows
+        ])
+        batch = SamplingBatch.build(rows, 500)
+        for i, token in enumerate(sampler(logits, batch).token_ids.tolist()):
+            out[i].append(token)
+            rows[i].output_ids = [*rows[i].output_ids, token]
+    return out
+
+
+def seeded_row(seed: int, **kwargs) -> SamplingRow:
+    params = SamplingParams(temperature=1.0, seed=seed, **kwargs)
+    return SamplingRow(params, [1, 2, 3], [], request_generator(seed))
+
+
+def test_seeded_request_ignores_batch_composition():
+    alone = run_steps([seeded_row(42, top_p=0.95)], 8, Sampler(seed=0))[0]
+    others = [seeded_row(s, top_k=20) for s in range(7)]
+    others += [SamplingRow(SamplingParams(temperature=0.8, top_p=0.5), [5], []) for _ in range(5)]
+    others += [SamplingRow(SamplingParams(), [5], []) for _ in range(4)]
+    for position in (0, 9, 16):
+        rows = others[:position] + [seeded_row(42, top_p=0.95)] + others[position:]
+        assert run_steps(rows, 8, Sampler(seed=position))[position] == alone
+
+
+def test_seeds_and_sample_indices_give_different_streams():
+    a = run_steps([seeded_row(1)], 10, Sampler(seed=0))[0]
+    b = run_steps([seeded_row(2)], 10, Sampler(seed=0))[0]
+    assert a != b
+    first = torch.empty(4).uniform_(generator=request_generator(5, 0))
+    second = torch.empty(4).uniform_(generator=request_generator(5, 1))
+    assert not torch.equal(first, second)
+
+
+def test_greedy_rows_take_the_argmax_next_to_sampled_rows():
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(3))
+    rows = [SamplingRow(SamplingParams(temperature=0.0 if i % 2 == 0 else 1.5, top_k=3)) for i in range(6)]
+    tokens = Sampler(seed=0)(logits, SamplingBatch.build(rows, 300)).token_ids
+    assert tokens[::2].tolist() == logits[::2].argmax(dim=-1).tolist()
+    top3 = logits[1::2].topk(3).indices
+    assert all(t in allowed for t, allowed in zip(tokens[1::2].tolist(), top3.tolist()))
+
+
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_logprobs_of_chosen_and_top_tokens(mode):
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(4))
+    rows = [SamplingRow(SamplingParams(temperature=0.8, top_k=10, logprobs=5)),
+            SamplingRow(SamplingParams(logprobs=0)),
+            SamplingRow(SamplingParams(temperature=1.0))]
+    batch = SamplingBatch.build(rows, 300)
+    out = Sampler(logprobs_mode=mode, seed=0)(logits, batch)
+    if mode == "raw":
+        reference = logits.log_softmax(dim=-1)
+    else:
+        reference = torch.cat([TopKLogitsWarper(10)(None, TemperatureLogitsWarper(0.8)(None, logits[:1])),
+                               logits[1:]]).log_softmax(dim=-1)
+    torch.testing.assert_close(out.logprobs, reference.gather(1, out.token_ids[:, None])[:, 0])
+    torch.testing.assert_close(out.top_logprobs, reference.topk(5).values)
+    assert torch.equal(out.top_logprob_ids, reference.topk(5).indices)
+
+
+def test_no_logprobs_requested_means_none_computed():
+    out = Sampler(seed=0)(torch.randn(2, 50), SamplingBatch.build([SamplingRow(SamplingParams())] * 2, 50))
+    assert out.logprobs is None and out.top_logprobs is None
+
+
+def test_prompt_logprobs():
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(5))
+    ids = [3, 7, 1, 30, 2]
+    result = prompt_logprobs(logits, ids, top_n=3)
+    logp = logits.log_softmax(dim=-1)
+    torch.testing.assert_close(result.logprobs, torch.stack([logp[i - 1, ids[i]] for i in range(1, 5)]))
+    assert torch.equal(result.top_ids, logp[:-1].topk(3).indices)
+    with pytest.raises(ValueError, match="len\\(prompt\\)=4"):
+        prompt_logprobs(logits, ids[:4])
+
+
+def test_caller_logits_are_not_modified():
+    logits = torch.randn(2, 50)
+    before = logits.clone()
+    rows = [SamplingRow(SamplingParams(temperature=0.5, top_p=0.5, repetition_penalty=2.0), [1, 2], [3])] * 2
+    Sampler(seed=0)(logits, SamplingBatch.build(rows, 50))
+    assert torch.equal(logits, before)
