@@ -1,4 +1,5 @@
-"""Pick the implementation by device: Triton kernels for CUDA tensors, the torch reference otherwise.
+"""Pick the implementation by device: Triton kernels for CUDA tensors, the torch reference otherwise
+(with a compiled numba decode kernel for float32 CPU tensors).
 
 `LEAPGEN_KERNELS=triton|reference` forces one choice (e.g. Triton under `TRITON_INTERPRET=1` on CPU
 tensors, or the reference on a GPU to bisect a kernel bug); unset or `auto` picks by device.
@@ -10,7 +11,7 @@ import os
 
 import torch
 
-from leapgen.kernels import reference
+from leapgen.kernels import cpu_decode, reference
 
 
 def _triton():
@@ -49,7 +50,10 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, softmax_scale=None) -> torch.Tensor:
     """Decode attention through block tables; see `reference.paged_decode_attention`."""
-    return _impl(q).paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, softmax_scale=softmax_scale)
+    impl = _impl(q)
+    if impl is reference and os.environ.get("LEAPGEN_KERNELS", "auto") == "auto" and cpu_decode.supports(q, k_cache):
+        impl = cpu_decode
+    return impl.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, softmax_scale=softmax_scale)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:

@@ -34,12 +34,13 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     """Attention of `q [lq, hq, d]` over `k, v [lk, hkv, d]`; causal is bottom-right aligned."""
     lq, lk = q.shape[0], k.shape[0]
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    mask = None
-    if causal and lq > 1:
+    mask, square = None, causal and lq == lk and lq > 1
+    if causal and lq > 1 and not square:
         rows = torch.arange(lq, device=q.device).unsqueeze(1) + (lk - lq)
         mask = torch.arange(lk, device=q.device).unsqueeze(0) <= rows
-    out = F.scaled_dot_product_attention(qh, kh.to(q.dtype), vh.to(q.dtype), attn_mask=mask, scale=scale,
-                                         enable_gqa=kh.shape[0] != qh.shape[0])
+    # A square causal block takes SDPA's is_causal path, which skips building and reading a mask.
+    out = F.scaled_dot_product_attention(qh, kh.to(q.dtype), vh.to(q.dtype), attn_mask=mask, is_causal=square,
+                                         scale=scale, enable_gqa=kh.shape[0] != qh.shape[0])
     return out.transpose(0, 1)
 
 
