@@ -16,7 +16,8 @@ import torch
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
 from leapgen.decoding.detokenizer import IncrementalDetokenizer
-from leapgen.decoding.sampler import Sampler, request_generator
+from leapgen.decoding.beam_search import BeamSearch
+from leapgen.decoding.sampler import Sampler, prompt_logprobs, request_generator
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.stop import StopChecker
 from leapgen.engine.block_manager import BlockManager
@@ -66,25 +67,48 @@ class EngineConfig:
 
 
 @dataclass
-class _Request:
-    """Engine-side state of one request (n = 1 sequence for now)."""
+class _Sample:
+    """One sequence of a request: a sample (n > 1 gives several) or a live beam."""
 
-    request_id: int
-    prompt: str | None
     seq: Sequence
-    stop: StopChecker
+    stop: StopChecker | None
     generator: torch.Generator | None
     logprobs: list[TokenLogprob] | None = None
     cumulative_logprob: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def output(self) -> RequestOutput:
-        seq = self.seq
-        completion = CompletionOutput(0, self.stop.text, seq.output_token_ids, self.stop.finish_reason,
-                                      self.stop.stop_reason, self.logprobs,
-                                      self.cumulative_logprob if self.logprobs is not None else None)
-        return RequestOutput(self.request_id, self.prompt, seq.prompt_token_ids, [completion],
-                             finished=self.stop.finished)
+    def completion(self, index: int, decode) -> CompletionOutput:
+        stop = self.stop
+        if stop is None:                         # a running beam: no stop checker, decode what it has
+            return CompletionOutput(index, decode(self.seq.output_token_ids), self.seq.output_token_ids)
+        return CompletionOutput(index, stop.text, self.seq.output_token_ids, stop.finish_reason, stop.stop_reason,
+                                self.logprobs, self.cumulative_logprob if self.logprobs is not None else None)
+
+
+@dataclass
+class _Request:
+    """Engine-side state of one request: its samples, or its beams and their search."""
+
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    samples: list[_Sample]
+    beams: BeamSearch | None = None
+    beam_rows: dict[int, torch.Tensor] = field(default_factory=dict)   # log-probs of beams waiting for siblings
+    prompt_rows: list[torch.Tensor] = field(default_factory=list)       # prompt logits gathered chunk by chunk
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    finished: bool = False
+    beam_outputs: list[CompletionOutput] = field(default_factory=list)
+
+    @property
+    def forked(self) -> bool:
+        """True once the request's samples or beams exist beyond the first sequence."""
+        return len(self.samples) > 1 or self.beams is not None
+
+    def output(self, decode) -> RequestOutput:
+        completions = self.beam_outputs or [s.completion(i, decode) for i, s in enumerate(self.samples)]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
+                             finished=self.finished, prompt_logprobs=self.prompt_logprobs)
 
 
 class LLMEngine:
@@ -109,7 +133,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(seed=seed, device=loaded.device)
         self.requests: dict[int, _Request] = {}
-        self._ids = itertools.count()
+        self._owner: dict[int, tuple[_Request, _Sample]] = {}      # seq_id -> its request and sample
+        self._request_ids = itertools.count()
+        self._seq_ids = itertools.count()
         self.num_steps = 0
 
     @classmethod
@@ -134,8 +160,6 @@ class LLMEngine:
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> int:
         """Queue a prompt; returns its request id.  Errors name the request's problem before anything runs."""
         params = params or SamplingParams()
-        if params.n != 1 or params.num_beams != 1:
-            raise NotImplementedError("n > 1 and beam search are not supported by the engine yet")
         text, ids = self.encode(prompt)
         limit = self.loaded.max_model_len
         if not ids:
@@ -147,66 +171,196 @@ class LLMEngine:
         bad = next((t for t in ids if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the model's vocabulary of {vocab}")
-        request_id = next(self._ids)
+        if params.num_beams > 1 and (params.stop or params.temperature > 0 or params.logprobs is not None):
+            raise ValueError("beam search (num_beams > 1) is deterministic: it takes no stop strings, "
+                             "temperature or logprobs; use n > 1 with sampling for those")
         # Never generate past the model's context: clip max_tokens (finish_reason "length" as usual).
         room = limit - len(ids)
         if params.max_tokens > room:
             params = _with(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
-        seq = Sequence(request_id, ids, params)
-        detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-        generator = request_generator(params.seed, 0, self.loaded.device) if params.seed is not None else None
-        request = _Request(request_id, text, seq, StopChecker(params, self.loaded.eos_token_ids, detok), generator,
-                           [] if params.logprobs is not None else None)
-        self.scheduler.add(seq)
-        self.requests[request_id] = request
-        return request_id
+        request = _Request(next(self._request_ids), text, ids, params, [],
+                           prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+        first = self._new_sample(request, Sequence(next(self._seq_ids), ids, params), 0)
+        self.scheduler.add(first.seq)
+        self.requests[request.request_id] = request
+        return request.request_id
+
+    def _new_sample(self, request: _Request, seq: Sequence, index: int) -> _Sample:
+        params = request.params
+        stop = None
+        if params.num_beams == 1:
+            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+            stop = StopChecker(params, self.loaded.eos_token_ids, detok)
+            if seq.num_output_tokens:            # a fork: replay the parent's output into its own checker
+                for token in seq.output_token_ids:
+                    stop.append(token)
+        generator = (request_generator(params.seed, index, self.loaded.device)
+                     if params.seed is not None and params.num_beams == 1 else None)
+        sample = _Sample(seq, stop, generator, [] if params.logprobs is not None else None)
+        request.samples.append(sample)
+        self._owner[seq.seq_id] = (request, sample)
+        return sample
 
     def abort(self, request_id: int) -> None:
         """Drop a request that has not finished."""
         request = self.requests.pop(request_id)
-        self._release(request, "abort")
+        for sample in request.samples:
+            if not sample.seq.is_finished:
+                self._retire(sample, "abort")
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns the outputs of the requests that advanced."""
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        step_logits = self.runner.execute(out)
+        want_all = frozenset(seq.seq_id for seq, _ in out.scheduled
+                             if self._owner[seq.seq_id][0].prompt_logprobs is not None
+                             and seq.num_computed_tokens < seq.num_prompt_tokens)
+        step_logits = self.runner.execute(out, want_all)
         self.scheduler.commit(out)
         self.num_steps += 1
-        ready = [self.requests[seq.seq_id] for seq, _ in out.scheduled if seq.seq_id in step_logits.rows]
+        ready: list[tuple[_Request, _Sample, torch.Tensor]] = []
+        for seq, n in out.scheduled:
+            rows = step_logits.rows.get(seq.seq_id)
+            if rows is None:
+                continue
+            request, sample = self._owner[seq.seq_id]
+            logits = step_logits.logits[rows]
+            if seq.seq_id in want_all:
+                self._collect_prompt_logits(request, seq, logits)
+            if seq.num_uncomputed == 0:
+                ready.append((request, sample, logits[-1]))
+        ready = self._fork_samples(ready)
+        advanced = self._sample(ready)
+        return [r.output(self._decode) for r in advanced]
+
+    def _collect_prompt_logits(self, request: _Request, seq: Sequence, logits: torch.Tensor) -> None:
+        request.prompt_rows.append(logits[: max(0, seq.num_prompt_tokens - (seq.num_computed_tokens - len(logits)))])
+        if seq.num_computed_tokens >= seq.num_prompt_tokens:
+            rows = torch.cat(request.prompt_rows)
+            request.prompt_rows = []
+            top_n = request.params.prompt_logprobs
+            result = prompt_logprobs(rows, request.prompt_token_ids, top_n)
+            for i, value in enumerate(result.logprobs.tolist()):
+                top = {}
+                if top_n:
+                    top = dict(zip(result.top_ids[i].tolist(), result.top_logprobs[i].tolist()))
+                request.prompt_logprobs.append(TokenLogprob(request.prompt_token_ids[i + 1], value, top))
+
+    def _fork_samples(self, ready: list[tuple[_Request, _Sample, torch.Tensor]]):
+        """n > 1: when the prompt's logits arrive, fork the other samples so they share its KV blocks."""
+        expanded = []
+        for request, sample, row in ready:
+            expanded.append((request, sample, row))
+            if request.params.n > 1 and request.params.num_beams == 1 and not request.forked:
+                for index in range(1, request.params.n):
+                    child = self.scheduler.fork(sample.seq, next(self._seq_ids))
+                    expanded.append((request, self._new_sample(request, child, index), row))
+        return expanded
+
+    def _sample(self, ready: list[tuple[_Request, _Sample, torch.Tensor]]) -> list[_Request]:
+        advanced: dict[int, _Request] = {}
         if not ready:
             return []
-        logits = step_logits.logits[[step_logits.rows[r.seq.seq_id].stop - 1 for r in ready]]
-        rows = [SamplingRow(r.seq.params, r.seq.prompt_token_ids, r.seq.output_token_ids, r.generator) for r in ready]
+        logits = torch.stack([row for _, _, row in ready])
+        rows = [SamplingRow(s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids, s.generator)
+                for _, s, _ in ready]
         batch = SamplingBatch.build(rows, logits.shape[-1], self.loaded.eos_token_ids, logits.device)
+        beam_indices = [i for i, (r, _, _) in enumerate(ready) if r.params.num_beams > 1]
+        if beam_indices:
+            processed = self.sampler.pipeline(logits.clone(), batch).log_softmax(dim=-1)
+            for i in beam_indices:
+                request, sample, _ = ready[i]
+                request.beam_rows[sample.seq.seq_id] = processed[i]
+                advanced[request.request_id] = request
+            for request in {id(r): r for r, _, _ in (ready[i] for i in beam_indices)}.values():
+                self._beam_step(request)
+        sampled_indices = [i for i in range(len(ready)) if i not in set(beam_indices)]
+        if not sampled_indices:
+            return list(advanced.values())
+        if beam_indices:
+            keep = torch.tensor(sampled_indices)
+            logits = logits[keep]
+            batch = SamplingBatch.build([rows[i] for i in sampled_indices], logits.shape[-1],
+                                        self.loaded.eos_token_ids, logits.device)
         sampled = self.sampler(logits, batch)
-        token_ids = sampled.token_ids.tolist()
-        outputs = []
-        for i, (request, token) in enumerate(zip(ready, token_ids)):
-            request.seq.append_token(token)
-            if request.logprobs is not None:
-                self._record_logprobs(request, sampled, i, token)
-            request.stop.append(token)
-            if request.stop.finished:
-                self.requests.pop(request.request_id)
-                self._release(request, request.stop.finish_reason)
-            outputs.append(request.output())
-        return outputs
+        for row, (i, token) in enumerate(zip(sampled_indices, sampled.token_ids.tolist())):
+            request, sample, _ = ready[i]
+            sample.seq.append_token(token)
+            if sample.logprobs is not None:
+                self._record_logprobs(sample, sampled, row, token)
+            sample.stop.append(token)
+            if sample.stop.finished:
+                self._retire(sample, sample.stop.finish_reason)
+                self._maybe_finish(request)
+            advanced[request.request_id] = request
+        return list(advanced.values())
 
-    def _record_logprobs(self, request: _Request, sampled, row: int, token: int) -> None:
+    def _beam_step(self, request: _Request) -> None:
+        """Advance a request's beams once every live beam has its next-token log-probs."""
+        live = [s for s in request.samples if not s.seq.is_finished]
+        if any(s.seq.seq_id not in request.beam_rows for s in live):
+            return                                   # a sibling was preempted; wait for its recomputation
+        params = request.params
+        if request.beams is None:
+            request.beams = BeamSearch(params.num_beams, params.max_tokens,
+                                       () if params.ignore_eos else self.loaded.eos_token_ids,
+                                       params.length_penalty, params.early_stopping)
+        log_probs = torch.stack([request.beam_rows.pop(s.seq.seq_id) for s in live])
+        step = request.beams.step(log_probs)
+        # Fork before appending: several new beams may continue the same parent.
+        children: list[_Sample] = []
+        taken: set[int] = set()
+        for parent_index in step.parents:
+            parent = live[parent_index]
+            if parent_index not in taken:
+                taken.add(parent_index)
+                children.append(parent)
+            else:
+                forked = self.scheduler.fork(parent.seq, next(self._seq_ids))
+                children.append(self._new_sample(request, forked, len(request.samples)))
+        for index, sample in enumerate(live):
+            if index not in taken:
+                self._retire(sample, "pruned")
+        for sample, token in zip(children, step.token_ids):
+            sample.seq.append_token(token)
+        request.samples = children              # the order of the search's running beams
+        if request.beams.done:
+            for sample in request.samples:
+                self._retire(sample, "pruned")
+            request.beam_outputs = [self._beam_completion(i, h) for i, h in enumerate(request.beams.best(params.n))]
+            self._maybe_finish(request)
+
+    def _beam_completion(self, index: int, hypothesis) -> CompletionOutput:
+        ids = hypothesis.token_ids
+        reason = "stop" if ids and ids[-1] in self.loaded.eos_token_ids else "length"
+        return CompletionOutput(index, self._decode(ids), list(ids), reason, score=hypothesis.score)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _maybe_finish(self, request: _Request) -> None:
+        if request.params.num_beams > 1:
+            request.finished = bool(request.beam_outputs)
+        else:
+            request.finished = all(s.stop.finished for s in request.samples) and len(request.samples) == request.params.n
+        if request.finished:
+            self.requests.pop(request.request_id, None)
+
+    def _record_logprobs(self, sample: _Sample, sampled, row: int, token: int) -> None:
         value = float(sampled.logprobs[row])
-        top_n = request.seq.params.logprobs
+        top_n = sample.seq.params.logprobs
         top = {}
         if top_n:
             top = dict(zip(sampled.top_logprob_ids[row, :top_n].tolist(), sampled.top_logprobs[row, :top_n].tolist()))
-        request.logprobs.append(TokenLogprob(token, value, top))
-        request.cumulative_logprob += value
+        sample.logprobs.append(TokenLogprob(token, value, top))
+        sample.cumulative_logprob += value
 
-    def _release(self, request: _Request, reason: str) -> None:
-        self.scheduler.finish(request.seq, reason)
+    def _retire(self, sample: _Sample, reason: str) -> None:
+        self.scheduler.finish(sample.seq, reason)
+        self._owner.pop(sample.seq.seq_id, None)
         if isinstance(self.runner, FallbackRunner):
-            self.runner.release(request.seq)
+            self.runner.release(sample.seq)
 
     def generate(self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
                  progress=None) -> list[RequestOutput]:

@@ -25,6 +25,7 @@ class CompletionOutput:
     stop_reason: str | int | None = None      # the stop string or stop token id that ended it
     logprobs: list[TokenLogprob] | None = None
     cumulative_logprob: float | None = None
+    score: float | None = None                # beam search: the length-normalised score it was ranked by
 
 
 @dataclass

@@ -121,3 +121,79 @@ def test_bad_requests_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="kv_cache_memory"):
         engine_for(tmp_path, kv_cache_memory="lots")
     assert not engine.has_unfinished
+
+
+@pytest.mark.parametrize("num_beams,length_penalty,early_stopping", [(2, 1.0, False), (3, 0.5, True),
+                                                                     (4, 2.0, "never")])
+def test_beam_search_matches_transformers(tmp_path, num_beams, length_penalty, early_stopping):
+    hf = build_checkpoint(tmp_path, "llama")
+    prompts = random_prompts(hf.config.vocab_size, [5, 11, 2])
+    engine = engine_for(tmp_path, kv_cache_memory="8MiB", block_size=4)
+    eos = hf_greedy(hf, prompts[0], 6)[3]          # an eos the beams actually meet
+    engine.loaded.eos_token_ids = (eos,)
+    params = SamplingParams(max_tokens=8, num_beams=num_beams, n=2, length_penalty=length_penalty,
+                            early_stopping=early_stopping)
+    outputs = engine.generate(prompts, params)
+    for prompt, output in zip(prompts, outputs):
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, num_beams=num_beams, num_return_sequences=2,
+                               length_penalty=length_penalty, early_stopping=early_stopping, do_sample=False,
+                               eos_token_id=eos, pad_token_id=0)
+        for completion, row in zip(output.outputs, expected):
+            ids = row[len(prompt):].tolist()
+            if eos in ids:
+                ids = ids[: ids.index(eos) + 1]
+            assert completion.token_ids == ids
+    assert_no_leaks(engine)
+
+
+def test_n_samples_share_prompt_blocks(tmp_path):
+    hf = build_checkpoint(tmp_path, "llama")
+    prompt = random_prompts(hf.config.vocab_size, [22])[0]
+    engine = engine_for(tmp_path, kv_cache_memory="8MiB", block_size=4)
+    engine.add_request(prompt, SamplingParams(max_tokens=6, n=4, temperature=1.0, seed=7, ignore_eos=True))
+    engine.step()                                   # prefill, then the samples fork
+    seqs = engine.scheduler.running
+    assert len(seqs) == 4
+    shared = set.intersection(*(set(s.block_table[:5]) for s in seqs))
+    assert len(shared) == 5                         # the prompt's 5 full blocks are held once, by all 4
+    assert all(engine.block_manager.blocks[b].ref_count == 4 for b in shared)
+    outputs = []
+    while engine.has_unfinished:
+        outputs += [o for o in engine.step() if o.finished]
+    samples = outputs[0].outputs
+    assert len(samples) == 4 and all(len(s.token_ids) == 6 for s in samples)
+    assert len({tuple(s.token_ids) for s in samples}) > 1          # different seeds per sample index
+    again = engine.generate([prompt], SamplingParams(max_tokens=6, n=4, temperature=1.0, seed=7, ignore_eos=True))
+    assert [s.token_ids for s in again[0].outputs] == [s.token_ids for s in samples]
+    assert_no_leaks(engine)
+
+
+def test_logprobs_and_prompt_logprobs_match_transformers(tmp_path):
+    hf = build_checkpoint(tmp_path, "qwen3")
+    prompt = random_prompts(hf.config.vocab_size, [13])[0]
+    engine = engine_for(tmp_path, kv_cache_memory="8MiB", block_size=4, max_num_batched_tokens=8, max_num_seqs=4)
+    out = engine.generate([prompt], SamplingParams(max_tokens=3, logprobs=2, prompt_logprobs=1, ignore_eos=True))[0]
+    full = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logp = hf(full).logits[0].float().log_softmax(-1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for i, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        assert entry.token_id == prompt[i]
+        assert entry.logprob == pytest.approx(logp[i - 1, prompt[i]].item(), abs=1e-4)
+    for j, entry in enumerate(out.outputs[0].logprobs):
+        position = len(prompt) - 1 + j
+        assert entry.logprob == pytest.approx(logp[position, entry.token_id].item(), abs=1e-4)
+        assert list(entry.top) == logp[position].topk(2).indices.tolist()
+
+
+def test_transformers_logits_processor_runs_inside_the_engine(tmp_path):
+    from transformers import NoBadWordsLogitsProcessor
+
+    hf = build_checkpoint(tmp_path, "llama")
+    prompt = random_prompts(hf.config.vocab_size, [9])[0]
+    engine = engine_for(tmp_path)
+    free = engine.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+    banned = free[2]
+    params = SamplingParams(max_tokens=8, ignore_eos=True,
+                            logits_processors=[NoBadWordsLogitsProcessor([[banned]], eos_token_id=2)])
+    assert banned not in engine.generate([prompt], params)[0].token_ids

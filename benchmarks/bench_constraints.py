@@ -1,0 +1,242 @@
+"""Constraint engines side by side on MaskBench: leapgen, llguidance, xgrammar, outlines-core.
+
+    python benchmarks/bench_constraints.py [--n 50] [--tokenizer cl100k|o200k] [--engines leapgen,llguidance,...]
+
+For each subset (Github_easy, Github_medium, Glaiveai2K by default) the first
+`--n` schemas are compiled by every engine, single-threaded, for the same HF
+tokenizer.  Every test instance (json.dumps, ensure_ascii=False, tokenized by
+that tokenizer) is fed token by token, computing the full token mask before
+each token: a valid instance must be accepted to the end with EOS allowed; an
+invalid one must be refused somewhere.  Printed as a markdown table:
+
+- coverage: % of schemas compiled;
+- passing: schemas compiled with every test right (MaskBench's count);
+- invalid accepted: invalid instances accepted to completion (must be 0);
+- compile p50/p90 (ms) and mask time per token p50/p99 (µs).
+
+Needs the `bench` extra (xgrammar, llguidance, outlines-core) and the
+../shared/corpora/maskbench corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+MASKBENCH = ROOT.parent / "shared" / "corpora" / "maskbench"
+
+
+class Leapgen:
+    name = "leapgen"
+
+    def __init__(self, tokenizer):
+        from leapgen.grammars import compile_json_schema
+
+        self.compile_fn, self.tokenizer = compile_json_schema, tokenizer
+        self.buf = np.zeros((len(tokenizer) + 31) // 32, np.int32)
+
+    def compile(self, schema):
+        return self.compile_fn(schema, self.tokenizer)
+
+    def start(self, compiled):
+        return compiled.matcher()
+
+    def mask(self, m):
+        m.fill_bitmask(self.buf)
+        return self.buf
+
+    def consume(self, m, token):
+        m.advance(token)
+        return True
+
+
+class LLGuidance:
+    name = "llguidance"
+
+    def __init__(self, tokenizer):
+        import llguidance
+        import llguidance.hf
+        import llguidance.numpy
+
+        self.ll, self.lln = llguidance, llguidance.numpy
+        self.tok = llguidance.hf.from_tokenizer(tokenizer)
+        self.buf = llguidance.numpy.allocate_token_bitmask(1, self.tok.vocab_size)
+
+    def compile(self, schema):
+        grammar = self.ll.LLMatcher.grammar_from_json_schema(schema)
+        matcher = self.ll.LLMatcher(self.tok, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error())
+        return grammar, matcher
+
+    def start(self, compiled):
+        grammar, first = compiled
+        return first.deep_copy() if hasattr(first, "deep_copy") else self.ll.LLMatcher(self.tok, grammar, log_level=0)
+
+    def mask(self, m):
+        self.lln.fill_next_token_bitmask(m, self.buf)
+        return self.buf[0]
+
+    def consume(self, m, token):
+        return m.consume_token(token)
+
+
+class XGrammar:
+    name = "xgrammar"
+
+    def __init__(self, tokenizer):
+        import xgrammar
+
+        self.xgr = xgrammar
+        self.info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+        self.compiler = xgrammar.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self.buf = xgrammar.allocate_token_bitmask(1, self.info.vocab_size)
+
+    def compile(self, schema):
+        return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=True, strict_mode=False)
+
+    def start(self, compiled):
+        return self.xgr.GrammarMatcher(compiled)
+
+    def mask(self, m):
+        m.fill_next_token_bitmask(self.buf)
+        return self.buf[0].numpy()
+
+    def consume(self, m, token):
+        return m.accept_token(token)
+
+
+class OutlinesCore:
+    name = "outlines-core"
+
+    def __init__(self, tokenizer):
+        import outlines_core
+        from leapgen.grammars import vocab_for
+
+        self.oc = outlines_core
+        vocab = vocab_for(tokenizer)
+        eos = tokenizer.eos_token_id
+        tokens: dict[bytes, list[int]] = {}
+        for i, b in enumerate(vocab.token_bytes):
+            if b and i not in vocab.eos_ids and i not in vocab.special_ids:
+                tokens.setdefault(b, []).append(i)
+        self.vocab = outlines_core.Vocabulary(eos, tokens)
+        self.buf = np.zeros((len(tokenizer) + 31) // 32, np.int32)
+
+    def compile(self, schema):
+        regex = self.oc.json_schema.build_regex_from_schema(json.dumps(schema))
+        return self.oc.Index(regex, self.vocab)
+
+    def start(self, compiled):
+        return self.oc.Guide(compiled)
+
+    def mask(self, m):
+        m.write_mask_into(self.buf.ctypes.data, self.buf.size, 4)
+        return self.buf
+
+    def consume(self, m, token):
+        m.advance(token)
+        return True
+
+
+ENGINES = {e.name: e for e in (Leapgen, LLGuidance, XGrammar, OutlinesCore)}
+PACKAGES = {"leapgen": "leapgen", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines-core"}
+
+
+def _allowed(mask: np.ndarray, token: int) -> bool:
+    return bool((int(mask[token >> 5]) >> (token & 31)) & 1)
+
+
+def run_instance(engine, compiled, token_ids, eos, mask_times) -> bool:
+    """Feed one instance; True when it is accepted to completion (EOS allowed at the end)."""
+    m = engine.start(compiled)
+    for token in token_ids:
+        t = time.perf_counter()
+        mask = engine.mask(m)
+        mask_times.append(time.perf_counter() - t)
+        if not _allowed(mask, token):
+            return False
+        try:
+            if not engine.consume(m, token):
+                return False
+        except Exception:
+            return False
+    t = time.perf_counter()
+    mask = engine.mask(m)
+    mask_times.append(time.perf_counter() - t)
+    return _allowed(mask, eos)
+
+
+def bench(engine, files, tokenizer) -> dict:
+    eos = tokenizer.eos_token_id
+    compiled_n = passing = invalid_accepted = valid_rejected = 0
+    compile_times, mask_times = [], []
+    for path in files:
+        doc = json.loads(path.read_text())
+        t = time.perf_counter()
+        try:
+            compiled = engine.compile(doc["schema"])
+        except Exception:
+            continue
+        compile_times.append(time.perf_counter() - t)
+        compiled_n += 1
+        ok = True
+        for case in doc["tests"]:
+            ids = tokenizer.encode(json.dumps(case["data"], ensure_ascii=False), add_special_tokens=False)
+            accepted = run_instance(engine, compiled, ids, eos, mask_times)
+            if accepted != case["valid"]:
+                ok = False
+                invalid_accepted += not case["valid"]
+                valid_rejected += case["valid"]
+        passing += ok
+    ms = lambda xs, q: float(np.quantile(xs, q)) * 1e3 if xs else float("nan")  # noqa: E731
+    return {"schemas": len(files), "compiled": compiled_n, "passing": passing, "invalid_accepted": invalid_accepted,
+            "valid_rejected": valid_rejected, "compile_p50": ms(compile_times, 0.5),
+            "compile_p90": ms(compile_times, 0.9), "mask_p50": ms(mask_times, 0.5) * 1e3,
+            "mask_p99": ms(mask_times, 0.99) * 1e3, "tokens": len(mask_times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=50, help="schemas per subset")
+    parser.add_argument("--tokenizer", default="cl100k", choices=["cl100k", "o200k"])
+    parser.add_argument("--subsets", default="Github_easy,Github_medium,Glaiveai2K")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    args = parser.parse_args()
+    import tokenizers_util
+
+    tokenizer = getattr(tokenizers_util, args.tokenizer)()
+    rows = []
+    for name in args.engines.split(","):
+        try:
+            engine = ENGINES[name](tokenizer)
+        except ImportError as exc:
+            print(f"skipping {name}: {exc}", file=sys.stderr)
+            continue
+        for subset in args.subsets.split(","):
+            files = sorted((MASKBENCH / subset).glob("*.json"))[: args.n]
+            engine.compile({"type": "object"})  # warm-up: JIT, vocabulary tables
+            r = bench(engine, files, tokenizer)
+            rows.append((name, subset, r))
+            print(f"{name} {subset}: {r}", file=sys.stderr, flush=True)
+    print(f"\ntokenizer {args.tokenizer}, {args.n} schemas per subset, one thread; versions: "
+          + ", ".join(f"{n} {version(PACKAGES[n])}" for n in args.engines.split(",") if n in ENGINES))
+    print("\n| engine | subset | coverage | passing | invalid accepted | valid rejected | compile p50 / p90 (ms)"
+          " | mask p50 / p99 (µs) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, subset, r in rows:
+        print(f"| {name} | {subset} | {100 * r['compiled'] / max(r['schemas'], 1):.0f}% | {r['passing']} | "
+              f"{r['invalid_accepted']} | {r['valid_rejected']} | {r['compile_p50']:.1f} / {r['compile_p90']:.1f} | "
+              f"{r['mask_p50']:.1f} / {r['mask_p99']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

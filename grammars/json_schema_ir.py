@@ -1,0 +1,157 @@
+"""Small IR builders for the JSON schema front end: pruning constructors and JSON punctuation.
+
+`NEVER` (an empty choice) stands for "no text at all" while a schema is being
+translated; the constructors here fold it away so that it never reaches the
+runtime, except as the whole result of an unsatisfiable schema.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from .ir import Choice, Expr, Lit, Repeat, Seq, Terminal
+from .json_strings import regex_escape
+
+NEVER = Choice(())
+EMPTY = Seq(())
+
+
+def seq(*items: Expr) -> Expr:
+    """A sequence, flattened; NEVER if any item is NEVER."""
+    out: list[Expr] = []
+    for item in items:
+        if item == NEVER:
+            return NEVER
+        if isinstance(item, Seq):
+            out.extend(item.items)
+        else:
+            out.append(item)
+    merged: list[Expr] = []
+    for item in out:  # adjacent literals become one, so the runtime sees longer fixed text
+        if merged and isinstance(item, Lit) and isinstance(merged[-1], Lit):
+            merged[-1] = Lit(merged[-1].text + item.text)
+        else:
+            merged.append(item)
+    return merged[0] if len(merged) == 1 else Seq(tuple(merged))
+
+
+def choice(items) -> Expr:
+    """A choice without NEVER branches or duplicates; NEVER if nothing is left."""
+    out: list[Expr] = []
+    for item in items:
+        for alt in item.items if isinstance(item, Choice) else (item,):
+            if alt not in out:
+                out.append(alt)
+    return out[0] if len(out) == 1 else Choice(tuple(out))
+
+
+def repeat(item: Expr, lo: int = 0, hi: int | None = None) -> Expr:
+    """`item` lo..hi times, folding the trivial cases."""
+    if hi is not None and (hi < lo or hi < 0):
+        return NEVER
+    lo = max(lo, 0)
+    if item == NEVER:
+        return EMPTY if lo == 0 else NEVER
+    if hi == 0:
+        return EMPTY
+    if lo == hi == 1:
+        return item
+    return Repeat(item, lo, hi)
+
+
+def optional(item: Expr) -> Expr:
+    return repeat(item, 0, 1)
+
+
+@dataclass(frozen=True)
+class Punctuation:
+    """The separators of one whitespace style; `*_open`/`*_close` carry the inner padding."""
+
+    comma: Expr
+    colon: Expr
+    obj_open: Expr
+    obj_close: Expr
+    arr_open: Expr
+    arr_close: Expr
+    obj_empty: Expr
+    arr_empty: Expr
+
+
+def punctuation(style: str, max_indent: int) -> Punctuation:
+    """Separators for whitespace style 'flexible' (bounded), 'dumps' (json.dumps) or 'compact' (none)."""
+    if style == "dumps":
+        return Punctuation(Lit(", "), Lit(": "), Lit("{"), Lit("}"), Lit("["), Lit("]"), Lit("{}"), Lit("[]"))
+    if style == "compact":
+        return Punctuation(Lit(","), Lit(":"), Lit("{"), Lit("}"), Lit("["), Lit("]"), Lit("{}"), Lit("[]"))
+    if style != "flexible":
+        raise ValueError(f"whitespace must be 'flexible', 'dumps' or 'compact', not {style!r}")
+    # At most one line break, then bounded indentation: pretty-printed JSON fits, endless padding does not.
+    ws = rf"(?:\r?\n)?[ \t]{{0,{max_indent}}}"
+
+    def around(lit: str) -> Expr:
+        return Terminal(f"{ws}{regex_escape(lit)}{ws}")
+
+    return Punctuation(
+        comma=around(","),
+        colon=around(":"),
+        obj_open=Terminal(rf"\{{{ws}"),
+        obj_close=Terminal(rf"{ws}\}}"),
+        arr_open=Terminal(rf"\[{ws}"),
+        arr_close=Terminal(rf"{ws}\]"),
+        obj_empty=Terminal(rf"\{{{ws}\}}"),
+        arr_empty=Terminal(rf"\[{ws}\]"),
+    )
+
+
+def number_literal_regex(value: Any) -> str:
+    """Every JSON spelling (without exponent) of the number `value`: 2 matches 2, 2.0, 2.00."""
+    d = Decimal(str(value))
+    if not d.is_finite():
+        raise ValueError(f"{value!r} is not a JSON number")
+    sign = "-" if d < 0 else ""
+    d = abs(d)
+    whole = int(d)
+    frac = format(d - whole, "f")
+    frac = frac.split(".")[1].rstrip("0") if "." in frac else ""
+    tail = rf"\.{frac}0*" if frac else r"(?:\.0+)?"
+    return f"{sign}{whole}{tail}"
+
+
+def literal(value: Any, punct: Punctuation) -> Expr:
+    """The JSON value `value` (from an enum or const), in the given whitespace style."""
+    if value is None or isinstance(value, bool) or isinstance(value, str):
+        return Lit(json.dumps(value, ensure_ascii=False))
+    if isinstance(value, (int, float)):
+        return Terminal(number_literal_regex(value))
+    if isinstance(value, list):
+        if not value:
+            return punct.arr_empty
+        items: list[Expr] = [punct.arr_open]
+        for i, item in enumerate(value):
+            items += ([punct.comma] if i else []) + [literal(item, punct)]
+        return seq(*items, punct.arr_close)
+    if isinstance(value, dict):
+        if not value:
+            return punct.obj_empty
+        items = [punct.obj_open]
+        for i, (key, item) in enumerate(value.items()):
+            items += ([punct.comma] if i else []) + [Lit(json.dumps(key, ensure_ascii=False)), punct.colon,
+                                                     literal(item, punct)]
+        return seq(*items, punct.obj_close)
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON Schema equality: numbers by value, booleans never equal to numbers, containers recursively."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b

@@ -1,0 +1,284 @@
+"""Objects: declared properties in schema order, then extra keys; counts and dependencies exactly.
+
+Layout: every declared (or required) key has its slot in schema order and may
+be skipped unless required; keys not declared anywhere ("extras", allowed by
+`additionalProperties`/`patternProperties`) follow the declared ones.  Extra
+keys are split into classes by which `patternProperties` they match, so each
+class has one value schema.  `minProperties`/`maxProperties` count members
+through rule states; `dependentRequired` splits the object into variants by
+whether each trigger key is present.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import combinations, product
+from typing import TYPE_CHECKING, Any
+
+from .errors import SchemaError, UnsupportedSchemaError
+from .ir import Expr, Lit, Ref, Terminal
+from .json_schema_ir import EMPTY, NEVER, choice, optional, repeat, seq
+from .json_strings import pattern_regex, regex_escape
+
+if TYPE_CHECKING:
+    from .json_schema import Part, SchemaCompiler
+
+_MAX_PATTERNS = 4
+_MAX_TRIGGERS = 3
+
+
+def _key_regex(name: str) -> str:
+    return regex_escape(json.dumps(name, ensure_ascii=False))
+
+
+def _matches(pattern: str, name: str, pointer: str) -> bool:
+    """Whether the JSON key `name` matches an ECMA `pattern` (as the grammar will judge it)."""
+    return re.fullmatch(pattern_regex(pattern, pointer), json.dumps(name, ensure_ascii=False)) is not None
+
+
+class _ObjectBuilder:
+    def __init__(self, compiler: "SchemaCompiler", parts: list["Part"]):
+        self.c = compiler
+        self.parts = parts
+        self.pointer = parts[0].pointer if parts else ""
+        self.order: list[str] = []
+        self.required: list[str] = []
+        self.patterns: list[tuple[str, "Part", Any]] = []  # (regex source, owner part, subschema)
+        self.dependents: dict[str, list[str]] = {}
+        self.min_props, self.max_props = 0, None
+        for p in parts:
+            self._read(p)
+
+    def _read(self, p: "Part") -> None:
+        from .json_schema import _count, _expect
+
+        props = p.get("properties", {})
+        _expect(isinstance(props, dict), "properties must be an object", p.at("properties"))
+        self.order += [n for n in props if n not in self.order]
+        req = p.get("required", [])
+        _expect(isinstance(req, list) and all(isinstance(n, str) for n in req), "required must be an array of "
+                "strings", p.at("required"))
+        self.required += [n for n in req if n not in self.required]
+        pats = p.get("patternProperties", {})
+        _expect(isinstance(pats, dict), "patternProperties must be an object", p.at("patternProperties"))
+        self.patterns += [(k, p, v) for k, v in pats.items()]
+        for key in ("dependentRequired", "dependencies"):
+            deps = p.get(key, {})
+            _expect(isinstance(deps, dict), f"{key} must be an object", p.at(key))
+            for trigger, needed in deps.items():
+                if needed is True or needed == {}:
+                    continue
+                if not isinstance(needed, list):
+                    raise UnsupportedSchemaError(f"{key} with a schema (dependentSchemas) cannot be enforced",
+                                                 p.at(key, trigger))
+                _expect(all(isinstance(n, str) for n in needed), f"{key} lists must hold strings", p.at(key, trigger))
+                self.dependents.setdefault(trigger, [])
+                self.dependents[trigger] += [n for n in needed if n not in self.dependents[trigger]]
+        n = _count(p, "minProperties")
+        self.min_props = max(self.min_props, n) if n is not None else self.min_props
+        n = _count(p, "maxProperties")
+        self.max_props = n if self.max_props is None else (min(self.max_props, n) if n is not None
+                                                           else self.max_props)
+
+    # ---- value schemas per key ------------------------------------------------------------------
+
+    def value_parts(self, name: str) -> list["Part"] | None:
+        """The conjunction a key's value must satisfy, or None when the key may not appear."""
+        out = []
+        for p in self.parts:
+            props = p.get("properties", {})
+            hit = False
+            if name in props:
+                out.append(p.sub(props[name], "properties", name))
+                hit = True
+            for pattern, owner, sub in self.patterns:
+                if owner is p and _matches(pattern, name, p.at("patternProperties", pattern)):
+                    out.append(p.sub(sub, "patternProperties", pattern))
+                    hit = True
+            if not hit and p.has("additionalProperties"):
+                out.append(p.sub(p.get("additionalProperties"), "additionalProperties"))
+            if p.has("propertyNames"):
+                names = p.sub(p.get("propertyNames"), "propertyNames")
+                if not self.c.validator([names]).is_valid(name):
+                    return None
+        return out
+
+    def extras(self, declared: set[str]) -> Expr:
+        """One member `"key": value` for any key not declared, split into classes by patternProperties."""
+        regexes = list(dict.fromkeys(pattern for pattern, _, _ in self.patterns))
+        if len(regexes) > _MAX_PATTERNS:
+            raise UnsupportedSchemaError(f"more than {_MAX_PATTERNS} distinct patternProperties", self.pointer)
+        explicit = any(p.has("additionalProperties") for p in self.parts)
+        names = [p.sub(p.get("propertyNames"), "propertyNames") for p in self.parts if p.has("propertyNames")]
+        base_key = self.c.string_terminal(self._string_parts(names), list(declared))
+        if base_key == NEVER:
+            return NEVER
+        classes = []
+        for size in range(len(regexes) + 1):
+            for chosen in combinations(regexes, size):
+                if not chosen and not explicit and not self.c.options.additional_properties:
+                    continue  # extras only where the schema allows them explicitly
+                value = []
+                for p in self.parts:
+                    hits = [p.sub(sub, "patternProperties", pat) for pat, owner, sub in self.patterns
+                            if owner is p and pat in chosen]
+                    if hits:
+                        value += hits
+                    elif p.has("additionalProperties"):
+                        value.append(p.sub(p.get("additionalProperties"), "additionalProperties"))
+                value_expr = self.c.nested(value)
+                if value_expr == NEVER:
+                    continue
+                key = self._key_class(base_key, chosen, regexes)
+                classes.append(seq(key, self.c.punct.colon, value_expr))
+        return choice(classes)
+
+    def _string_parts(self, names: list["Part"]) -> list["Part"]:
+        """The string-keyword view of propertyNames conjuncts (keys are always strings)."""
+        from .json_schema import _STRING_KEYS
+
+        expanded = self.c._expand(names)
+        if expanded is None:
+            return [self.parts[0].sub({"maxLength": 0, "minLength": 1}, "propertyNames")]
+        out = []
+        for part in expanded[0]:
+            other = {k for k in part.schema if k not in _STRING_KEYS} - {"type", "$ref", "allOf"}
+            other -= {k for k in other if k not in _validation()}
+            if other:
+                raise UnsupportedSchemaError(f"propertyNames with {sorted(other)} cannot be enforced on extra keys",
+                                             part.pointer)
+            types = part.get("type")
+            if types is not None and "string" not in (types if isinstance(types, list) else [types]):
+                return [part.sub({"maxLength": 0, "minLength": 1})]  # no key can satisfy it
+            out.append(part)
+        return out
+
+    @staticmethod
+    def _key_class(base: Expr, chosen: tuple, regexes: list[str]) -> Expr:
+        assert isinstance(base, Terminal)
+        also = base.also + tuple(pattern_regex(r) for r in chosen)
+        excluding = base.excluding + tuple(pattern_regex(r) for r in regexes if r not in chosen)
+        return Terminal(base.pattern, also, excluding)
+
+    # ---- layout ------------------------------------------------------------------------------------
+
+    def build(self) -> Expr:
+        names = list(self.order)
+        names += [n for n in self.required if n not in names]
+        for trigger, needed in self.dependents.items():
+            names += [n for n in [*needed, trigger] if n not in names]  # dependents usually come first
+        values: dict[str, Expr] = {}
+        for name in names:
+            parts = self.value_parts(name)
+            values[name] = NEVER if parts is None else self.c.nested(parts)
+        extra = self.extras(set(names))
+        members = {n: self._share(seq(Lit(json.dumps(n, ensure_ascii=False)), self.c.punct.colon, v))
+                   for n, v in values.items() if v != NEVER}
+        extra = self._share(extra)
+        triggers = [t for t in self.dependents if t in members and t not in self.required]
+        if len(triggers) > _MAX_TRIGGERS:
+            raise UnsupportedSchemaError(f"more than {_MAX_TRIGGERS} optional dependentRequired triggers",
+                                         self.pointer)
+        always = [t for t in self.dependents if t in self.required]
+        variants = []
+        for present in product((True, False), repeat=len(triggers)):
+            required = set(self.required)
+            forbidden = set()
+            for t in always:
+                required |= set(self.dependents[t])
+            for t, here in zip(triggers, present):
+                if here:
+                    required |= {t, *self.dependents[t]}
+                else:
+                    forbidden.add(t)
+            variants.append(self._layout(names, members, extra, required, forbidden))
+        result = choice(variants)
+        if result == NEVER:
+            return self.c.never("no object satisfies the property constraints", self.pointer)
+        return result
+
+    def _share(self, expr: Expr) -> Expr:
+        """Name an expression that the layout will mention several times."""
+        if isinstance(expr, (Lit, Terminal, Ref)) or expr in (NEVER, EMPTY):
+            return expr
+        name = self.c.rule_name(self.pointer + "_member")
+        self.c.rules[name] = expr
+        return Ref(name)
+
+    def _layout(self, names, members, extra, required: set, forbidden: set) -> Expr:
+        if any(n in forbidden or n not in members for n in required):
+            return NEVER
+        slots = [(members[n], n in required) for n in names if n in members and n not in forbidden]
+        pu = self.c.punct
+        lo, hi = self.min_props, self.max_props
+        if lo == 0 and hi is None:
+            body = self._uncounted(slots, extra)
+        else:
+            body = self._counted(slots, extra, lo, hi)
+        empty_ok = not any(req for _, req in slots) and lo == 0
+        alternatives = ([pu.obj_empty] if empty_ok else []) + (
+            [seq(pu.obj_open, body, pu.obj_close)] if body != NEVER else [])
+        return choice(alternatives)
+
+    def _uncounted(self, slots, extra) -> Expr:
+        """Non-empty member lists: the first member present picks which slots may precede it."""
+        comma = self.c.punct.comma
+        extras_tail = repeat(seq(comma, extra))
+        tails = [extras_tail]  # tails[k]: slots k.. after something was written
+        for member, req in reversed(slots):
+            step = seq(comma, member)
+            tails.insert(0, seq(step if req else optional(step), tails[0]))
+        firsts = []
+        for i, (member, req) in enumerate(slots):
+            firsts.append(seq(member, tails[i + 1]))
+            if req:
+                break
+        else:
+            firsts.append(seq(extra, extras_tail))
+        return choice(firsts)
+
+    def _counted(self, slots, extra, lo: int, hi: int | None) -> Expr:
+        """Member lists whose length is in [lo, hi], tracked by (slot, count) rule states."""
+        comma = self.c.punct.comma
+        n = len(slots)
+        clip = hi if hi is not None else lo
+        memo: dict[tuple, Expr] = {}
+
+        def after(i: int, count: int) -> Expr:
+            if hi is not None and count > hi:
+                return NEVER
+            key = (i, min(count, clip + 1))
+            if key in memo:
+                return memo[key]
+            if i == n:
+                body = repeat(seq(comma, extra), max(0, lo - count), None if hi is None else hi - count)
+            else:
+                member, req = slots[i]
+                take = seq(comma, member, after(i + 1, count + 1))
+                body = take if req else choice([take, after(i + 1, count)])
+            memo[key] = body = self._share(body)
+            return body
+
+        def first(i: int) -> Expr:
+            if i == n:
+                return seq(extra, repeat(seq(comma, extra), max(0, lo - 1), None if hi is None else hi - 1))
+            member, req = slots[i]
+            take = seq(member, after(i + 1, 1))
+            return take if req else choice([take, first(i + 1)])
+
+        return first(0) if hi != 0 else NEVER
+
+
+def _validation() -> set:
+    from .json_schema import _VALIDATION
+
+    return _VALIDATION
+
+
+def build_object(compiler: "SchemaCompiler", parts: list["Part"]) -> Expr:
+    """The IR for objects satisfying every object keyword of `parts`."""
+    try:
+        return _ObjectBuilder(compiler, parts).build()
+    except re.error as exc:
+        raise SchemaError(f"bad patternProperties regex: {exc}", parts[0].pointer if parts else "") from None

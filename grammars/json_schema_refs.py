@@ -1,0 +1,114 @@
+"""`$ref` resolution inside one schema document: JSON pointers, `$id`/`id` bases, `$anchor`s.
+
+Remote references (another document) are refused: compiling must never touch
+the network, and a schema that needs one cannot be enforced as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin
+
+from .errors import SchemaError, UnsupportedSchemaError
+
+# Keywords whose value is a subschema, a list of them, or a name -> subschema map.
+_SINGLE = ("additionalProperties", "propertyNames", "not", "if", "then", "else", "contains",
+           "additionalItems", "unevaluatedItems", "unevaluatedProperties", "items")
+_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+
+_ROOT_BASE = "https://leapgen.invalid/schema.json"  # urljoin needs a hierarchical base
+
+
+@dataclass(frozen=True)
+class Located:
+    """A subschema with its JSON pointer in the document and its base URI."""
+
+    schema: Any
+    pointer: str
+    base: str
+
+
+def escape_token(name: str) -> str:
+    """Escape one JSON pointer reference token."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _children(schema: dict, pointer: str):
+    for key in _SINGLE:
+        if isinstance(schema.get(key), (dict, bool)):
+            yield schema[key], f"{pointer}/{key}"
+    for key in _LISTS:
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                yield sub, f"{pointer}/{key}/{i}"
+    for key in _MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                if isinstance(sub, (dict, bool)):
+                    yield sub, f"{pointer}/{key}/{escape_token(name)}"
+
+
+class RefResolver:
+    """Indexes a schema document's resources and anchors; resolves `$ref` strings to subschemas."""
+
+    def __init__(self, root: Any, id_keyword: str = "$id"):
+        self.root = root
+        self.id_keyword = id_keyword
+        self._resources: dict[str, Located] = {}
+        self._anchors: dict[str, Located] = {}
+        self.root_base = self._base_of(root, _ROOT_BASE)
+        self._index(root, "", self.root_base)
+
+    def _base_of(self, schema: Any, parent: str) -> str:
+        ident = schema.get(self.id_keyword) if isinstance(schema, dict) else None
+        if isinstance(ident, str) and not ident.startswith("#"):
+            return urldefrag(urljoin(parent, ident))[0]
+        return parent
+
+    def _index(self, schema: Any, pointer: str, parent_base: str) -> None:
+        if not isinstance(schema, dict):
+            return
+        base = self._base_of(schema, parent_base) if pointer else self.root_base
+        if pointer == "" or base != parent_base:
+            self._resources.setdefault(base, Located(schema, pointer, base))
+        for key in ("$anchor", "$dynamicAnchor"):
+            if isinstance(schema.get(key), str):
+                self._anchors.setdefault(f"{base}#{schema[key]}", Located(schema, pointer, base))
+        ident = schema.get(self.id_keyword)
+        if isinstance(ident, str) and ident.startswith("#") and len(ident) > 1:  # draft-04/06/07 plain-name ids
+            self._anchors.setdefault(f"{base}{ident}", Located(schema, pointer, base))
+        for sub, sub_pointer in _children(schema, pointer):
+            self._index(sub, sub_pointer, base)
+
+    def base_for(self, schema: Any, parent_base: str) -> str:
+        """The base URI in effect inside `schema` when its parent's base is `parent_base`."""
+        return self._base_of(schema, parent_base)
+
+    def resolve(self, ref: str, base: str, pointer: str) -> Located:
+        """The subschema `ref` (as written at `pointer`, under `base`) refers to."""
+        if not isinstance(ref, str):
+            raise SchemaError("$ref must be a string", pointer + "/$ref")
+        uri, fragment = urldefrag(urljoin(base, ref))
+        if f"{uri}#{fragment}" in self._anchors:
+            return self._anchors[f"{uri}#{fragment}"]
+        resource = self._resources.get(uri)
+        if resource is None:
+            raise UnsupportedSchemaError(f"$ref {ref!r} points outside this document", pointer + "/$ref")
+        if fragment and not fragment.startswith("/"):
+            raise SchemaError(f"$ref {ref!r}: no anchor {fragment!r}", pointer + "/$ref")
+        target, target_pointer, target_base = resource.schema, resource.pointer, resource.base
+        for raw in fragment.split("/")[1:] if fragment else ():
+            token = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and token in target:
+                target = target[token]
+            elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+                target = target[int(token)]
+            else:
+                raise SchemaError(f"$ref {ref!r} does not resolve: no {token!r}", pointer + "/$ref")
+            target_pointer += "/" + escape_token(token)
+            target_base = self._base_of(target, target_base)
+        if not isinstance(target, (dict, bool)):
+            raise SchemaError(f"$ref {ref!r} resolves to a {type(target).__name__}, not a schema", pointer + "/$ref")
+        return Located(target, target_pointer, target_base)

@@ -1,0 +1,327 @@
+"""JSON string terminals: canonical escaping, decoded-length bounds, ECMA `pattern` and `format`.
+
+Every regex built here describes the *encoded* form of a JSON string, quotes
+included, exactly as `json.dumps(value, ensure_ascii=False)` writes it: `"` and
+`\\` and the control characters are escaped (short escapes where JSON has one,
+`\\u00xx` otherwise), everything else is literal.  Because that encoding is a
+bijection, a regex over decoded text translates character by character.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+try:  # Python 3.11+ moved the parser; fall back to the old name.
+    from re import _constants as _c, _parser as _sre
+except ImportError:  # pragma: no cover
+    import sre_constants as _c  # type: ignore[no-redef]
+    import sre_parse as _sre  # type: ignore[no-redef]
+
+from .errors import UnsupportedSchemaError
+
+MAX_CODE_POINT = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)
+
+# Intervals of code points (inclusive, sorted, disjoint).
+CharSet = tuple[tuple[int, int], ...]
+
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_META = set(".^$*+?{}[]\\|()")
+
+
+def encode_char(ch: str) -> str:
+    """The canonical JSON encoding of one decoded character (json.dumps, ensure_ascii=False)."""
+    if ch in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[ch]
+    if ord(ch) < 0x20:
+        return f"\\u{ord(ch):04x}"
+    return ch
+
+
+def regex_escape(text: str) -> str:
+    """Escape literal text for the IR's regex syntax (controls as \\xNN, metacharacters with a backslash)."""
+    out = []
+    for ch in text:
+        if ch in _META:
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _class_char(cp: int) -> str:
+    ch = chr(cp)
+    if ch in "\\]^-[":
+        return "\\" + ch
+    if cp < 0x20 or cp == 0x7F:
+        return f"\\x{cp:02x}"
+    return ch
+
+
+def _normalize(intervals) -> CharSet:
+    """Sort and merge intervals, dropping surrogates (not encodable in UTF-8)."""
+    cut = []
+    for lo, hi in intervals:
+        if lo > hi:
+            continue
+        if lo <= _SURROGATES[1] and hi >= _SURROGATES[0]:
+            if lo < _SURROGATES[0]:
+                cut.append((lo, _SURROGATES[0] - 1))
+            if hi > _SURROGATES[1]:
+                cut.append((_SURROGATES[1] + 1, hi))
+        else:
+            cut.append((lo, hi))
+    cut.sort()
+    merged: list[tuple[int, int]] = []
+    for lo, hi in cut:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def complement(cs: CharSet) -> CharSet:
+    """All code points (surrogates excluded) not in `cs`."""
+    out, nxt = [], 0
+    for lo, hi in cs:
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CODE_POINT:
+        out.append((nxt, MAX_CODE_POINT))
+    return _normalize(out)
+
+
+def _subtract(cs: CharSet, remove: CharSet) -> CharSet:
+    keep = complement(remove)
+    out = []
+    for lo, hi in cs:
+        for klo, khi in keep:
+            if klo <= hi and khi >= lo:
+                out.append((max(lo, klo), min(hi, khi)))
+    return _normalize(out)
+
+
+_SPECIAL: CharSet = _normalize([(0, 0x1F), (ord('"'), ord('"')), (ord("\\"), ord("\\"))])
+
+
+def encoded_class(cs: CharSet) -> str:
+    """A regex matching the JSON encoding of exactly one character of `cs`."""
+    plain = _subtract(cs, _SPECIAL)
+    alts = []
+    if plain:
+        body = "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}" for lo, hi in plain)
+        alts.append(f"[{body}]")
+    short, low, high = [], [], []  # escape tails: \\x, \\u000x, \\u001x
+    for lo, hi in cs:
+        for cp in range(lo, min(hi, 0x5C) + 1):
+            if cp < 0x20 or chr(cp) in '"\\':
+                tail = encode_char(chr(cp))[1:]
+                if len(tail) == 1:
+                    short.append(_class_char(ord(tail)))
+                else:
+                    (low if cp < 0x10 else high).append(tail[-1])
+    escapes = []
+    if short:
+        escapes.append(short[0] if len(short) == 1 and short[0].isalpha() else "[" + "".join(short) + "]")
+    hex_alts = [f"{d}[{''.join(ds)}]" for d, ds in (("0", low), ("1", high)) if ds]
+    if hex_alts:
+        escapes.append("u00" + (hex_alts[0] if len(hex_alts) == 1 else "(?:" + "|".join(hex_alts) + ")"))
+    if escapes:
+        alts.append("\\\\" + (escapes[0] if len(escapes) == 1 else "(?:" + "|".join(escapes) + ")"))
+    if not alts:
+        return "(?!)"  # never produced: callers prune empty classes first
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+
+ANY_CHAR: CharSet = ((0, MAX_CODE_POINT),)
+#: One encoded character of any JSON string.
+CHAR = encoded_class(_normalize(ANY_CHAR))
+
+
+def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
+    """A quoted JSON string whose decoded length is within [min_length, max_length]."""
+    if min_length == 0 and max_length is None:
+        rep = "*"
+    elif max_length is None:
+        rep = f"{{{min_length},}}"
+    elif min_length == max_length:
+        rep = f"{{{min_length}}}"
+    else:
+        rep = f"{{{min_length},{max_length}}}"
+    return f'"{CHAR}{rep}"'
+
+
+# ECMA-262 character classes (JSON Schema patterns are ECMA regexes).
+_DIGIT: CharSet = ((0x30, 0x39),)
+_WORD: CharSet = _normalize([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
+_SPACE: CharSet = _normalize(
+    [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+     (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
+)
+_LINE_TERMINATORS: CharSet = _normalize([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
+_CATEGORIES = {
+    _c.CATEGORY_DIGIT: _DIGIT,
+    _c.CATEGORY_NOT_DIGIT: complement(_DIGIT),
+    _c.CATEGORY_WORD: _WORD,
+    _c.CATEGORY_NOT_WORD: complement(_WORD),
+    _c.CATEGORY_SPACE: _SPACE,
+    _c.CATEGORY_NOT_SPACE: complement(_SPACE),
+}
+
+
+class _Translator:
+    """Rewrites a parsed decoded-text regex as a regex over encoded JSON string content."""
+
+    def __init__(self, pattern: str, pointer: str):
+        self.pattern = pattern
+        self.pointer = pointer
+
+    def unsupported(self, what: str) -> UnsupportedSchemaError:
+        return UnsupportedSchemaError(f"pattern {self.pattern!r}: {what} cannot be compiled exactly", self.pointer)
+
+    def charset(self, items) -> CharSet:
+        negate = False
+        parts = []
+        for op, av in items:
+            if op is _c.NEGATE:
+                negate = True
+            elif op is _c.LITERAL:
+                parts.append((av, av))
+            elif op is _c.RANGE:
+                parts.append(av)
+            elif op is _c.CATEGORY:
+                parts.extend(_CATEGORIES[av])
+            else:
+                raise self.unsupported(f"class item {op}")
+        cs = _normalize(parts)
+        return complement(cs) if negate else cs
+
+    def seq(self, nodes) -> str:
+        return "".join(self.node(op, av) for op, av in nodes)
+
+    def node(self, op, av) -> str:
+        if op is _c.LITERAL:
+            return regex_escape(encode_char(chr(av)))
+        if op is _c.NOT_LITERAL:
+            return encoded_class(complement(_normalize([(av, av)])))
+        if op is _c.ANY:
+            return encoded_class(complement(_LINE_TERMINATORS))
+        if op is _c.IN:
+            return encoded_class(self.charset(av))
+        if op is _c.BRANCH:
+            return "(?:" + "|".join(self.seq(b) for b in av[1]) + ")"
+        if op is _c.SUBPATTERN:
+            group, add_flags, del_flags, body = av
+            if add_flags or del_flags:
+                raise self.unsupported("inline flags")
+            return "(?:" + self.seq(body) + ")"
+        if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+            lo, hi, body = av
+            inner = "(?:" + self.seq(body) + ")"
+            if hi is _c.MAXREPEAT:
+                return inner + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
+            return inner + (f"{{{lo}}}" if lo == hi else "?" if (lo, hi) == (0, 1) else f"{{{lo},{hi}}}")
+        if op is _c.AT:
+            raise self.unsupported("an anchor not at the start or end")
+        raise self.unsupported(f"{str(op).lower()} (lookaround, back-reference or atomic group)")
+
+
+_STARTS = (_c.AT_BEGINNING, _c.AT_BEGINNING_STRING)
+_ENDS = (_c.AT_END, _c.AT_END_STRING)
+
+
+def _alternatives(nodes, start: bool = False) -> list[tuple[bool, bool, list]]:
+    """Split a regex into top-level alternatives, each with its ^/$ anchoring stripped off."""
+    nodes = list(nodes)
+    if nodes and nodes[0][0] is _c.AT and nodes[0][1] in _STARTS:
+        start, nodes = True, nodes[1:]
+    if len(nodes) == 1 and nodes[0][0] is _c.BRANCH:
+        return [alt for branch in nodes[0][1][1] for alt in _alternatives(branch, start)]
+    if len(nodes) == 1 and nodes[0][0] is _c.SUBPATTERN and not nodes[0][1][1] and not nodes[0][1][2]:
+        return _alternatives(nodes[0][1][3], start)
+    end = bool(nodes) and nodes[-1][0] is _c.AT and nodes[-1][1] in _ENDS
+    if end:
+        nodes = nodes[:-1]
+    return [(start, end, nodes)]
+
+
+@lru_cache(maxsize=4096)
+def pattern_regex(pattern: str, pointer: str = "") -> str:
+    """A quoted JSON string whose decoded text contains a match of the ECMA regex `pattern` (search semantics)."""
+    try:
+        parsed = _sre.parse(pattern)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise UnsupportedSchemaError(f"pattern {pattern!r} cannot be parsed: {exc}", pointer) from None
+    if parsed.state.flags & re.IGNORECASE:
+        raise UnsupportedSchemaError(f"pattern {pattern!r}: inline flags cannot be compiled exactly", pointer)
+    tr = _Translator(pattern, pointer)
+    alts = []
+    for start, end, nodes in _alternatives(parsed.data):
+        body = tr.seq(nodes)
+        alts.append(("" if start else f"{CHAR}*") + body + ("" if end else f"{CHAR}*"))
+    return '"' + (alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")") + '"'
+
+
+def _fullmatch_regex(decoded: str) -> str:
+    return pattern_regex("^(?:" + decoded + ")$")
+
+
+# Formats, as regexes over decoded text.  Each is at most as permissive as
+# jsonschema's FormatChecker, so what they admit validates there too.
+_LEAP_YEAR = r"(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)"
+_DATE = (
+    r"(?:\d{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1\d|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)"
+    + "|" + _LEAP_YEAR + r"-02-29)"
+)
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+_DUR_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
+_DUR_DATE = r"(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)"
+_DURATION = rf"P(?:{_DUR_DATE}(?:{_DUR_TIME})?|{_DUR_TIME}|\d+W)"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+_H16 = r"[0-9A-Fa-f]{1,4}"
+_LS32 = rf"(?:{_H16}:{_H16}|{_IPV4})"
+_IPV6 = "(?:" + "|".join([
+    rf"(?:{_H16}:){{6}}{_LS32}",
+    rf"::(?:{_H16}:){{5}}{_LS32}",
+    rf"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
+    rf"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
+    rf"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
+    rf"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
+    rf"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
+    rf"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}",
+    rf"(?:(?:{_H16}:){{0,6}}{_H16})?::",
+]) + ")"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?"
+# At most 4 labels of at most 62 characters keeps the name within 253 characters.
+_HOSTNAME = rf"{_LABEL}(?:\.{_LABEL}){{0,3}}"
+_EMAIL = rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+)*@{_HOSTNAME}"
+_UUID = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
+_URI_CHAR = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
+_URI = (
+    rf"[A-Za-z][A-Za-z0-9+.-]*:(?://{_URI_CHAR}*(?:/{_URI_CHAR}*)*|/?(?:{_URI_CHAR}+(?:/{_URI_CHAR}*)*)?)"
+    rf"(?:\?(?:{_URI_CHAR}|[/?])*)?(?:#(?:{_URI_CHAR}|[/?])*)?"
+)
+
+FORMATS: dict[str, str] = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": rf"{_DATE}[Tt]{_TIME}",
+    "duration": _DURATION,
+    "email": _EMAIL,
+    "hostname": _HOSTNAME,
+    "ipv4": _IPV4,
+    "ipv6": _IPV6,
+    "uuid": _UUID,
+    "uri": _URI,
+}
+
+
+def format_regex(name: str) -> str:
+    """A quoted JSON string in the named format (one of FORMATS)."""
+    return _fullmatch_regex(FORMATS[name])

@@ -1,0 +1,155 @@
+"""Lark grammar text -> grammar IR.
+
+Lark's own loader parses the text and does the rewriting (`?rule`, `_rule`,
+templates, `?`, `*`, `+`, `~n..m`, `%import common.*`), leaving plain BNF rules
+over named terminals.  Those become IR rules: string terminals are literals,
+regex terminals are Terminals (with their flags), direct left recursion (which
+lark produces for repetitions) is rewritten as iteration, and `%ignore`d
+terminals may appear between any two symbols and around the whole text.
+The language is the character-level one (as lark's Earley `dynamic_complete`
+lexer sees it), not the one a greedy standard lexer would impose.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from . import ir
+from .errors import LarkGrammarError, RegexError
+from .regex import regex_dfa
+
+# common.ESCAPED_STRING uses a lookbehind; this is the same set of tokens without one
+# (a quoted run of non-newline characters, backslash escapes, no unescaped inner quote)
+_ESCAPED_STRING = r'"(?:[^"\\\n]|\\[^\n])*"'
+_FLAGS = {"i", "m", "s", "x", "u"}
+
+
+@functools.cache
+def _lark_escaped_string_pattern() -> str:
+    from lark import Lark
+
+    lk = Lark("start: ESCAPED_STRING\n%import common.ESCAPED_STRING", parser="earley", lexer="dynamic")
+    return next(t.pattern.value for t in lk.terminals if t.name == "ESCAPED_STRING")
+
+
+def _line_of(text: str, name: str) -> int | None:
+    """1-based line where `name` is first defined (or else first used)."""
+    defs = re.compile(rf"^\s*[?!_]*{re.escape(name.lstrip('?!'))}\s*(\{{[^}}]*\}})?\s*(\.\s*-?\d+\s*)?:", re.M)
+    m = defs.search(text) or re.search(rf"\b{re.escape(name)}\b", text)
+    return text.count("\n", 0, m.start()) + 1 if m else None
+
+
+def _first_use(text: str, name: str) -> int | None:
+    """1-based line of the first use of `name` on the right of a definition."""
+    for k, line in enumerate(text.splitlines(), 1):
+        body = line.split(":", 1)[1] if ":" in line else line
+        if re.search(rf"(?<![\w.]){re.escape(name)}\b", body):
+            return k
+    return None
+
+
+def _load(text: str):
+    from lark import Lark
+    from lark.exceptions import GrammarError as LarkError
+    from lark.exceptions import LarkError as AnyLarkError
+    from lark.exceptions import UnexpectedInput
+
+    if not isinstance(text, str):
+        raise LarkGrammarError(f"a lark grammar must be a str, not {type(text).__name__}")
+    if not re.sub(r"//[^\n]*", "", text).strip():
+        raise LarkGrammarError("the grammar is empty")
+    try:
+        return Lark(text, parser="earley", lexer="dynamic")
+    except UnexpectedInput as e:
+        raise LarkGrammarError(f"invalid lark grammar: {str(e).strip().splitlines()[0]}", e.line) from None
+    except LarkError as e:
+        message = str(e).strip().splitlines()[0]
+        undefined = re.search(r"(Rule|Terminal) '([^']+)' used but not defined", message)
+        if undefined:
+            kind, name = undefined.group(1).lower(), undefined.group(2)
+            raise LarkGrammarError(f"undefined {kind} {name!r}", _first_use(text, name)) from None
+        m = re.search(r"(?:NonTerminal|Terminal)\('([^']+)'\)", message)
+        line = _line_of(text, m.group(1)) if m else None
+        m2 = re.search(r"at line (\d+)", message)
+        raise LarkGrammarError(f"invalid lark grammar: {message}", int(m2.group(1)) if m2 else line) from None
+    except AnyLarkError as e:
+        raise LarkGrammarError(f"invalid lark grammar: {str(e).strip().splitlines()[0]}") from None
+
+
+def _terminal(name: str, pattern, text: str) -> ir.Expr:
+    flags = set(pattern.flags)
+    unknown = flags - _FLAGS
+    if unknown:
+        raise LarkGrammarError(f"terminal {name} uses unsupported regex flags {sorted(unknown)}", _line_of(text, name))
+    if type(pattern).__name__ == "PatternStr":
+        if not flags:
+            return ir.Lit(pattern.value)
+        source = re.escape(pattern.value)
+    else:
+        source = pattern.value
+        if source == _lark_escaped_string_pattern():
+            source = _ESCAPED_STRING
+    if flags:
+        source = f"(?{''.join(sorted(flags))}:{source})"
+    try:
+        regex_dfa(source)
+    except RegexError as e:
+        raise LarkGrammarError(f"terminal {name}: {e}", _line_of(text, name)) from None
+    return ir.Terminal(source)
+
+
+def lark_to_ir(text: str) -> ir.Grammar:
+    """The IR of a lark grammar (raises LarkGrammarError naming the line when known)."""
+    lk = _load(text)
+    terminals = {}
+    for t in lk.terminals:
+        if t.pattern is None:
+            raise LarkGrammarError(f"declared terminal {t.name} has no definition", _line_of(text, t.name))
+        terminals[t.name] = _terminal(t.name, t.pattern, text)
+    ignored = [terminals[name] for name in lk.ignore_tokens if name in terminals]
+    gap = ir.Repeat(ir.Choice(tuple(ignored)), 0, None) if ignored else None
+
+    def symbol(sym) -> ir.Expr:
+        if sym.is_term:
+            if sym.name not in terminals:
+                raise LarkGrammarError(f"undefined terminal {sym.name}", _line_of(text, sym.name))
+            return terminals[sym.name]
+        return ir.Ref(sym.name)
+
+    def spaced(symbols) -> tuple[ir.Expr, ...]:
+        out: list[ir.Expr] = []
+        for k, sym in enumerate(symbols):
+            if k and gap is not None:
+                out.append(gap)
+            out.append(symbol(sym))
+        return tuple(out)
+
+    alternatives: dict[str, list] = {}
+    for rule in lk.rules:
+        alternatives.setdefault(rule.origin.name, []).append(rule.expansion)
+    rules: dict[str, ir.Expr] = {}
+    for name, expansions in alternatives.items():
+        bases, tails = [], []
+        for exp in expansions:
+            if exp and not exp[0].is_term and exp[0].name == name:
+                # direct left recursion `a: a x | y` is `a: y x*`
+                tail = spaced(exp[1:])
+                tails.append(ir.Seq(((gap,) if gap is not None and tail else ()) + tail))
+            else:
+                bases.append(ir.Seq(spaced(exp)))
+        if not bases:
+            raise LarkGrammarError(f"rule {name} only refers to itself and matches nothing", _line_of(text, name))
+        body: ir.Expr = ir.Choice(tuple(bases)) if len(bases) > 1 else bases[0]
+        if tails:
+            body = ir.Seq((body, ir.Repeat(ir.Choice(tuple(tails)), 0, None)))
+        rules[name] = body
+    start = lk.options.start[0] if isinstance(lk.options.start, list) else lk.options.start
+    if start not in rules:
+        raise LarkGrammarError(f"the start rule {start!r} is not defined")
+    if gap is not None:
+        top = "__leapgen_start"
+        rules[top] = ir.Seq((gap, ir.Ref(start), gap))
+        start = top
+    return ir.Grammar(rules, start)
+

@@ -1,0 +1,234 @@
+"""Compiled constraints and the per-sequence Matcher.
+
+A parser state is a frozenset of configurations (automaton state, stack id)
+reached right after a byte (not yet closed under calls and returns), so equal
+texts-so-far in equal contexts give equal, hashable states: the whole-mask
+cache is keyed by them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ir
+from .automaton import Automaton, compile_automaton
+from .errors import GrammarError
+from .token_masks import StackArena, TokenMasks
+from .vocab import Vocab, vocab_for
+
+State = frozenset  # of (automaton state, stack id)
+_MASK_CACHE_LIMIT = 1 << 14
+
+
+class CompiledGrammar:
+    """A grammar compiled for one tokenizer; `.matcher()` starts a sequence."""
+
+    def __init__(self, automaton: Automaton, vocab: Vocab):
+        self.automaton = automaton
+        self.vocab = vocab
+        self.masks = TokenMasks(automaton, vocab)
+        self.stacks = StackArena()
+        self.initial: State = frozenset({(automaton.start, 0)})
+        self._closures: dict[State, tuple[tuple[tuple[int, int], ...], bool]] = {}
+        self._mask_cache: dict[State, np.ndarray] = {}
+        self._ids_cache: dict[State, np.ndarray] = {}
+        self._out_bytes: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def from_ir(cls, grammar: ir.Grammar, tokenizer) -> "CompiledGrammar":
+        """Compile an IR grammar for an HF tokenizer."""
+        return cls(compile_automaton(grammar), vocab_for(tokenizer))
+
+    def matcher(self) -> "Matcher":
+        """A fresh per-sequence matcher at the start of the text."""
+        return Matcher(self)
+
+    # --- parser steps (bytes) ---------------------------------------------------------------
+
+    def closure(self, state: State) -> tuple[tuple[tuple[int, int], ...], bool]:
+        """Configurations of `state` that can consume a byte, after calls and returns; and
+        whether the text so far is complete (the outermost rule can return)."""
+        hit = self._closures.get(state)
+        if hit is not None:
+            return hit
+        a, stacks = self.automaton, self.stacks
+        seen, todo, ready, complete = set(state), list(state), [], False
+        while todo:
+            g, s = todo.pop()
+            if a.has_out[g]:
+                ready.append((g, s))
+            nexts = [
+                (int(a.call_callee[c]), stacks.push(s, int(a.call_ret[c])))
+                for c in range(a.call_ptr[g], a.call_ptr[g + 1])
+            ]
+            if a.accept[g]:
+                if s == 0:
+                    complete = True
+                else:
+                    nexts.append((stacks.ret[s], stacks.parent[s]))
+            for cfg in nexts:
+                if cfg not in seen:
+                    seen.add(cfg)
+                    todo.append(cfg)
+        if len(self._closures) >= _MASK_CACHE_LIMIT:
+            self._closures.clear()
+        hit = self._closures[state] = (tuple(sorted(ready)), complete)
+        return hit
+
+    def step(self, state: State, data: bytes) -> State | None:
+        """The state after `data`, or None if the grammar cannot continue with it."""
+        trans = self.automaton.trans
+        for b in data:
+            ready, _ = self.closure(state)
+            state = frozenset((int(trans[g, b]), s) for g, s in ready if trans[g, b] >= 0)
+            if not state:
+                return None
+        return state
+
+    def next_bytes(self, state: State) -> np.ndarray:
+        """Sorted distinct bytes that may follow."""
+        ready, _ = self.closure(state)
+        if len(ready) == 1:
+            return self._state_bytes(ready[0][0])
+        return np.unique(np.concatenate([self._state_bytes(g) for g, _ in ready])) if ready else np.zeros(0, np.int64)
+
+    def _state_bytes(self, g: int) -> np.ndarray:
+        hit = self._out_bytes.get(g)
+        if hit is None:
+            hit = self._out_bytes[g] = np.flatnonzero(self.automaton.trans[g] >= 0)
+        return hit
+
+    # --- token masks ---------------------------------------------------------------------------
+
+    def mask(self, state: State) -> np.ndarray:
+        """Packed uint32 bitmask of allowed tokens (EOS included when complete), cached per state."""
+        bits = self._mask_cache.get(state)
+        if bits is None:
+            bits = np.zeros(self.vocab.mask_words, np.uint32)
+            for g, s in state:
+                self.masks.add_mask(bits, g, s, self.stacks)
+            if self.closure(state)[1]:
+                for eos in self.vocab.eos_ids:
+                    bits[eos >> 5] |= np.uint32(1 << (eos & 31))
+            if len(self._mask_cache) >= _MASK_CACHE_LIMIT:
+                self._mask_cache.clear()
+                self._ids_cache.clear()
+            self._mask_cache[state] = bits
+        return bits
+
+    def allowed_ids(self, state: State) -> np.ndarray:
+        """Sorted allowed token ids (read-only view of a cached array)."""
+        ids = self._ids_cache.get(state)
+        if ids is None:
+            bits = np.unpackbits(self.mask(state).view(np.uint8), bitorder="little")
+            ids = self._ids_cache[state] = np.flatnonzero(bits[: self.vocab.size])
+            ids.flags.writeable = False
+        return ids
+
+
+class Matcher:
+    """Per-sequence constraint state: masks, forced tokens, advance and rollback."""
+
+    def __init__(self, grammar: CompiledGrammar):
+        self.grammar = grammar
+        self._states: list[State] = [grammar.initial]
+        self._ended = False
+
+    @property
+    def _state(self) -> State:
+        return self._states[-1]
+
+    def allowed_token_ids(self) -> np.ndarray:
+        """Sorted ids of the tokens allowed next (EOS exactly when the text so far is complete)."""
+        if self._ended:
+            return np.zeros(0, np.int64)
+        return self.grammar.allowed_ids(self._state)
+
+    def fill_bitmask(self, buffer: np.ndarray) -> None:
+        """Write the allowed set into an int32 buffer of ceil(vocab/32) words (bit i%32 of word i//32)."""
+        words = self.grammar.vocab.mask_words
+        if buffer.dtype != np.int32 or buffer.ndim != 1 or len(buffer) < words:
+            raise ValueError(f"fill_bitmask needs a 1-D int32 buffer of at least {words} words")
+        if self._ended:
+            buffer[:words] = 0
+        else:
+            buffer[:words] = self.grammar.mask(self._state).view(np.int32)
+
+    def is_token_allowed(self, token_id: int) -> bool:
+        """Whether `token_id` may come next."""
+        if self._ended or not 0 <= token_id < self.grammar.vocab.size:
+            return False
+        bits = self.grammar.mask(self._state)
+        return bool(bits[token_id >> 5] >> np.uint32(token_id & 31) & 1)
+
+    def advance(self, token_id: int) -> None:
+        """Consume one token; raises ValueError if it is not allowed."""
+        token_id = int(token_id)
+        if not self.is_token_allowed(token_id):
+            raise ValueError(f"token {token_id} is not allowed by the constraint here")
+        g = self.grammar
+        if token_id in g.vocab.eos_ids:
+            self._states.append(self._state)
+            self._ended = True
+            return
+        nxt = g.step(self._state, g.vocab.token_bytes[token_id])
+        if nxt is None:  # the mask allowed it, so this is an internal inconsistency
+            raise GrammarError(f"token {token_id} was allowed but cannot be consumed")
+        self._states.append(nxt)
+
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` advances."""
+        if not 0 <= n < len(self._states):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self._states) - 1} were advanced")
+        if n:
+            del self._states[-n:]
+            self._ended = False
+
+    def is_finished(self) -> bool:
+        """True when EOS was consumed, or the text is complete and nothing but EOS can follow."""
+        if self._ended:
+            return True
+        ready, complete = self.grammar.closure(self._state)
+        return complete and not ready
+
+    def forced_bytes(self) -> bytes:
+        """The bytes every continuation starts with (stops at a choice or where the text may end)."""
+        g = self.grammar
+        if self._ended:
+            return b""
+        out, state = bytearray(), self._state
+        while True:
+            ready, complete = g.closure(state)
+            options = g.next_bytes(state)
+            if complete or len(options) != 1:
+                return bytes(out)
+            out.append(int(options[0]))
+            state = g.step(state, out[-1:])
+
+    def forced_tokens(self) -> list[int]:
+        """Token ids of the only possible continuation, canonically tokenized; the last token is
+        held back unless the text ends there, since it could merge with what follows."""
+        data = self.forced_bytes()
+        if not data:
+            return []
+        end_state = self.grammar.step(self._state, data)
+        ready, complete = self.grammar.closure(end_state)
+        finished = complete and not ready
+        if not finished:
+            # never split a UTF-8 character: keep the forced text to whole characters
+            cut = len(data)
+            while cut > 0 and not _utf8_whole(data[:cut]):
+                cut -= 1
+            data = data[:cut]
+        if not data:
+            return []
+        ids = self.grammar.vocab.encode(data)
+        return ids if finished else ids[:-1]
+
+
+def _utf8_whole(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False

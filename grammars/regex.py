@@ -1,0 +1,344 @@
+"""Python-style regexes (matched whole, on text) compiled to minimal byte-level DFAs.
+
+Parsing uses the standard library's own parser (`re._parser`), so the syntax and
+the character-class semantics (\\d, \\w, case folding) are exactly Python's:
+classes with categories or IGNORECASE are resolved by letting `re` itself scan
+every code point once.  Code point sets become UTF-8 byte-range sequences.
+Lookarounds, back-references, conditionals, atomic groups, possessive
+quantifiers, word boundaries and anchors away from the ends are refused with
+the offending position.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from re import _constants as C
+from re import _parser as sre_parse
+
+import numpy as np
+
+from .errors import RegexError
+from .fsm import DFA, NFA, BudgetExceeded, determinize, minimize, product
+
+MAX_DFA_STATES = 20_000
+MAX_NFA_NODES = 200_000
+_MAX_UNICODE = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)
+_ALL_RANGES = ((0, _SURROGATES[0] - 1), (_SURROGATES[1] + 1, _MAX_UNICODE))
+_CATEGORY_ESCAPES = {
+    C.CATEGORY_DIGIT: r"\d", C.CATEGORY_NOT_DIGIT: r"\D",
+    C.CATEGORY_SPACE: r"\s", C.CATEGORY_NOT_SPACE: r"\S",
+    C.CATEGORY_WORD: r"\w", C.CATEGORY_NOT_WORD: r"\W",
+}
+
+
+# --- code point sets -------------------------------------------------------------------------
+
+@functools.cache
+def _all_text() -> tuple[str, str]:
+    return "".join(map(chr, range(_SURROGATES[0]))), "".join(map(chr, range(_SURROGATES[1] + 1, _MAX_UNICODE + 1)))
+
+
+@functools.cache
+def _scan_class(class_regex: str, flags: int) -> tuple[tuple[int, int], ...]:
+    """Code point ranges matched by a one-character regex, found by running `re` over every code point."""
+    low, high = _all_text()
+    compiled = re.compile(f"(?:{class_regex})+", flags)
+    ranges = [(m.start(), m.end() - 1) for m in compiled.finditer(low)]
+    offset = _SURROGATES[1] + 1
+    ranges += [(m.start() + offset, m.end() - 1 + offset) for m in compiled.finditer(high)]
+    return tuple(ranges)
+
+
+def _normalize(ranges) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged ranges without surrogates."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        for a, b in ((lo, min(hi, _SURROGATES[0] - 1)), (max(lo, _SURROGATES[1] + 1), hi)):
+            if a > b:
+                continue
+            if out and a <= out[-1][1] + 1:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def _complement(ranges) -> tuple[tuple[int, int], ...]:
+    out, nxt = [], 0
+    for lo, hi in _normalize(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= _MAX_UNICODE:
+        out.append((nxt, _MAX_UNICODE))
+    return _normalize(out)
+
+
+def _class_ranges(items, flags: int) -> tuple[tuple[int, int], ...]:
+    """Code point ranges of a parsed character class `[...]`."""
+    negate = bool(items) and items[0][0] is C.NEGATE
+    body = items[1:] if negate else items
+    simple = all(op in (C.LITERAL, C.RANGE) for op, _ in body)
+    if simple and not flags & re.IGNORECASE:
+        ranges = [(av, av) if op is C.LITERAL else av for op, av in body]
+        return _complement(ranges) if negate else _normalize(ranges)
+    parts = []
+    for op, av in body:
+        if op is C.LITERAL:
+            parts.append(f"\\U{av:08x}")
+        elif op is C.RANGE:
+            parts.append(f"\\U{av[0]:08x}-\\U{av[1]:08x}")
+        elif op is C.CATEGORY and av in _CATEGORY_ESCAPES:
+            parts.append(_CATEGORY_ESCAPES[av])
+        else:
+            raise ValueError(f"unsupported class item {op}")
+    keep = flags & (re.IGNORECASE | re.ASCII)
+    return _scan_class(f"[{'^' if negate else ''}{''.join(parts)}]", keep)
+
+
+# --- UTF-8 ---------------------------------------------------------------------------------------
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Byte-range sequences whose concatenations are exactly the UTF-8 encodings of lo..hi."""
+    out, todo = [], [(lo, hi)]
+    while todo:
+        lo, hi = todo.pop()
+        for limit in (0x7F, 0x7FF, 0xFFFF):
+            if lo <= limit < hi:
+                todo.append((limit + 1, hi))
+                hi = limit
+        if hi <= 0x7F:
+            out.append([(lo, hi)])
+            continue
+        for i in (1, 2, 3):
+            m = (1 << (6 * i)) - 1
+            if lo & ~m != hi & ~m:
+                if lo & m:
+                    todo += [(lo, lo | m), ((lo | m) + 1, hi)]
+                    break
+                if hi & m != m:
+                    todo += [(lo, (hi & ~m) - 1), (hi & ~m, hi)]
+                    break
+        else:
+            a, b = chr(lo).encode("utf-8"), chr(hi).encode("utf-8")
+            out.append(list(zip(a, b)))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_dfa(ranges: tuple[tuple[int, int], ...]) -> DFA:
+    """Minimal DFA matching one UTF-8 encoded code point from `ranges`."""
+    nfa = NFA(MAX_NFA_NODES)
+    start, final = nfa.node(), nfa.node()
+    for lo, hi in ranges:
+        for seq in utf8_sequences(lo, hi):
+            cur = start
+            for k, (a, b) in enumerate(seq):
+                nxt = final if k == len(seq) - 1 else nfa.node()
+                nfa.byte_range(cur, a, b, nxt)
+                cur = nxt
+    return minimize(determinize(nfa, start, final, MAX_DFA_STATES))
+
+
+# --- parsing and checks --------------------------------------------------------------------------
+
+_UNSUPPORTED_GROUPS = (
+    ("?<=", "lookbehind"), ("?<!", "negative lookbehind"), ("?=", "lookahead"), ("?!", "negative lookahead"),
+    ("?P=", "back-reference"), ("?(", "conditional group"), ("?>", "atomic group"),
+)
+
+
+def _scan(pattern: str) -> list[int]:
+    """Refuse unsupported constructs with their position; return the positions of anchors."""
+    anchors, i, n = [], 0, len(pattern)
+    in_class, class_start = False, -1
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1 : i + 2]
+            if not in_class:
+                if nxt in tuple("123456789"):
+                    raise RegexError("back-references are not supported", pattern, i)
+                if nxt in ("b", "B"):
+                    raise RegexError("word boundaries are not supported", pattern, i)
+                if nxt in ("A", "Z"):
+                    anchors.append(i)
+            i += 2
+            continue
+        if in_class:
+            if c == "]" and i > class_start:
+                in_class = False
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            class_start = i + 1 + (pattern[i + 1 : i + 2] == "^")
+        elif c == "(" and pattern.startswith("?", i + 1):
+            for prefix, what in _UNSUPPORTED_GROUPS:
+                if pattern.startswith(prefix, i + 1):
+                    raise RegexError(f"{what} is not supported", pattern, i)
+            i += 2
+            continue
+        elif c in "^$":
+            anchors.append(i)
+        elif c in "*+?" and pattern.startswith("+", i + 1):
+            raise RegexError("possessive quantifiers are not supported", pattern, i + 1)
+        elif c == "}" and pattern.startswith("+", i + 1) and re.search(r"\{\d*,?\d*$", pattern[:i]):
+            raise RegexError("possessive quantifiers are not supported", pattern, i + 1)
+        i += 1
+    return anchors
+
+
+class _Builder:
+    """Turns a parsed regex into NFA fragments between two nodes."""
+
+    def __init__(self, pattern: str, anchors: list[int]):
+        self.pattern = pattern
+        self.anchors = anchors
+        self.anchor_index = 0
+        self.nfa = NFA(MAX_NFA_NODES)
+
+    def seq(self, items, src: int, dst: int, flags: int, lead: bool, trail: bool) -> None:
+        items = list(items)
+        cur = src
+        for k, (op, av) in enumerate(items):
+            nxt = dst if k == len(items) - 1 else self.nfa.node()
+            rest_anchors = all(o is C.AT for o, _ in items[k + 1 :])
+            self.item(op, av, cur, nxt, flags, lead, trail and rest_anchors)
+            if op is not C.AT:
+                lead = False
+            cur = nxt
+        if not items:
+            self.nfa.epsilon(src, dst)
+
+    def chars(self, ranges, src: int, dst: int) -> None:
+        if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+            data = chr(ranges[0][0]).encode("utf-8")
+            cur = src
+            for k, b in enumerate(data):
+                nxt = dst if k == len(data) - 1 else self.nfa.node()
+                self.nfa.byte_range(cur, b, b, nxt)
+                cur = nxt
+        elif ranges and ranges[-1][1] < 0x80:
+            for lo, hi in ranges:  # ASCII: one byte per character
+                self.nfa.byte_range(src, lo, hi, dst)
+        elif ranges:
+            self.nfa.embed(_class_dfa(tuple(ranges)), src, dst)
+
+    def item(self, op, av, src: int, dst: int, flags: int, lead: bool, trail: bool) -> None:
+        nfa = self.nfa
+        if op is C.LITERAL or op is C.NOT_LITERAL:
+            items = [(C.LITERAL, av)] if op is C.LITERAL else [(C.NEGATE, None), (C.LITERAL, av)]
+            self.chars(_class_ranges(items, flags), src, dst)
+        elif op is C.ANY:
+            self.chars(_ALL_RANGES if flags & re.DOTALL else _complement([(10, 10)]), src, dst)
+        elif op is C.IN:
+            self.chars(_class_ranges(av, flags), src, dst)
+        elif op is C.BRANCH:
+            for branch in av[1]:
+                self.seq(branch.data, src, dst, flags, lead, trail)
+        elif op is C.SUBPATTERN:
+            _group, add, remove, sub = av
+            self.seq(sub.data, src, dst, (flags | add) & ~remove, lead, trail)
+        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            self.repeat(av, src, dst, flags)
+        elif op is C.AT:
+            self.anchor(av, src, dst, lead, trail)
+        else:
+            raise RegexError(f"unsupported regex construct {str(op).lower()}", self.pattern)
+
+    def repeat(self, av, src: int, dst: int, flags: int) -> None:
+        lo, hi, sub = av
+        nfa, cur = self.nfa, src
+        for _ in range(lo):
+            nxt = nfa.node()
+            self.seq(sub.data, cur, nxt, flags, False, False)
+            cur = nxt
+        if hi is C.MAXREPEAT:
+            loop_end = nfa.node()
+            self.seq(sub.data, cur, loop_end, flags, False, False)
+            nfa.epsilon(loop_end, cur)
+            nfa.epsilon(cur, dst)
+            return
+        for _ in range(hi - lo):
+            nfa.epsilon(cur, dst)
+            nxt = nfa.node()
+            self.seq(sub.data, cur, nxt, flags, False, False)
+            cur = nxt
+        nfa.epsilon(cur, dst)
+
+    def anchor(self, code, src: int, dst: int, lead: bool, trail: bool) -> None:
+        pos = self.anchors[self.anchor_index] if self.anchor_index < len(self.anchors) else None
+        self.anchor_index += 1
+        if code in (C.AT_BEGINNING, C.AT_BEGINNING_STRING) and lead:
+            self.nfa.epsilon(src, dst)
+        elif code in (C.AT_END, C.AT_END_STRING) and trail:
+            self.nfa.epsilon(src, dst)
+        else:
+            raise RegexError("anchors are only supported at the start or end of the regex", self.pattern, pos)
+
+
+def _parse(pattern: str):
+    if not isinstance(pattern, str):
+        raise RegexError(f"a regex must be a str, not {type(pattern).__name__}", repr(pattern))
+    anchors = _scan(pattern)
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error as e:
+        raise RegexError(f"invalid regex: {e.msg}", pattern, e.pos) from None
+    except (OverflowError, RecursionError) as e:
+        raise RegexError(f"invalid regex: {e}", pattern) from None
+    if parsed.state.flags & re.LOCALE:
+        raise RegexError("the LOCALE flag is not supported", pattern)
+    return parsed, anchors
+
+
+@functools.lru_cache(maxsize=8192)
+def regex_dfa(pattern: str) -> DFA:
+    """Minimal byte DFA of the UTF-8 encodings of the strings `pattern` fully matches."""
+    parsed, anchors = _parse(pattern)
+    builder = _Builder(pattern, anchors)
+    try:
+        start, final = builder.nfa.node(), builder.nfa.node()
+        builder.seq(parsed.data, start, final, parsed.state.flags, True, True)
+        return minimize(determinize(builder.nfa, start, final, MAX_DFA_STATES))
+    except BudgetExceeded as e:
+        raise RegexError(f"regex too complex to compile ({e})", pattern) from None
+    except RecursionError:
+        raise RegexError("regex nested too deeply", pattern) from None
+
+
+@functools.lru_cache(maxsize=8192)
+def terminal_dfa(pattern: str, also: tuple[str, ...] = (), excluding: tuple[str, ...] = ()) -> DFA:
+    """DFA of strings matching `pattern` and every regex in `also` and none in `excluding`."""
+    dfa = regex_dfa(pattern)
+    try:
+        for other in also:
+            dfa = product(dfa, regex_dfa(other), True, MAX_DFA_STATES)
+        for other in excluding:
+            dfa = product(dfa, regex_dfa(other), False, MAX_DFA_STATES)
+    except BudgetExceeded as e:
+        raise RegexError(f"regex combination too complex to compile ({e})", pattern) from None
+    return dfa
+
+
+def literal_dfa(text: str) -> DFA:
+    """DFA of exactly the UTF-8 encoding of `text`."""
+    data = text.encode("utf-8")
+    trans = np.full((len(data) + 1, 256), -1, np.int32)
+    trans[np.arange(len(data)), list(data)] = np.arange(1, len(data) + 1)
+    accept = np.zeros(len(data) + 1, bool)
+    accept[-1] = True
+    return DFA(trans, accept)
+
+
+def dfa_fullmatch(dfa: DFA, data: bytes) -> bool:
+    """Whether `dfa` accepts exactly `data`."""
+    s = 0
+    for b in data:
+        s = int(dfa.trans[s, b])
+        if s < 0:
+            return False
+    return bool(dfa.accept[s])

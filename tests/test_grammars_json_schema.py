@@ -1,0 +1,251 @@
+"""JSON schema front end: IR shape, strings/numbers regexes against Python peers, errors with pointers."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from decimal import Decimal
+
+import jsonschema
+import pytest
+
+from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
+from leapgen.grammars.ir import Choice, Lit, Ref, Repeat, Seq, Terminal
+from leapgen.grammars.json_numbers import at_least, at_most, multiple_of_regex, natural_range
+from leapgen.grammars.json_schema import json_schema_to_grammar
+from leapgen.grammars.json_strings import FORMATS, format_regex, pattern_regex, string_regex
+from tokenizers_util import byte_level_bpe
+
+
+def ir_accepts(grammar, text: str) -> bool:
+    """Test oracle: does the IR derive `text`?  (Python `re` per terminal, memoised end positions.)"""
+    memo: dict = {}
+
+    def whole(rx, i, j):
+        return re.compile(rx).fullmatch(text, i, j) is not None
+
+    def ends(e, i):
+        key = (id(e), i)
+        if key not in memo:
+            memo[key] = set()
+            if isinstance(e, Lit):
+                r = {i + len(e.text)} if text.startswith(e.text, i) else set()
+            elif isinstance(e, Terminal):
+                r = {j for j in range(i, len(text) + 1) if whole(e.pattern, i, j)
+                     and all(whole(a, i, j) for a in e.also) and not any(whole(x, i, j) for x in e.excluding)}
+            elif isinstance(e, Ref):
+                r = ends(grammar.rules[e.name], i)
+            elif isinstance(e, Seq):
+                r = {i}
+                for item in e.items:
+                    r = {k for j in r for k in ends(item, j)}
+            elif isinstance(e, Choice):
+                r = set().union(*(ends(item, i) for item in e.items))
+            else:
+                assert isinstance(e, Repeat)
+                r, cur, n, seen = ({i} if e.min == 0 else set()), {i}, 0, {i}
+                while cur and (e.max is None or n < e.max):
+                    cur = {k for j in cur for k in ends(e.item, j)} - (seen if e.max is None else set())
+                    seen |= cur
+                    n += 1
+                    if n >= e.min:
+                        r |= cur
+            memo[key] = r
+        return memo[key]
+
+    return len(text) in ends(grammar.rules[grammar.start], 0)
+
+
+def check(schema, valid=(), invalid=(), **options):
+    grammar = json_schema_to_grammar(schema, **options)
+    for value in valid:
+        assert ir_accepts(grammar, json.dumps(value, ensure_ascii=False)), value
+    for value in invalid:
+        assert not ir_accepts(grammar, json.dumps(value, ensure_ascii=False)), value
+
+
+# ---- strings --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", [r"^[a-z]+$", "abc", r"^\d{3}-\d{4}$", r'a"b\\c', r"^(foo|bar)$", r"(^a$|^b)",
+                                     r"[^a-z]", "^$", r"^[é-ÿ]+$", "x|^y$", r'^[^"]*$'])
+def test_pattern_is_search_over_decoded_text(pattern):
+    rng = random.Random(0)
+    alphabet = list("abcxyz15-\"\\\n\t\x01 éüfor")
+    encoded = re.compile(pattern_regex(pattern))
+    python = re.compile(pattern.replace("$", r"\Z"))  # ECMA `$` never matches before a final newline
+    for _ in range(2000):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        assert bool(encoded.fullmatch(json.dumps(s, ensure_ascii=False))) == bool(python.search(s)), s
+
+
+def test_string_length_counts_decoded_characters_with_canonical_escapes():
+    rx = re.compile(string_regex(2, 3))
+    for s in ["ab", "a\n", '"\\', "é\x01x", "\u2028\t"]:
+        assert rx.fullmatch(json.dumps(s, ensure_ascii=False)), s
+    for text in ['"a"', '"abcd"', r'"\u0041b"', r'"a\/"', r'"\u000a"']:  # too short/long or not canonical
+        assert not rx.fullmatch(text), text
+
+
+def test_formats_only_admit_what_jsonschema_accepts():
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    good = {"date": "2024-02-29", "time": "23:59:59.5+01:00", "date-time": "2020-01-01T00:00:00Z",
+            "duration": "P1Y2M3DT4H", "email": "a.b@example.com", "hostname": "a-b.example.org",
+            "ipv4": "192.168.0.1", "ipv6": "::ffff:10.0.0.1", "uuid": "123e4567-e89b-12d3-a456-426614174000",
+            "uri": "https://example.com/a?b=c#d"}
+    bad = {"date": "2023-02-29", "ipv4": "256.1.1.1", "ipv6": "1:2:3", "uuid": "123e4567e89b12d3a456426614174000",
+           "time": "24:00:00Z", "duration": "P", "email": "no-at-sign"}
+    assert set(good) == set(FORMATS)
+    for name, value in good.items():
+        assert re.fullmatch(format_regex(name), json.dumps(value)), name
+        assert checker.conforms(value, name), name
+    for name, value in bad.items():
+        assert not re.fullmatch(format_regex(name), json.dumps(value)), name
+
+
+# ---- numbers --------------------------------------------------------------------------------------
+
+def _numbers(rng):
+    for _ in range(1500):
+        s = ("-" if rng.random() < 0.4 else "") + str(rng.choice([0, 1, 2, 5, 9, 10, 99, 100, 101, rng.randint(0, 10**5)]))
+        if rng.random() < 0.5:
+            s += "." + "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 3)))
+        if not (s.startswith("-") and Decimal(s) == 0):  # negative zero is refused under bounds, by design
+            yield s
+
+
+@pytest.mark.parametrize("bound", ["0", "0.5", "1", "-1", "-0.25", "99.99", "-1000", "0.001"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_bounds_compare_decimals_exactly(bound, strict):
+    b = Decimal(bound)
+    ge, le = re.compile(at_least(b, strict)), re.compile(at_most(b, strict))
+    for s in _numbers(random.Random(bound)):
+        v = Decimal(s)
+        assert bool(ge.fullmatch(s)) == (v > b if strict else v >= b), s
+        assert bool(le.fullmatch(s)) == (v < b if strict else v <= b), s
+
+
+def test_natural_ranges_and_multiples():
+    for lo, hi in [(0, 0), (3, 17), (5, 1234), (7, None), (999, 1001)]:
+        rx = re.compile(natural_range(lo, hi))
+        assert all(bool(rx.fullmatch(str(i))) == (lo <= i and (hi is None or i <= hi)) for i in range(2000))
+    for k in ["2", "5", "20", "25", "0.01"]:
+        rx = re.compile(multiple_of_regex(Decimal(k), False))
+        for s in _numbers(random.Random(k)):
+            assert bool(rx.fullmatch(s)) == (Decimal(s) % Decimal(k) == 0), (k, s)
+    assert multiple_of_regex(Decimal(7), True) is None
+
+
+# ---- schemas through the IR -----------------------------------------------------------------------
+
+def test_objects_follow_schema_order_with_optional_and_extra_keys():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["b"]}
+    check(schema, valid=[{"b": "x"}, {"a": 1, "b": "x"}, {"a": 1, "b": "x", "zz": [1, {"q": None}]}],
+          invalid=[{"a": 1}, {"b": 2}, {}, {"b": "x", "a": 1}, {"b": "x", "b2": 1, "a": 2}])
+    check(schema, valid=[{"a": 1, "b": "x"}], invalid=[{"b": "x", "zz": 1}], additional_properties=False)
+
+
+def test_pattern_properties_property_names_and_counts():
+    check({"patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
+          valid=[{}, {"x1": 1, "xy": 2}], invalid=[{"y": 1}, {"x": "s"}])
+    check({"propertyNames": {"maxLength": 2}, "minProperties": 1, "maxProperties": 2},
+          valid=[{"ab": 1}, {"a": 1, "b": 2}], invalid=[{}, {"abc": 1}, {"a": 1, "b": 2, "c": 3}])
+    check({"dependentRequired": {"a": ["b"]}, "properties": {"b": {}, "a": {}}},
+          valid=[{}, {"b": 1}, {"b": 1, "a": 2}], invalid=[{"a": 1}])
+
+
+def test_arrays_prefix_items_bounds_and_unique_enumerable_items():
+    check({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": {"type": "boolean"}, "maxItems": 3},
+          valid=[[], [1], [1, "a"], [1, "a", True]], invalid=[["a"], [1, "a", 2], [1, "a", True, False]])
+    check({"items": {"enum": ["x", "y"]}, "uniqueItems": True, "minItems": 1},
+          valid=[["x"], ["y", "x"]], invalid=[[], ["x", "x"]])
+
+
+def test_combinators_refs_and_recursion():
+    tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                                   "kids": {"type": "array",
+                                                                            "items": {"$ref": "#/$defs/node"}}},
+                               "required": ["v"], "additionalProperties": False}},
+            "$ref": "#/$defs/node"}
+    check(tree, valid=[{"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}], invalid=[{"v": 1, "kids": [{}]}])
+    check({"anyOf": [{"type": "string", "maxLength": 1}, {"type": "integer", "minimum": 5}]},
+          valid=["a", 7], invalid=["ab", 4])
+    check({"oneOf": [{"type": "string"}, {"type": "null"}]}, valid=["a", None], invalid=[1])
+    check({"allOf": [{"minimum": 2}, {"maximum": 4}], "type": "integer"}, valid=[2, 4], invalid=[1, 5])
+    check({"not": {"enum": ["a", 1]}, "type": ["string", "integer"]}, valid=["b", 2], invalid=["a", 1])
+    check({"if": {"type": "string"}, "then": {"minLength": 2}, "else": {"type": "integer"}},
+          valid=["ab", 3], invalid=["a", 1.5])
+    check({"enum": [1, "a", {"k": [True]}], "not": {"const": "a"}}, valid=[1, 1.0, {"k": [True]}], invalid=["a"])
+
+
+@pytest.mark.parametrize("whitespace", ["flexible", "dumps"])
+def test_dumps_layout_is_accepted(whitespace):
+    value = {"a": [1, 2, {"b": None}], "c": "d"}
+    check({"type": "object"}, valid=[value], whitespace=whitespace)
+    grammar = json_schema_to_grammar({"type": "object"}, whitespace=whitespace)
+    assert ir_accepts(grammar, json.dumps(value, indent=2)) == (whitespace == "flexible")
+    assert not ir_accepts(grammar, '{"a":' + " " * 40 + "1}")  # whitespace is bounded
+
+
+def test_compact_layout_has_no_whitespace():
+    grammar = json_schema_to_grammar({"type": "array"}, whitespace="compact")
+    assert ir_accepts(grammar, "[1,2]") and not ir_accepts(grammar, "[1, 2]")
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schema, error, pointer", [
+    ({"type": "string", "minLength": 5, "maxLength": 2}, SchemaError, ""),
+    ({"properties": {"a": {"type": "wat"}}}, SchemaError, "/properties/a/type"),
+    ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, SchemaError, "/properties/a/$ref"),
+    ({"items": {"contains": {"type": "string"}}}, UnsupportedSchemaError, "/items/contains"),
+    ({"$ref": "http://example.com/other.json"}, UnsupportedSchemaError, "/$ref"),
+    ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, UnsupportedSchemaError, "/oneOf"),
+    ({"properties": {"p": {"type": "string", "pattern": "(?=a)b"}}}, UnsupportedSchemaError, "/properties/p/pattern"),
+    ({"type": "integer", "exclusiveMinimum": 1, "maximum": 1.5}, SchemaError, ""),
+    ({"required": "a"}, SchemaError, "/required"),
+])
+def test_bad_schemas_raise_with_pointer(schema, error, pointer):
+    with pytest.raises(error) as info:
+        json_schema_to_grammar(schema)
+    assert type(info.value) is error
+    assert info.value.pointer == pointer, str(info.value)
+
+
+def test_unsatisfiable_schema_names_the_reason():
+    with pytest.raises(SchemaError, match="minLength 5 is above maxLength 2"):
+        json_schema_to_grammar({"type": "string", "minLength": 5, "maxLength": 2})
+
+
+# ---- end to end with a real tokenizer -------------------------------------------------------------
+
+def test_tokens_end_to_end_and_random_walks_validate():
+    tokenizer = byte_level_bpe()
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                               "n": {"type": "integer", "minimum": -3, "maximum": 30},
+                                               "tag": {"enum": ["x", "y"]}},
+              "required": ["name", "n"], "additionalProperties": False}
+    grammar = compile_json_schema(schema, tokenizer)
+    matcher = grammar.matcher()
+    for token in tokenizer.encode(json.dumps({"name": "ab", "n": 7, "tag": "y"}), add_special_tokens=False):
+        matcher.advance(token)
+    assert tokenizer.eos_token_id in matcher.allowed_token_ids()
+    rng = random.Random(7)
+    done = 0
+    for _ in range(10):
+        m, out = grammar.matcher(), []
+        for step in range(120):
+            ids = [int(i) for i in m.allowed_token_ids()]
+            if tokenizer.eos_token_id in ids and step > 3:
+                break
+            pool = [i for i in ids if i != tokenizer.eos_token_id]
+            closing = [i for i in pool if any(c in grammar.vocab.token_bytes[i] for c in b'"}]')]
+            token = rng.choice(closing if closing and rng.random() < step / 60 else pool)
+            m.advance(token)
+            out.append(grammar.vocab.token_bytes[token])
+        else:
+            continue
+        jsonschema.validate(json.loads(b"".join(out)), schema)
+        done += 1
+    assert done >= 5

@@ -1,0 +1,226 @@
+"""Token-level matchers for regexes and IR grammars, with real tokenizers."""
+
+import random
+import re
+
+import numpy as np
+import pytest
+import tokenizers_util as tu
+
+from leapgen.grammars import compile_grammar, compile_regex, ir
+from leapgen.grammars.errors import GrammarError, RegexError
+from leapgen.grammars.regex import regex_dfa
+from test_grammars_regex import _dfa_samples
+
+PATTERNS = [
+    r'\{"name": "[^"\\]{1,12}", "age": (0|[1-9]\d{0,2})\}',
+    r"(true|false|null)",
+    r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?",
+    r"[a-zé中😀 ]{2,10}",
+    r"\d{3}-\d{4}",
+    r"(?i)yes|no",
+]
+KINDS = ["byte_level", "sentencepiece", "cl100k"]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def tokenizer(request):
+    return tu.ALL[request.param]()
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_every_matching_string_is_reachable_token_by_token(tokenizer, pattern):
+    g = compile_regex(pattern, tokenizer)
+    rng = random.Random(pattern)
+    for data in _dfa_samples(regex_dfa(pattern), rng, 25):
+        m = g.matcher()
+        for tid in g.vocab.encode(data):
+            assert tid in set(m.allowed_token_ids().tolist()), (data, tid)
+            m.advance(tid)
+        eos = g.vocab.eos_ids[0]
+        assert eos in m.allowed_token_ids()
+        m.advance(eos)
+        assert m.is_finished()
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_random_walks_through_masks_fullmatch(tokenizer, pattern):
+    g = compile_regex(pattern, tokenizer)
+    rng = random.Random(1)
+    done = 0
+    for _ in range(15):
+        data = tu.random_walk(g.matcher(), g.vocab, rng)
+        if data is not None:
+            done += 1
+            assert re.fullmatch(pattern, data.decode("utf-8")), data
+    assert done >= 10
+
+
+def test_eos_only_when_complete_and_other_specials_never():
+    tok = tu.cl100k()
+    g = compile_regex(r"ab(cd)?", tok)
+    m = g.matcher()
+    specials = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    eos = tok.eos_token_id
+    for piece, complete in [("a", False), ("b", True), ("c", False), ("d", True)]:
+        m.advance(tok.convert_tokens_to_ids(piece))
+        allowed = set(m.allowed_token_ids().tolist())
+        assert (eos in allowed) == complete
+        assert not (allowed & (specials - {eos}))
+    assert m.is_finished() is False or m.allowed_token_ids().tolist() == [eos]
+    assert m.allowed_token_ids().tolist() == [eos]
+    assert m.is_finished()
+
+
+def test_fill_bitmask_layout():
+    tok = tu.byte_level_bpe()
+    g = compile_regex(r"[0-9]{1,3}|abc", tok)
+    m = g.matcher()
+    buf = np.full(g.vocab.mask_words + 2, -7, np.int32)
+    m.fill_bitmask(buf)
+    allowed = set(m.allowed_token_ids().tolist())
+    bits = [(int(buf[i // 32]) >> (i % 32)) & 1 for i in range(len(tok))]
+    assert {i for i, b in enumerate(bits) if b} == allowed
+    assert buf[-1] == -7 and len(buf[: g.vocab.mask_words]) == (len(tok) + 31) // 32
+    with pytest.raises(ValueError, match="int32"):
+        m.fill_bitmask(np.zeros(g.vocab.mask_words, np.int64))
+
+
+def test_advance_refuses_disallowed_and_rollback_restores():
+    tok = tu.byte_level_bpe()
+    g = compile_regex(r"(ab|ac)+", tok)
+    m = g.matcher()
+    with pytest.raises(ValueError, match="not allowed"):
+        m.advance(tok.convert_tokens_to_ids("x"))
+    ids = [tok.convert_tokens_to_ids(c) for c in "abac"]
+    masks = []
+    for tid in ids:
+        masks.append(m.allowed_token_ids().tolist())
+        m.advance(tid)
+    m.advance(tok.eos_token_id)
+    assert m.is_finished()
+    m.rollback(3)
+    assert m.allowed_token_ids().tolist() == masks[2] and not m.is_finished()
+    m.rollback(2)
+    assert m.allowed_token_ids().tolist() == masks[0]
+    with pytest.raises(ValueError, match="roll back"):
+        m.rollback(1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forced_tokens_hold_back_the_last_token(kind):
+    tok = tu.ALL[kind]()
+    g = compile_regex(r'\{"name": "[a-z]+", "id": [0-9]\}', tok)
+    m = g.matcher()
+    assert m.forced_bytes() == b'{"name": "'
+    forced = m.forced_tokens()
+    text = b"".join(g.vocab.token_bytes[i] for i in forced)
+    assert forced and b'{"name": "'.startswith(text) and len(text) < len(b'{"name": "')
+    assert forced == g.vocab.encode(b'{"name": "')[:-1]
+    for tid in forced:
+        m.advance(tid)
+    for tid in g.vocab.encode(m.forced_bytes() + b"bob"):
+        m.advance(tid)
+    assert m.forced_tokens() == []  # more letters or the closing quote: a choice
+    m.advance(g.vocab.encode(b'"')[0])
+    rest = b"".join(g.vocab.token_bytes[i] for i in m.forced_tokens())
+    assert b', "id": '.startswith(rest)
+
+
+def test_forced_tokens_up_to_the_end_keep_the_last_token():
+    tok = tu.cl100k()
+    g = compile_regex(r"hello world", tok)
+    m = g.matcher()
+    forced = m.forced_tokens()
+    assert forced == tok.encode("hello world", add_special_tokens=False)
+    for tid in forced:
+        m.advance(tid)
+    assert m.is_finished() and m.forced_tokens() == []
+
+
+def test_forced_tokens_never_split_a_character():
+    tok = tu.byte_level_bpe()
+    g = compile_regex(r"x[éè]", tok)  # both start with byte 0xC3
+    m = g.matcher()
+    assert m.forced_bytes() == b"x\xc3"
+    assert m.forced_tokens() == []  # "x" is held back, the partial character is never forced
+
+
+def _grammar_accepts(g, text: str) -> bool:
+    state = g.step(g.initial, text.encode("utf-8"))
+    return state is not None and g.closure(state)[1]
+
+
+def test_recursive_ir_grammar_nests_without_unrolling():
+    rules = {
+        "value": ir.Choice((ir.Terminal(r"[0-9]+"), ir.Ref("list"))),
+        "list": ir.Seq((ir.Lit("["), ir.Repeat(ir.Seq((ir.Ref("value"), ir.Lit(","))), 0, None), ir.Lit("]"))),
+    }
+    g = compile_grammar(ir.Grammar(rules, "value"), tu.byte_level_bpe())
+    deep = "[" * 60 + "1," + "]," * 59 + "]"
+    assert _grammar_accepts(g, deep)
+    assert not _grammar_accepts(g, deep[:-1]) and not _grammar_accepts(g, "[1]")
+    rng = random.Random(3)
+    shape = re.compile(r"[\[\],0-9]*")
+    for _ in range(20):
+        data = tu.random_walk(g.matcher(), g.vocab, rng, max_tokens=30, stop_prob=0.5)
+        if data is not None:
+            assert shape.fullmatch(data.decode()) and _grammar_accepts(g, data.decode())
+            assert data.count(b"[") == data.count(b"]")
+
+
+def test_ir_grammar_errors():
+    tok = tu.byte_level_bpe()
+    with pytest.raises(GrammarError, match="undefined rule 'nope'"):
+        compile_grammar(ir.Grammar({"start": ir.Ref("nope")}), tok)
+    with pytest.raises(GrammarError, match="no rules"):
+        compile_grammar(ir.Grammar({}), tok)
+    with pytest.raises(GrammarError, match="left-recursive"):
+        compile_grammar(ir.Grammar({"start": ir.Choice((ir.Seq((ir.Ref("start"), ir.Lit("a"))), ir.Lit("b")))}), tok)
+    with pytest.raises(GrammarError, match="matches no string"):
+        compile_grammar(ir.Grammar({"start": ir.Terminal("[a-c]", excluding=("[a-c]",))}), tok)
+    with pytest.raises(RegexError, match="lookahead is not supported at position 1"):
+        compile_regex("a(?=b)", tok)
+
+
+LARK_JSON = r"""
+?start: value
+?value: object | array | ESCAPED_STRING | SIGNED_NUMBER | "true" | "false" | "null"
+array  : "[" [value ("," value)*] "]"
+object : "{" [ESCAPED_STRING ":" value ("," ESCAPED_STRING ":" value)*] "}"
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+%import common.WS
+%ignore WS
+"""
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "sentencepiece"])
+@pytest.mark.parametrize("which", ["regex", "lark_json", "nested"])
+def test_masks_equal_brute_force_stepping(kind, which):
+    """The trie walks (pop points, shared terminal walks, continuations) agree with stepping
+    every token's bytes through the parser one by one."""
+    from leapgen.grammars import compile_lark
+
+    tok = tu.ALL[kind]()
+    if which == "regex":
+        g = compile_regex(r'\{"k": "([^"\\]|\\.)*", "n": [0-9]{1,3}\}', tok)
+    elif which == "lark_json":
+        g = compile_lark(LARK_JSON, tok)
+    else:
+        rules = {"v": ir.Choice((ir.Terminal(r'"[^"]*"'), ir.Seq((ir.Lit("["), ir.Ref("v"), ir.Lit("]")))))}
+        g = compile_grammar(ir.Grammar(rules, "v"), tok)
+    rng = random.Random(which)
+    for _ in range(4):
+        m = g.matcher()
+        for _ in range(12):
+            state = m._state
+            expected = {t for t, b in enumerate(g.vocab.token_bytes) if b and g.step(state, b) is not None}
+            if g.closure(state)[1]:
+                expected |= set(g.vocab.eos_ids)
+            allowed = set(m.allowed_token_ids().tolist())
+            assert allowed == expected
+            choices = sorted(allowed - set(g.vocab.eos_ids))
+            if not choices:
+                break
+            m.advance(rng.choice(choices))

@@ -1,0 +1,112 @@
+"""Regex -> byte DFA, checked against Python's `re.fullmatch`."""
+
+import random
+import re
+
+import pytest
+
+from leapgen.grammars.errors import RegexError
+from leapgen.grammars.regex import dfa_fullmatch, regex_dfa, terminal_dfa, utf8_sequences
+
+PATTERNS = [
+    r"[a-z]+\d{2,4}",
+    r"(ab|cd)*e?",
+    r"\w+@\w+\.(com|org)",
+    r'"([^"\\]|\\.)*"',
+    r"(?i)hello wörld",
+    r".{0,5}",
+    r"(?s).+x",
+    r"\s*[\u4e00-\u9fff]+\s*",
+    r"^-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?$",
+    r"[^a]\D\W\S",
+    r"(?a)\w+",
+    r"x{3}y{2,}z{,2}",
+    r"é|e\u0301|[😀-😏]",
+    r"(?:a|b)*?c+?",
+    r"\Aab*\Z",
+    r"[\d\-_.]{1,3}[^\s\d]?",
+    r"(?i:[a-cé]+)-[A-C]",
+    r"",
+]
+ALPHABET = "abcdexyzABCDEXYZ019_-.@ \t\n\"\\éÉÊ中文😀😎٣ǅ" + "\u0301\u00a0\u2028"
+
+
+def _random_strings(rng, n):
+    for _ in range(n):
+        yield "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 8)))
+
+
+def _dfa_samples(dfa, rng, n):
+    """Random accepted byte strings, by walking the DFA (live states only lead to acceptance)."""
+    out = []
+    for _ in range(n):
+        s, data = 0, bytearray()
+        while len(data) < 40:
+            if dfa.accept[s] and (rng.random() < 0.3 or not (dfa.trans[s] >= 0).any()):
+                out.append(bytes(data))
+                break
+            options = [b for b in range(256) if dfa.trans[s, b] >= 0]
+            b = rng.choice(options)
+            data.append(b)
+            s = int(dfa.trans[s, b])
+    return out
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_dfa_agrees_with_re_on_random_strings(pattern):
+    rng = random.Random(pattern)
+    dfa = regex_dfa(pattern)
+    compiled = re.compile(pattern)
+    for text in _random_strings(rng, 1500):
+        assert dfa_fullmatch(dfa, text.encode()) == bool(compiled.fullmatch(text)), text
+    for data in _dfa_samples(dfa, rng, 200):
+        assert compiled.fullmatch(data.decode("utf-8")), data
+
+
+def test_utf8_sequences_cover_exactly_the_range():
+    rng = random.Random(0)
+    for _ in range(200):
+        lo = rng.randint(0, 0x10FFFF)
+        hi = min(0x10FFFF, lo + rng.choice([0, 5, 100, 3000, 70000]))
+        seqs = utf8_sequences(lo, hi)
+        for cp in [lo, hi, (lo + hi) // 2, lo - 1, hi + 1]:
+            if not 0 <= cp <= 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
+                continue
+            enc = chr(cp).encode()
+            hit = any(len(s) == len(enc) and all(a <= b <= z for (a, z), b in zip(s, enc)) for s in seqs)
+            assert hit == (lo <= cp <= hi), (lo, hi, cp)
+
+
+def test_intersection_and_difference():
+    both = terminal_dfa(r"[a-z]+", also=(r".{2,3}",), excluding=(r"ab.", "zz"))
+    for text in ["a", "ab", "abc", "abd", "xyz", "zz", "zzz", "abcd", "Ab"]:
+        expected = bool(re.fullmatch(r"[a-z]{2,3}", text)) and not re.fullmatch(r"ab.|zz", text)
+        assert dfa_fullmatch(both, text.encode()) == expected, text
+
+
+@pytest.mark.parametrize(
+    "pattern, message, position",
+    [
+        (r"ab(?=c)", "lookahead", 2),
+        (r"x(?<!y)z", "lookbehind", 1),
+        (r"(a)b\1", "back-reference", 4),
+        (r"(?P<n>a)(?P=n)", "back-reference", 8),
+        (r"a\bc", "word boundaries", 1),
+        (r"(?>ab)c", "atomic", 0),
+        (r"a*+", "possessive", 2),
+        (r"ab(", "invalid regex", 2),
+        (r"[z-a]", "invalid regex", 1),
+        (r"a^b", "anchors", 1),
+        (r"(a$)b", "anchors", 2),
+    ],
+)
+def test_unsupported_or_invalid_regex_names_the_position(pattern, message, position):
+    with pytest.raises(RegexError, match=message) as info:
+        regex_dfa(pattern)
+    assert info.value.position == position
+    assert f"position {position}" in str(info.value)
+
+
+def test_catastrophic_regex_hits_the_state_budget():
+    with pytest.raises(RegexError, match="too complex"):
+        regex_dfa(r"(a|b)*a(a|b){16}")
