@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence as Seq
 
+import numpy as np
 import torch
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
+from leapgen.decoding.bitmask import bitmask_words
 from leapgen.decoding.detokenizer import IncrementalDetokenizer
 from leapgen.decoding.beam_search import BeamSearch
 from leapgen.decoding.sampler import Sampler, prompt_logprobs, request_generator
@@ -75,6 +77,7 @@ class _Sample:
     generator: torch.Generator | None
     logprobs: list[TokenLogprob] | None = None
     cumulative_logprob: float = 0.0
+    matcher: Any = None                          # the constraint's per-sequence state (grammars.Matcher)
 
     def completion(self, index: int, decode) -> CompletionOutput:
         stop = self.stop
@@ -93,6 +96,7 @@ class _Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     samples: list[_Sample]
+    constraint: Any = None                       # a compiled grammar (grammars.CompiledGrammar)
     beams: BeamSearch | None = None
     beam_rows: dict[int, torch.Tensor] = field(default_factory=dict)   # log-probs of beams waiting for siblings
     prompt_rows: list[torch.Tensor] = field(default_factory=list)       # prompt logits gathered chunk by chunk
@@ -136,7 +140,8 @@ class LLMEngine:
         self._owner: dict[int, tuple[_Request, _Sample]] = {}      # seq_id -> its request and sample
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
-        self.num_steps = 0
+        self.num_steps = 0                       # forward passes
+        self.num_forced_tokens = 0               # tokens appended by forced-token jumps, without sampling
 
     @classmethod
     def from_path(cls, path: str | Path, dtype: str | torch.dtype = "auto", device: str = "cpu",
@@ -157,8 +162,12 @@ class LLMEngine:
             return None, list(prompt)
         raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
-    def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> int:
-        """Queue a prompt; returns its request id.  Errors name the request's problem before anything runs."""
+    def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None, constraint: Any = None) -> int:
+        """Queue a prompt; returns its request id.  Errors name the request's problem before anything runs.
+
+        `constraint` is a compiled grammar (`leapgen.grammars.compile_*`): every output is kept inside it,
+        and where it admits one continuation only, those tokens are appended without sampling.
+        """
         params = params or SamplingParams()
         text, ids = self.encode(prompt)
         limit = self.loaded.max_model_len
@@ -171,6 +180,9 @@ class LLMEngine:
         bad = next((t for t in ids if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the model's vocabulary of {vocab}")
+        if constraint is not None and params.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with a constraint: the constraint decides where the "
+                             "text ends, and eos is the only token allowed there")
         if params.num_beams > 1 and (params.stop or params.temperature > 0 or params.logprobs is not None):
             raise ValueError("beam search (num_beams > 1) is deterministic: it takes no stop strings, "
                              "temperature or logprobs; use n > 1 with sampling for those")
@@ -178,7 +190,7 @@ class LLMEngine:
         room = limit - len(ids)
         if params.max_tokens > room:
             params = _with(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
-        request = _Request(next(self._request_ids), text, ids, params, [],
+        request = _Request(next(self._request_ids), text, ids, params, [], constraint,
                            prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
         first = self._new_sample(request, Sequence(next(self._seq_ids), ids, params), 0)
         self.scheduler.add(first.seq)
@@ -196,7 +208,12 @@ class LLMEngine:
                     stop.append(token)
         generator = (request_generator(params.seed, index, self.loaded.device)
                      if params.seed is not None and params.num_beams == 1 else None)
-        sample = _Sample(seq, stop, generator, [] if params.logprobs is not None else None)
+        matcher = None
+        if request.constraint is not None:
+            matcher = request.constraint.matcher()
+            for token in seq.output_token_ids:     # a fork: bring its own matcher to the shared text
+                matcher.advance(token)
+        sample = _Sample(seq, stop, generator, [] if params.logprobs is not None else None, matcher=matcher)
         request.samples.append(sample)
         self._owner[seq.seq_id] = (request, sample)
         return sample
@@ -265,7 +282,8 @@ class LLMEngine:
         logits = torch.stack([row for _, _, row in ready])
         rows = [SamplingRow(s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids, s.generator)
                 for _, s, _ in ready]
-        batch = SamplingBatch.build(rows, logits.shape[-1], self.loaded.eos_token_ids, logits.device)
+        bitmask = self._bitmask([s for _, s, _ in ready], logits.shape[-1])
+        batch = SamplingBatch.build(rows, logits.shape[-1], self.loaded.eos_token_ids, logits.device, bitmask)
         beam_indices = [i for i, (r, _, _) in enumerate(ready) if r.params.num_beams > 1]
         if beam_indices:
             processed = self.sampler.pipeline(logits.clone(), batch).log_softmax(dim=-1)
@@ -282,14 +300,16 @@ class LLMEngine:
             keep = torch.tensor(sampled_indices)
             logits = logits[keep]
             batch = SamplingBatch.build([rows[i] for i in sampled_indices], logits.shape[-1],
-                                        self.loaded.eos_token_ids, logits.device)
+                                        self.loaded.eos_token_ids, logits.device,
+                                        None if bitmask is None else bitmask[keep])
         sampled = self.sampler(logits, batch)
         for row, (i, token) in enumerate(zip(sampled_indices, sampled.token_ids.tolist())):
             request, sample, _ = ready[i]
-            sample.seq.append_token(token)
             if sample.logprobs is not None:
                 self._record_logprobs(sample, sampled, row, token)
-            sample.stop.append(token)
+            self._append(sample, token)
+            if sample.matcher is not None and not sample.stop.finished:
+                self._jump_forward(sample)
             if sample.stop.finished:
                 self._retire(sample, sample.stop.finish_reason)
                 self._maybe_finish(request)
@@ -324,12 +344,51 @@ class LLMEngine:
                 self._retire(sample, "pruned")
         for sample, token in zip(children, step.token_ids):
             sample.seq.append_token(token)
+            if sample.matcher is not None:
+                sample.matcher.advance(token)
         request.samples = children              # the order of the search's running beams
         if request.beams.done:
             for sample in request.samples:
                 self._retire(sample, "pruned")
             request.beam_outputs = [self._beam_completion(i, h) for i, h in enumerate(request.beams.best(params.n))]
             self._maybe_finish(request)
+
+    def _bitmask(self, samples: list[_Sample], vocab_size: int) -> torch.Tensor | None:
+        """Allowed-token words of the constrained rows (all ones for the others); None without constraints."""
+        constrained = [(i, s.matcher) for i, s in enumerate(samples) if s.matcher is not None]
+        if not constrained:
+            return None
+        words = max(bitmask_words(vocab_size), max(m.grammar.vocab.mask_words for _, m in constrained))
+        buffer = np.full((len(samples), words), -1, dtype=np.int32)
+        for i, matcher in constrained:
+            matcher.fill_bitmask(buffer[i])
+        return torch.from_numpy(buffer)
+
+    def _append(self, sample: _Sample, token: int) -> None:
+        """One more output token: the sequence, its constraint state and its stop checks."""
+        sample.seq.append_token(token)
+        if sample.matcher is not None:
+            sample.matcher.advance(token)
+        sample.stop.append(token)
+
+    def _jump_forward(self, sample: _Sample) -> None:
+        """Append the constraint's only possible continuation at once; the next step computes it in one pass.
+
+        When the text is complete and only eos may follow, eos is appended and the sequence ends
+        without another forward pass.
+        """
+        matcher, stop = sample.matcher, sample.stop
+        if matcher.is_finished():
+            eos = [t for t in matcher.allowed_token_ids().tolist() if t in self.loaded.eos_token_ids]
+            if eos:
+                self._append(sample, eos[0])
+            return
+        room = sample.seq.params.max_tokens - sample.seq.num_output_tokens
+        for token in matcher.forced_tokens()[:room]:
+            self._append(sample, token)
+            self.num_forced_tokens += 1
+            if stop.finished:
+                return
 
     def _beam_completion(self, index: int, hypothesis) -> CompletionOutput:
         ids = hypothesis.token_ids
@@ -363,12 +422,12 @@ class LLMEngine:
             self.runner.release(sample.seq)
 
     def generate(self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
-                 progress=None) -> list[RequestOutput]:
+                 progress=None, constraint: Any = None) -> list[RequestOutput]:
         """Run prompts to completion (continuous batching); outputs in prompt order."""
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        ids = [self.add_request(p, sp, constraint) for p, sp in zip(prompts, params_list)]
         results: dict[int, RequestOutput] = {}
         while self.has_unfinished:
             for output in self.step():

@@ -34,6 +34,14 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string; repeat for several")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--logprobs", type=int, help="report the chosen token's logprob and the top N alternatives")
+    gen.add_argument("--n", type=int, default=1, help="samples per prompt (they share the prompt's KV blocks)")
+    gen.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams")
+    gen.add_argument("--length-penalty", type=float, default=1.0)
+    gen.add_argument("--early-stopping", choices=["true", "false", "never"], default="false")
+    constraint = gen.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="FILE", help="constrain output to this JSON schema file")
+    constraint.add_argument("--regex", help="constrain output to match this regex")
+    constraint.add_argument("--grammar", metavar="FILE", help="constrain output to this lark grammar file")
     gen.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
@@ -47,13 +55,32 @@ def _params(args: argparse.Namespace) -> SamplingParams:
         top_p=args.top_p, min_p=args.min_p, typical_p=args.typical_p, repetition_penalty=args.repetition_penalty,
         frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
         no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
-        logprobs=args.logprobs)
+        logprobs=args.logprobs, n=args.n, num_beams=args.num_beams, length_penalty=args.length_penalty,
+        early_stopping={"true": True, "false": False, "never": "never"}[args.early_stopping])
+
+
+def _constraint(args: argparse.Namespace):
+    from leapgen.constraints import Grammar, JsonSchema, Regex
+
+    if args.json_schema:
+        with open(args.json_schema, encoding="utf-8") as f:
+            try:
+                return JsonSchema(json.load(f))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{args.json_schema}: not valid JSON ({exc})") from None
+    if args.regex:
+        return Regex(args.regex)
+    if args.grammar:
+        with open(args.grammar, encoding="utf-8") as f:
+            return Grammar(f.read())
+    return None
 
 
 def _generate(args: argparse.Namespace) -> int:
     from leapgen.llm import LLM
 
     params = _params(args)          # bad values fail before the model loads
+    constraint = _constraint(args)
     started = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, device=args.device)
     loaded = time.perf_counter()
@@ -61,27 +88,36 @@ def _generate(args: argparse.Namespace) -> int:
     if args.stream:
         if len(prompts) != 1:
             raise ValueError("--stream takes exactly one --prompt")
-        for piece in llm.stream(prompts[0], params):
+        for piece in llm.stream(prompts[0], params, constraint=constraint):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
         return 0
-    outputs = llm.generate(prompts, params)
+    outputs = llm.generate(prompts, params, constraint=constraint)
     elapsed = time.perf_counter() - loaded
     for prompt, out in zip(args.prompt, outputs):
         if args.json:
-            record = {"prompt": prompt, "text": out.text, "token_ids": out.token_ids,
-                      "finish_reason": out.finish_reason}
-            if out.outputs[0].logprobs is not None:
-                record["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob,
-                                       "top": {str(k): v for k, v in lp.top.items()}} for lp in out.outputs[0].logprobs]
+            record = {"prompt": prompt, **_completion(out.outputs[0])}
+            if len(out.outputs) > 1:
+                record["outputs"] = [_completion(c) for c in out.outputs]
             print(json.dumps(record, ensure_ascii=False))
         else:
-            print(out.text)
-    tokens = sum(len(o.token_ids) for o in outputs)
+            for completion in out.outputs:
+                print(completion.text)
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     print(f"[leapgen] model loaded in {loaded - started:.1f}s; {tokens} tokens in {elapsed:.2f}s "
           f"({tokens / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
     return 0
+
+
+def _completion(completion) -> dict:
+    record = {"text": completion.text, "token_ids": completion.token_ids, "finish_reason": completion.finish_reason}
+    if completion.logprobs is not None:
+        record["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob,
+                               "top": {str(k): v for k, v in lp.top.items()}} for lp in completion.logprobs]
+    if completion.score is not None:
+        record["score"] = completion.score
+    return record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _generate(args)
-    except (ValueError, FileNotFoundError, TypeError) as exc:
+    except (ValueError, OSError, TypeError) as exc:
         print(f"leapgen: error: {exc}", file=sys.stderr)
         return 2
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from leapgen.constraints import Constraint, ConstraintCache
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.engine.default_model import default_model_path
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
@@ -31,6 +32,7 @@ class LLM:
                               enable_prefix_caching)
         self.engine = LLMEngine(load_model(path, dtype, device), config, seed=seed)
         self.path = path
+        self.constraints = ConstraintCache(self.engine.tokenizer)
 
     @property
     def tokenizer(self):
@@ -38,15 +40,20 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, progress: bool | Callable[[int, int], None] = False) -> list[RequestOutput]:
-        """Generate for one prompt or a batch (strings or token-id lists); one output per prompt, in order."""
+                 *, constraint: Constraint | None = None,
+                 progress: bool | Callable[[int, int], None] = False) -> list[RequestOutput]:
+        """Generate for one prompt or a batch (strings or token-id lists); one output per prompt, in order.
+
+        `constraint` (`leapgen.JsonSchema`, `leapgen.Regex` or `leapgen.Grammar`) keeps every output inside it.
+        """
         batch = _as_batch(prompts)
         report = _progress_bar if progress is True else (progress or None)
-        return self.engine.generate(batch, params, progress=report)
+        return self.engine.generate(batch, params, progress=report, constraint=self.constraints.get(constraint))
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
+               constraint: Constraint | None = None) -> Iterator[str]:
         """Yield the text of one prompt as it is produced (the pieces join to the final `text`)."""
-        request_id = self.engine.add_request(prompt, params)
+        request_id = self.engine.add_request(prompt, params, self.constraints.get(constraint))
         emitted = 0
         try:
             while True:
@@ -72,8 +79,8 @@ class LLM:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def generate(model: LLM | str | Path | None, prompt: Prompt, params: SamplingParams | None = None,
-             **sampling: Any) -> RequestOutput:
+def generate(model: LLM | str | Path | None, prompt: Prompt, params: SamplingParams | None = None, *,
+             constraint: Constraint | None = None, **sampling: Any) -> RequestOutput:
     """One call: load `model` (a path, an `LLM`, or None for the default model) and generate for one prompt.
 
     Keyword arguments not given as `params` are SamplingParams fields: `generate(None, "Hi", max_tokens=20)`.
@@ -81,7 +88,7 @@ def generate(model: LLM | str | Path | None, prompt: Prompt, params: SamplingPar
     if params is not None and sampling:
         raise ValueError(f"pass either params or SamplingParams keywords, not both (got {sorted(sampling)})")
     llm = model if isinstance(model, LLM) else LLM(model)
-    return llm.generate([prompt], params or SamplingParams(**sampling))[0]
+    return llm.generate([prompt], params or SamplingParams(**sampling), constraint=constraint)[0]
 
 
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
