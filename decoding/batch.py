@@ -139,6 +139,12 @@ class SamplingBatch:
         if p.logits_processors:
             self.extra_rows.append((i, list(p.logits_processors)))
 
+    def subset(self, indices: Sequence[int]) -> "SamplingBatch":
+        """Rows `indices` (in that order) as a batch of their own, with their slice of the constraint bitmask."""
+        bitmask = None if self.token_bitmask is None else self.token_bitmask[list(indices)]
+        return SamplingBatch.build([self.rows[i] for i in indices], self.vocab_size, self.eos_token_ids, self.device,
+                                   bitmask)
+
     @property
     def size(self) -> int:
         """Number of rows."""

@@ -13,10 +13,13 @@ from typing import Literal
 import torch
 
 from leapgen.decoding.batch import SamplingBatch
+from leapgen.decoding.candidates import candidate_rows, sample_from_candidates
 from leapgen.decoding.pipeline import LogitsPipeline
+from leapgen.decoding.warpers import MinP, Temperature, TopKTopP, TypicalP
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15   # spreads (seed, sample index) pairs far apart in seed space
 _SEED_MASK = (1 << 63) - 1
+_WARPERS = (Temperature, TopKTopP, MinP, TypicalP)   # the pipeline tail the candidate path stands in for
 
 
 def request_generator(seed: int, sample_index: int = 0, device: torch.device | str = "cpu") -> torch.Generator:
@@ -43,8 +46,11 @@ class SamplerOutput:
 class Sampler:
     """Processes a step's logits and picks tokens; seeded rows draw only from their own generator.
 
-    Sampling inverts the row's CDF at one uniform draw, taken from the row's own generator when it
+    Every sampled row inverts its CDF at one uniform draw, taken from the row's own generator when it
     has one, so a seeded request's tokens do not depend on which other requests share the batch.
+    Rows with top-k / top-p are warped and drawn on their best candidates (`decoding.candidates`)
+    when the pipeline ends with the standard warpers; the other rows, and those whose nucleus is
+    wider than the candidate window, are warped and drawn over the whole vocabulary.
     """
 
     def __init__(self, pipeline: LogitsPipeline | None = None, logprobs_mode: Literal["raw", "processed"] = "raw",
@@ -66,8 +72,12 @@ class Sampler:
         # The pipeline works in place: copy only when it will run.
         logits = logits.to(torch.float32, copy=self.pipeline.is_active(batch))
         raw_logprobs = logits.log_softmax(dim=-1) if wants_logprobs and self.logprobs_mode == "raw" else None
-        processed = self.pipeline(logits, batch)
-        token_ids = self._choose(processed, batch)
+        head, warpers, window = _split_warpers(self.pipeline)
+        logits = head(logits, batch)
+        processed = None
+        if wants_logprobs and self.logprobs_mode == "processed":
+            processed = warpers(logits.clone(), batch)
+        token_ids = self._choose(logits, processed, batch, warpers, window)
         if not wants_logprobs:
             return SamplerOutput(token_ids)
         source = raw_logprobs if raw_logprobs is not None else processed.log_softmax(dim=-1)
@@ -75,11 +85,40 @@ class Sampler:
         top_values, top_ids = source.topk(num_logprobs, dim=-1) if num_logprobs else (None, None)
         return SamplerOutput(token_ids, chosen, top_ids, top_values)
 
-    def _choose(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy_ids = logits.argmax(dim=-1)
+    def _choose(self, logits: torch.Tensor, processed: torch.Tensor | None, batch: SamplingBatch,
+                warpers: LogitsPipeline, window: int | None) -> torch.Tensor:
+        """Argmax for greedy rows, candidate draws where they apply, full-vocabulary draws for the rest.
+
+        `logits` are processed up to the warpers; `processed` (when given) went through the warpers too.
+        """
         if batch.all_greedy:
-            return greedy_ids
-        uniform = torch.empty(batch.size, dtype=torch.float64, device=logits.device)
+            return logits.argmax(dim=-1)
+        uniform = self._uniform(batch, logits.device)
+        token_ids = torch.zeros(batch.size, dtype=torch.long, device=logits.device)
+        greedy = batch.greedy.nonzero()[:, 0]
+        if greedy.numel():
+            token_ids[greedy] = logits.index_select(0, greedy).argmax(dim=-1)
+        full = [i for i, row in enumerate(batch.rows) if not row.params.greedy]
+        if window is not None:
+            rows = candidate_rows(batch, window)
+            if rows:
+                draw = sample_from_candidates(logits, batch, rows, uniform[rows], window)
+                done = [r for r, ok in zip(rows, draw.covered.tolist()) if ok]
+                token_ids[done] = draw.token_ids[draw.covered]
+                full = sorted(set(full) - set(done))
+        if full:
+            if processed is None:
+                # In place is safe once nothing else reads `logits`: only when these rows are the whole batch.
+                rows_logits = logits if len(full) == batch.size else logits[full]
+                processed_rows = warpers(rows_logits, batch if len(full) == batch.size else batch.subset(full))
+            else:
+                processed_rows = processed[full]
+            token_ids[full] = _inverse_cdf(processed_rows, uniform[full])
+        return token_ids
+
+    def _uniform(self, batch: SamplingBatch, device: torch.device) -> torch.Tensor:
+        """One float64 draw in [0, 1) per sampled row (0 for greedy rows): seeded rows from their own generator."""
+        uniform = torch.zeros(batch.size, dtype=torch.float64, device=device)
         shared = []
         for i, row in enumerate(batch.rows):
             if row.params.greedy:
@@ -87,16 +126,30 @@ class Sampler:
             if row.generator is None:
                 shared.append(i)
             else:
-                uniform[i] = torch.rand((), dtype=torch.float64, generator=row.generator, device=logits.device)
+                uniform[i] = torch.rand((), dtype=torch.float64, generator=row.generator, device=device)
         if shared:
-            uniform[shared] = torch.rand(len(shared), dtype=torch.float64, generator=self.generator,
-                                         device=logits.device)
-        # Inverse CDF in float64: exact up to rounding, and a zero-probability token is never picked
-        # (searching to the right of a flat step lands on the token that makes the step).
-        cumulative = logits.softmax(dim=-1).double().cumsum_(dim=-1)
-        target = uniform.masked_fill_(batch.greedy, 0.0)[:, None] * cumulative[:, -1:]
-        sampled_ids = torch.searchsorted(cumulative, target, right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
-        return torch.where(batch.greedy, greedy_ids, sampled_ids)
+            uniform[shared] = torch.rand(len(shared), dtype=torch.float64, generator=self.generator, device=device)
+        return uniform
+
+
+def _split_warpers(pipeline: LogitsPipeline) -> tuple[LogitsPipeline, LogitsPipeline, int | None]:
+    """(stages before the warpers, the warpers, candidate window); window None when the pipeline does not end
+    with the standard warpers, whose semantics the candidate path reproduces."""
+    processors = pipeline.processors
+    tail = processors[-len(_WARPERS):]
+    if len(tail) == len(_WARPERS) and all(type(p) is kind for p, kind in zip(tail, _WARPERS)):
+        return LogitsPipeline(processors[:-len(_WARPERS)]), LogitsPipeline(tail), tail[1].candidates
+    return pipeline, LogitsPipeline([]), None
+
+
+def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Token at `uniform` [R] of each row's CDF over the vocabulary in id order (float64, exact up to rounding)."""
+    # Searching to the right of a flat step lands on the token that makes the step, so a zero-probability
+    # token is never picked; the target stays below the total for the same reason.
+    cumulative = logits.softmax(dim=-1).double().cumsum_(dim=-1)
+    total = cumulative[:, -1:]
+    target = torch.minimum(uniform[:, None] * total, total.nextafter(torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, target, right=True)[:, 0]
 
 
 @dataclass

@@ -228,7 +228,6 @@ class _Builder:
             self.nfa.embed(_class_dfa(tuple(ranges)), src, dst)
 
     def item(self, op, av, src: int, dst: int, flags: int, lead: bool, trail: bool) -> None:
-        nfa = self.nfa
         if op is C.LITERAL or op is C.NOT_LITERAL:
             items = [(C.LITERAL, av)] if op is C.LITERAL else [(C.NEGATE, None), (C.LITERAL, av)]
             self.chars(_class_ranges(items, flags), src, dst)

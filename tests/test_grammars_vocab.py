@@ -54,3 +54,12 @@ def test_trie_of_a_large_vocabulary_covers_every_token():
     trie = vocab.trie
     counted = np.bincount(trie.tok_ids, minlength=vocab.size)
     assert all(counted[i] == (1 if b else 0) for i, b in enumerate(vocab.token_bytes))
+
+
+@pytest.mark.parametrize("kind, name", [("cl100k", "cl100k_base"), ("o200k", "o200k_base")])
+def test_converted_tokenizers_match_tiktoken(kind, name):
+    pytest.importorskip("tiktoken")
+    enc = tu.tiktoken_encoding(name)
+    tok = tu.ALL[kind]()
+    for text in TEXTS + ["123456789 12 1234", "it's   we'll\n\n\n  x"]:
+        assert tok.encode(text, add_special_tokens=False) == enc.encode(text)

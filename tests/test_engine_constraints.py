@@ -1,0 +1,91 @@
+"""Constrained generation in the engine: every output inside the constraint, forced-token jumps save passes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from checkpoints import build_checkpoint_for_tokenizer
+from leapgen.constraints import ConstraintCache, Grammar, JsonSchema, Regex
+from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.engine.llm_engine import EngineConfig, LLMEngine
+from leapgen.engine.loader import load_model
+from tokenizers_util import byte_level_bpe
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "age", "tags", "active"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("constrained")
+    build_checkpoint_for_tokenizer(directory, byte_level_bpe())
+    return LLMEngine(load_model(directory, "float32"), EngineConfig(kv_cache_memory="16MiB", block_size=8))
+
+
+def run(engine, constraint, params, prompts=("the data:", "x", "a longer prompt about people")):
+    compiled = ConstraintCache(engine.tokenizer).get(constraint)
+    before = (engine.num_steps, engine.num_forced_tokens)
+    outputs = engine.generate(list(prompts), params, constraint=compiled)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    return outputs, engine.num_steps - before[0], engine.num_forced_tokens - before[1]
+
+
+@pytest.mark.parametrize("whitespace,budget", [("dumps", 200), ("compact", 200), ("flexible", 1200)])
+def test_json_outputs_validate_greedy_and_sampled(engine, whitespace, budget):
+    """Whitespace is bounded: even a random model that prefers tabs ends within the bound's budget."""
+    constraint = JsonSchema(SCHEMA, {"whitespace": whitespace})
+    for params in (SamplingParams(max_tokens=budget),
+                   SamplingParams(max_tokens=budget, temperature=1.0, seed=5, n=3)):
+        outputs, _, _ = run(engine, constraint, params)
+        for output in outputs:
+            for completion in output.outputs:
+                assert completion.finish_reason == "stop", completion.text
+                jsonschema.validate(json.loads(completion.text), SCHEMA)
+
+
+def test_forced_tokens_take_fewer_forward_passes(engine):
+    outputs, steps, forced = run(engine, JsonSchema(SCHEMA, {"whitespace": "compact"}), SamplingParams(max_tokens=200))
+    generated = sum(len(o.token_ids) for o in outputs)
+    assert forced > 0
+    # each forced run is computed in one multi-token step, so there are fewer passes than tokens
+    assert steps < generated
+    for output in outputs:
+        assert output.text.startswith('{"name":"')
+
+
+def test_regex_and_lark_constraints(engine):
+    pattern = r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+    outputs, _, _ = run(engine, Regex(pattern), SamplingParams(max_tokens=30, temperature=1.0, seed=1))
+    assert all(re.fullmatch(pattern, o.text) for o in outputs)
+    grammar = """
+        start: expr
+        expr: term (("+" | "-") term)*
+        term: NUMBER | "(" expr ")"
+        %import common.NUMBER
+    """
+    outputs, _, _ = run(engine, Grammar(grammar), SamplingParams(max_tokens=40, temperature=1.0, seed=2))
+    for output in outputs:
+        if output.finish_reason == "stop":
+            assert re.fullmatch(r"[0-9.eE+\-()]+", output.text), output.text
+
+
+def test_constraint_errors_are_clear(engine):
+    cache = ConstraintCache(engine.tokenizer)
+    with pytest.raises(ValueError, match="ignore_eos"):
+        engine.add_request("x", SamplingParams(ignore_eos=True), cache.get(Regex("a+")))
+    with pytest.raises(TypeError, match="leapgen.JsonSchema"):
+        cache.get({"type": "string"})
+    assert not engine.has_unfinished
