@@ -51,6 +51,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    enable_forced_tokens: bool = True            # constraints: append forced continuations without sampling
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -276,45 +277,43 @@ class LLMEngine:
         return expanded
 
     def _sample(self, ready: list[tuple[_Request, _Sample, torch.Tensor]]) -> list[_Request]:
-        advanced: dict[int, _Request] = {}
-        if not ready:
-            return []
-        logits = torch.stack([row for _, _, row in ready])
+        """Choose the next token of every ready sequence; returns the requests that advanced."""
+        beams = [entry for entry in ready if entry[0].params.num_beams > 1]
+        plain = [entry for entry in ready if entry[0].params.num_beams == 1]
+        if beams:
+            self._advance_beams(beams)
+        if plain:
+            self._sample_plain(plain)
+        return list({id(request): request for request, _, _ in ready}.values())
+
+    def _batch(self, entries: list[tuple[_Request, _Sample, torch.Tensor]]) -> tuple[torch.Tensor, SamplingBatch]:
+        logits = torch.stack([row for _, _, row in entries])
         rows = [SamplingRow(s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids, s.generator)
-                for _, s, _ in ready]
-        bitmask = self._bitmask([s for _, s, _ in ready], logits.shape[-1])
-        batch = SamplingBatch.build(rows, logits.shape[-1], self.loaded.eos_token_ids, logits.device, bitmask)
-        beam_indices = [i for i, (r, _, _) in enumerate(ready) if r.params.num_beams > 1]
-        if beam_indices:
-            processed = self.sampler.pipeline(logits.clone(), batch).log_softmax(dim=-1)
-            for i in beam_indices:
-                request, sample, _ = ready[i]
-                request.beam_rows[sample.seq.seq_id] = processed[i]
-                advanced[request.request_id] = request
-            for request in {id(r): r for r, _, _ in (ready[i] for i in beam_indices)}.values():
-                self._beam_step(request)
-        sampled_indices = [i for i in range(len(ready)) if i not in set(beam_indices)]
-        if not sampled_indices:
-            return list(advanced.values())
-        if beam_indices:
-            keep = torch.tensor(sampled_indices)
-            logits = logits[keep]
-            batch = SamplingBatch.build([rows[i] for i in sampled_indices], logits.shape[-1],
-                                        self.loaded.eos_token_ids, logits.device,
-                                        None if bitmask is None else bitmask[keep])
+                for _, s, _ in entries]
+        bitmask = self._bitmask([s for _, s, _ in entries], logits.shape[-1])
+        return logits, SamplingBatch.build(rows, logits.shape[-1], self.loaded.eos_token_ids, logits.device, bitmask)
+
+    def _sample_plain(self, entries: list[tuple[_Request, _Sample, torch.Tensor]]) -> None:
+        logits, batch = self._batch(entries)
         sampled = self.sampler(logits, batch)
-        for row, (i, token) in enumerate(zip(sampled_indices, sampled.token_ids.tolist())):
-            request, sample, _ = ready[i]
+        for row, ((request, sample, _), token) in enumerate(zip(entries, sampled.token_ids.tolist())):
             if sample.logprobs is not None:
                 self._record_logprobs(sample, sampled, row, token)
             self._append(sample, token)
-            if sample.matcher is not None and not sample.stop.finished:
+            if sample.matcher is not None and not sample.stop.finished and self.config.enable_forced_tokens:
                 self._jump_forward(sample)
             if sample.stop.finished:
                 self._retire(sample, sample.stop.finish_reason)
                 self._maybe_finish(request)
-            advanced[request.request_id] = request
-        return list(advanced.values())
+
+    def _advance_beams(self, entries: list[tuple[_Request, _Sample, torch.Tensor]]) -> None:
+        """Beam rows get processed log-probs; each request steps once all its live beams have theirs."""
+        logits, batch = self._batch(entries)
+        log_probs = self.sampler.pipeline(logits, batch).log_softmax(dim=-1)
+        for (request, sample, _), row in zip(entries, log_probs):
+            request.beam_rows[sample.seq.seq_id] = row
+        for request in {id(request): request for request, _, _ in entries}.values():
+            self._beam_step(request)
 
     def _beam_step(self, request: _Request) -> None:
         """Advance a request's beams once every live beam has its next-token log-probs."""

@@ -24,12 +24,12 @@ class LLM:
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                  kv_cache_memory: int | str | None = None, block_size: int = 16, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 seed: int | None = None) -> None:
+                 enable_forced_tokens: bool = True, seed: int | None = None) -> None:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         path = default_model_path() if model is None else Path(model)
         config = EngineConfig(kv_cache_memory, block_size, max_num_seqs, max_num_batched_tokens,
-                              enable_prefix_caching)
+                              enable_prefix_caching, enable_forced_tokens)
         self.engine = LLMEngine(load_model(path, dtype, device), config, seed=seed)
         self.path = path
         self.constraints = ConstraintCache(self.engine.tokenizer)
