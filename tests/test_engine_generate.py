@@ -197,3 +197,23 @@ def test_transformers_logits_processor_runs_inside_the_engine(tmp_path):
     params = SamplingParams(max_tokens=8, ignore_eos=True,
                             logits_processors=[NoBadWordsLogitsProcessor([[banned]], eos_token_id=2)])
     assert banned not in engine.generate([prompt], params)[0].token_ids
+
+
+def test_fallback_architecture_generates_like_transformers(tmp_path):
+    """GPT-2 is not in leapgen's model code: it runs through the labelled transformers fallback."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from checkpoints import save_tiny_tokenizer
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=2, n_positions=128,
+                                    bos_token_id=1, eos_token_id=2)).eval()
+    hf.save_pretrained(tmp_path)
+    save_tiny_tokenizer(tmp_path)
+    with pytest.warns(UserWarning, match="slower"):
+        engine = engine_for(tmp_path, block_size=4, max_num_batched_tokens=16, max_num_seqs=8)
+    assert engine.loaded.is_fallback
+    prompts = random_prompts(96, [3, 20, 9])
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert [o.token_ids for o in outputs] == [hf_greedy(hf, p) for p in prompts]
+    assert_no_leaks(engine)
