@@ -1,28 +1,29 @@
-"""The grammar IR compiled to a byte-level recursive transition network.
+"""The grammar IR compiled to a recursive transition network over shared terminal DFAs.
 
-Every rule that takes part in recursion (and the start rule) becomes a DFA over
-bytes plus *call edges*: `call(rule, return_state)`.  Everything else is
-inlined, and maximal call-free sub-expressions are first compiled to minimal
-DFAs (terminal DFAs are memoised across compiles), so a non-recursive grammar is
-a single DFA.  Rule DFAs are numbered into one global state space; a parser
-configuration is (global state, stack of return states).  Recursion is never
-unrolled; left recursion is refused.
+Every terminal (a regex Terminal, a literal, or a choice of literals) becomes
+a rule of its own: a minimal byte DFA, memoised per process, so the same
+terminal is the same object in every grammar.  The start rule and every rule
+taking part in recursion become DFAs over *call edges* only:
+`call(rule, return_state)`; other references are inlined.  So compiling a
+grammar determinizes its structure (a few states per IR node), never its bytes,
+and only terminal states consume bytes.  Rule DFAs are numbered into one
+global state space; a parser configuration is (global state, stack of return
+states).  Recursion is never unrolled; left recursion is refused.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import ir
 from .errors import GrammarError
-from .fsm import DFA, NFA, BudgetExceeded, determinize, live_states, minimize
-from .regex import literal_dfa, terminal_dfa
+from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
+from .regex import literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
-_SHARED_LIMIT = 4096
-_SHARED_DFAS: dict[ir.Expr, DFA] = {}
 
 
 @dataclass(eq=False)
@@ -36,20 +37,14 @@ class Automaton:
     call_ret: np.ndarray  # int32: global state to continue in after the callee returns
     has_out: np.ndarray  # bool [G]: some byte transition leaves this state
     start: int
-    # (first global state, terminal DFA) of each shared terminal rule: their walks are memoised
-    # across grammars, since a terminal rule has no calls
+    # (first global state, terminal DFA) of each terminal rule, by increasing first state; only
+    # terminal rules consume bytes, and their DFAs are shared objects, so their token walks are
+    # memoised across grammars
     terminals: tuple[tuple[int, DFA], ...] = ()
 
     @property
     def num_states(self) -> int:
         return len(self.accept)
-
-
-def _is_loop_terminal(dfa: DFA) -> bool:
-    """Terminals like JSON strings: a non-accepting state consuming most bytes.  They are called
-    as rules of their own, so their large token walks are shared by every grammar using them."""
-    wide = (dfa.trans >= 0).sum(axis=1) >= 128
-    return bool((wide & ~dfa.accept).any())
 
 
 def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
@@ -114,16 +109,69 @@ def _recursive_rules(rules: dict[str, ir.Expr]) -> set[str]:
     return result
 
 
+def _unwrap(expr: ir.Expr) -> ir.Expr:
+    while isinstance(expr, (ir.Seq, ir.Choice)) and len(expr.items) == 1:
+        expr = expr.items[0]
+    return expr
+
+
+def _is_terminal(expr: ir.Expr) -> bool:
+    """Expressions compiled to one shared terminal DFA: terminals, literals, choices of literals,
+    and short repetitions of those (a repeated terminal as a call loop could end after any of its
+    repetitions, and token walks would follow every split of the text)."""
+    if isinstance(expr, (ir.Terminal, ir.Lit)):
+        return True
+    if isinstance(expr, ir.Choice):
+        return len(expr.items) > 1 and all(isinstance(i, ir.Lit) for i in expr.items)
+    if isinstance(expr, ir.Repeat):
+        item = _unwrap(expr.item)
+        return _is_terminal(item) and not isinstance(item, ir.Repeat) and (expr.max or expr.min) <= 16
+    return False
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def terminal_for(expr: ir.Expr) -> DFA:
+    """The shared, memoised DFA of a terminal expression (see `_is_terminal`): equal expressions
+    get the same DFA object in every grammar, so token walks inside it are reused."""
+    if isinstance(expr, ir.Terminal):
+        return terminal_dfa(expr.pattern, tuple(expr.also), tuple(expr.excluding))
+    if isinstance(expr, ir.Lit):
+        return literal_dfa(expr.text)
+    if isinstance(expr, ir.Choice):
+        return literals_dfa(tuple(sorted({item.text for item in expr.items})))
+    item = terminal_for(_unwrap(expr.item))
+    nfa = NFA(MAX_RULE_STATES)
+    src, dst = nfa.node(), nfa.node()
+    cur = src
+    for _ in range(expr.min):
+        nxt = nfa.node()
+        nfa.embed(item, cur, nxt)
+        cur = nxt
+    if expr.max is None:
+        loop = nfa.node()
+        nfa.embed(item, cur, loop)
+        nfa.epsilon(loop, cur)
+    else:
+        for _ in range(expr.max - expr.min):
+            nfa.epsilon(cur, dst)
+            nxt = nfa.node()
+            nfa.embed(item, cur, nxt)
+            cur = nxt
+    nfa.epsilon(cur, dst)
+    return minimize(determinize(nfa, src, dst, MAX_RULE_STATES))
+
+
 class _Compiler:
+    """Rule DFAs over call labels: every terminal is a call into its shared terminal DFA, so
+    subset construction here only sees the grammar's structure, never bytes."""
+
     def __init__(self, grammar: ir.Grammar):
         self.rules = grammar.rules
         self.start = grammar.start
         self._check()
         self.recursive = _recursive_rules(self.rules)
-        self._call_free: dict[int, bool] = {}
-        self._rule_dfa: dict[str, DFA] = {}
         self.terminal_rules: dict[str, DFA] = {}
-        self._terminal_labels: dict[ir.Terminal, str] = {}
+        self._labels: dict[DFA, str] = {}
 
     def _check(self) -> None:
         if not self.rules:
@@ -135,191 +183,130 @@ class _Compiler:
                 if ref not in self.rules:
                     raise GrammarError(f"rule {name!r} refers to undefined rule {ref!r}")
 
-    def call_free(self, expr: ir.Expr) -> bool:
-        key = id(expr)
-        hit = self._call_free.get(key)
-        if hit is None:
-            if isinstance(expr, ir.Terminal):
-                hit = not _is_loop_terminal(self.leaf_dfa(expr))
-            elif isinstance(expr, ir.Ref):
-                hit = expr.name not in self.recursive and self.call_free(self.rules[expr.name])
-            elif isinstance(expr, (ir.Seq, ir.Choice)):
-                hit = all(self.call_free(item) for item in expr.items)
-            elif isinstance(expr, ir.Repeat):
-                hit = self.call_free(expr.item)
-            else:
-                hit = True
-            self._call_free[key] = hit
-        return hit
-
-    def leaf_dfa(self, expr: ir.Expr) -> DFA:
-        """Minimal DFA of a call-free expression."""
-        if isinstance(expr, ir.Terminal):
-            return terminal_dfa(expr.pattern, tuple(expr.also), tuple(expr.excluding))
-        if isinstance(expr, ir.Lit):
-            return literal_dfa(expr.text)
-        if isinstance(expr, ir.Ref):
-            hit = self._rule_dfa.get(expr.name)
-            if hit is None:
-                hit = self._rule_dfa[expr.name] = self.leaf_dfa(self.rules[expr.name])
-            return hit
-        shared = not _refs(expr, set())
-        if shared:
-            hit = _SHARED_DFAS.get(expr)
-            if hit is not None:
-                return hit
-        nfa = NFA()
-        src, dst = nfa.node(), nfa.node()
-        self.build(nfa, expr, src, dst, flat=True)
-        dfa = minimize(determinize(nfa, src, dst, MAX_RULE_STATES))
-        if shared:
-            # self-contained expressions (JSON strings, numbers, separators...) recur across grammars
-            if len(_SHARED_DFAS) >= _SHARED_LIMIT:
-                _SHARED_DFAS.pop(next(iter(_SHARED_DFAS)))
-            _SHARED_DFAS[expr] = dfa
-        return dfa
-
-    def build(self, nfa: NFA, expr: ir.Expr, src: int, dst: int, flat: bool = False) -> None:
-        """NFA fragment for `expr` between src and dst; recursive references become calls."""
-        if isinstance(expr, ir.Terminal) and not self.call_free(expr):
+    def build(self, nfa: NFA, expr: ir.Expr, src: int, dst: int) -> None:
+        """NFA fragment for `expr` between src and dst: terminals and recursive references become
+        calls, other references are inlined."""
+        if isinstance(expr, ir.Repeat) and (expr.min < 0 or (expr.max is not None and expr.max < expr.min)):
+            raise GrammarError(f"bad repetition bounds {expr.min}..{expr.max}")
+        if isinstance(expr, ir.Lit) and not expr.text:
+            nfa.epsilon(src, dst)
+        elif _is_terminal(expr):
             nfa.call(src, self.terminal_label(expr), dst)
-        elif isinstance(expr, (ir.Terminal, ir.Lit)):
-            nfa.embed(self.leaf_dfa(expr), src, dst)
         elif isinstance(expr, ir.Ref):
             if expr.name in self.recursive:
                 nfa.call(src, expr.name, dst)
-            elif self.call_free(expr):
-                nfa.embed(self.leaf_dfa(expr), src, dst)
             else:
-                self.build(nfa, self.rules[expr.name], src, dst, flat)
+                self.build(nfa, self.rules[expr.name], src, dst)
         elif isinstance(expr, ir.Seq):
             cur = src
             for k, item in enumerate(expr.items):
                 nxt = dst if k == len(expr.items) - 1 else nfa.node()
-                self.part(nfa, item, cur, nxt, flat)
+                self.build(nfa, item, cur, nxt)
                 cur = nxt
             if not expr.items:
                 nfa.epsilon(src, dst)
         elif isinstance(expr, ir.Choice):
             for item in expr.items:
-                self.part(nfa, item, src, dst, flat)
+                self.build(nfa, item, src, dst)
         elif isinstance(expr, ir.Repeat):
-            self.repeat(nfa, expr, src, dst, flat)
+            self.repeat(nfa, expr, src, dst)
         else:
             raise GrammarError(f"unknown grammar expression {expr!r}")
 
-    def part(self, nfa: NFA, expr: ir.Expr, src: int, dst: int, flat: bool) -> None:
-        """A sub-expression; inside a rule with calls, maximal call-free parts become minimal DFAs
-        (`flat`: we are already building one such DFA, so keep its parts as plain NFA)."""
-        composite = isinstance(expr, (ir.Seq, ir.Choice, ir.Repeat))
-        if self.call_free(expr) and not (flat and composite):
-            nfa.embed(self.leaf_dfa(expr), src, dst)
-        else:
-            self.build(nfa, expr, src, dst, flat)
-
-    def repeat(self, nfa: NFA, expr: ir.Repeat, src: int, dst: int, flat: bool) -> None:
-        if expr.min < 0 or (expr.max is not None and expr.max < expr.min):
-            raise GrammarError(f"bad repetition bounds {expr.min}..{expr.max}")
+    def repeat(self, nfa: NFA, expr: ir.Repeat, src: int, dst: int) -> None:
         cur = src
         for _ in range(expr.min):
             nxt = nfa.node()
-            self.part(nfa, expr.item, cur, nxt, flat)
+            self.build(nfa, expr.item, cur, nxt)
             cur = nxt
         if expr.max is None:
             loop_end = nfa.node()
-            self.part(nfa, expr.item, cur, loop_end, flat)
+            self.build(nfa, expr.item, cur, loop_end)
             nfa.epsilon(loop_end, cur)
             nfa.epsilon(cur, dst)
             return
         for _ in range(expr.max - expr.min):
             nfa.epsilon(cur, dst)
             nxt = nfa.node()
-            self.part(nfa, expr.item, cur, nxt, flat)
+            self.build(nfa, expr.item, cur, nxt)
             cur = nxt
         nfa.epsilon(cur, dst)
 
-    def terminal_label(self, expr: ir.Terminal) -> str:
-        """The pseudo-rule name under which a loop terminal is called."""
-        label = self._terminal_labels.get(expr)
+    def terminal_label(self, expr: ir.Expr) -> str:
+        """The pseudo-rule name under which a terminal is called (one per distinct DFA)."""
+        dfa = terminal_for(expr)
+        label = self._labels.get(dfa)
         if label is None:
-            label = self._terminal_labels[expr] = f"<terminal {len(self._terminal_labels)}>"
-            self.terminal_rules[label] = self.leaf_dfa(expr)
+            label = self._labels[dfa] = f"<terminal {len(self._labels)}>"
+            self.terminal_rules[label] = dfa
         return label
 
-    def rule_dfa(self, name: str) -> DFA:
-        body = self.rules[name]
-        if self.call_free(body):
-            return self.leaf_dfa(body)
+    def rule_dfa(self, name: str) -> CallDFA:
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()
-        self.build(nfa, body, src, dst)
-        return determinize(nfa, src, dst, MAX_RULE_STATES)
+        self.build(nfa, self.rules[name], src, dst)
+        return determinize_calls(nfa, src, dst, MAX_RULE_STATES)
 
 
-def _trim(dfas: dict[str, DFA], start: str) -> dict[str, DFA]:
-    """Drop transitions and calls that cannot lead to the end of their rule."""
-    productive: set[str] = set()
+def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[str, CallDFA]:
+    """Drop the calls that cannot lead to the end of their rule; `productive`: terminals matching
+    something (terminal DFAs are already trimmed)."""
+    productive = set(productive)
     while True:
-        live = {name: _live(dfa, productive) for name, dfa in dfas.items()}
+        live = {name: _live(rule, productive) for name, rule in rules.items()}
         now = {name for name, states in live.items() if states[0]}
-        if now == productive:
+        if now <= productive:
             break
-        productive = now
+        productive |= now
     if start not in productive:
         raise GrammarError("the grammar matches no string at all")
     out = {}
-    for name, dfa in dfas.items():
+    for name, rule in rules.items():
         ok = live[name]
-        trans = np.where((dfa.trans >= 0) & np.append(ok, False)[dfa.trans], dfa.trans, -1).astype(np.int32)
-        calls = [
-            tuple((lab, t) for lab, t in (dfa.calls[s] if dfa.calls else ()) if lab in productive and ok[t])
-            for s in range(dfa.num_states)
-        ]
-        out[name] = DFA(trans, dfa.accept & ok, calls)
+        calls = [tuple((lab, t) for lab, t in rule.calls[s] if lab in productive and ok[t])
+                 for s in range(rule.num_states)]
+        out[name] = CallDFA([acc and ok[s] for s, acc in enumerate(rule.accept)], calls)
     return out
 
 
-def _live(dfa: DFA, productive: set[str]) -> np.ndarray:
-    """States that can reach the end of their rule through bytes and calls of productive rules."""
-    extra = [(s, t) for s in range(dfa.num_states) for lab, t in (dfa.calls[s] if dfa.calls else ()) if lab in productive]
-    if not extra:
-        return live_states(dfa.trans, dfa.accept)
-    trans = dfa.trans
-    # a call edge behaves like a transition to its return state: append it as an extra column
-    column = np.full((dfa.num_states, 1), -1, np.int32)
-    columns = []
-    for s, t in extra:
-        for col in columns:
-            if col[s, 0] < 0:
-                col[s, 0] = t
-                break
-        else:
-            col = column.copy()
-            col[s, 0] = t
-            columns.append(col)
-    return live_states(np.concatenate([trans] + columns, axis=1), dfa.accept)
+def _live(rule: CallDFA, productive: set[str]) -> list[bool]:
+    """States that can reach the end of their rule through calls of productive rules."""
+    preds: list[list[int]] = [[] for _ in range(rule.num_states)]
+    for s, calls in enumerate(rule.calls):
+        for lab, t in calls:
+            if lab in productive:
+                preds[t].append(s)
+    live = list(rule.accept)
+    todo = [s for s, acc in enumerate(live) if acc]
+    while todo:
+        for p in preds[todo.pop()]:
+            if not live[p]:
+                live[p] = True
+                todo.append(p)
+    return live
 
 
-def _check_left_recursion(dfas: dict[str, DFA]) -> None:
+def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str]) -> None:
     """Refuse rules that can call themselves before consuming a byte."""
-    nullable: set[str] = set()
+    nullable = set(nullable_terminals)
     while True:
-        now = {name for name, dfa in dfas.items() if _reaches_accept_without_bytes(dfa, nullable)}
-        if now == nullable:
+        now = {name for name, rule in rules.items() if _reaches_accept_without_bytes(rule, nullable)}
+        if now <= nullable:
             break
-        nullable = now
+        nullable |= now
     first_calls = {}
-    for name, dfa in dfas.items():
+    for name, rule in rules.items():
         seen, todo, callees = {0}, [0], set()
         while todo:
             s = todo.pop()
-            for lab, t in dfa.calls[s] if dfa.calls else ():
-                callees.add(lab)
+            for lab, t in rule.calls[s]:
+                if lab in rules:
+                    callees.add(lab)
                 if lab in nullable and t not in seen:
                     seen.add(t)
                     todo.append(t)
         first_calls[name] = callees
-    for name in dfas:
+    for name in rules:
         seen, todo = set(), [name]
         while todo:
             for callee in first_calls[todo.pop()]:
@@ -330,13 +317,13 @@ def _check_left_recursion(dfas: dict[str, DFA]) -> None:
                     todo.append(callee)
 
 
-def _reaches_accept_without_bytes(dfa: DFA, nullable: set[str]) -> bool:
+def _reaches_accept_without_bytes(rule: CallDFA, nullable: set[str]) -> bool:
     seen, todo = {0}, [0]
     while todo:
         s = todo.pop()
-        if dfa.accept[s]:
+        if rule.accept[s]:
             return True
-        for lab, t in dfa.calls[s] if dfa.calls else ():
+        for lab, t in rule.calls[s]:
             if lab in nullable and t not in seen:
                 seen.add(t)
                 todo.append(t)
@@ -348,36 +335,46 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     compiler = _Compiler(grammar)
     names = [grammar.start] + sorted(compiler.recursive - {grammar.start})
     try:
-        dfas = {name: compiler.rule_dfa(name) for name in names}
-        names += list(compiler.terminal_rules)
-        dfas.update(compiler.terminal_rules)
+        rules = {name: compiler.rule_dfa(name) for name in names}
     except BudgetExceeded as e:
         raise GrammarError(f"grammar too large to compile ({e})") from None
     except RecursionError:
         raise GrammarError("grammar nested too deeply to compile") from None
-    dfas = _trim(dfas, grammar.start)
-    _check_left_recursion(dfas)
+    terminals = compiler.terminal_rules
+    rules = _trim(rules, {lab for lab, dfa in terminals.items() if dfa.accept.any()}, grammar.start)
+    _check_left_recursion(rules, {lab for lab, dfa in terminals.items() if dfa.accept[0]})
+    # structural states first (they consume no bytes), then each terminal DFA
     offsets, total = {}, 0
-    for name in names:
+    for name, part in [*rules.items(), *terminals.items()]:
         offsets[name] = total
-        total += dfas[name].num_states
-    trans = np.concatenate([np.where(d.trans >= 0, d.trans + offsets[n], -1) for n, d in dfas.items()]).astype(np.int32)
-    accept = np.concatenate([d.accept for d in dfas.values()])
+        total += part.num_states
+    first_terminal = offsets[next(iter(terminals))] if terminals else total
+    trans = np.full((total, 256), -1, np.int32)
+    for label, dfa in terminals.items():
+        first = offsets[label]
+        trans[first : first + dfa.num_states] = np.where(dfa.trans >= 0, dfa.trans + first, -1)
+    accept = np.zeros(total, bool)
+    for name, rule in rules.items():
+        accept[offsets[name] : offsets[name] + rule.num_states] = rule.accept
+    for label, dfa in terminals.items():
+        accept[offsets[label] : offsets[label] + dfa.num_states] = dfa.accept
     call_ptr, callee, ret = [0], [], []
-    for name, dfa in dfas.items():
-        for s in range(dfa.num_states):
-            for lab, t in dfa.calls[s] if dfa.calls else ():
+    for name, rule in rules.items():
+        for calls in rule.calls:
+            for lab, t in calls:
                 callee.append(offsets[lab])
                 ret.append(t + offsets[name])
             call_ptr.append(len(callee))
+    call_ptr += [len(callee)] * (total - first_terminal)
+    has_out = np.zeros(total, bool)
+    has_out[first_terminal:] = (trans[first_terminal:] >= 0).any(axis=1)
     return Automaton(
         trans=trans,
         accept=accept,
         call_ptr=np.array(call_ptr, np.int32),
         call_callee=np.array(callee, np.int32),
         call_ret=np.array(ret, np.int32),
-        has_out=(trans >= 0).any(axis=1),
+        has_out=has_out,
         start=offsets[grammar.start],
-        terminals=tuple((offsets[label], dfa) for label, dfa in compiler.terminal_rules.items()),
+        terminals=tuple((offsets[label], dfa) for label, dfa in terminals.items()),
     )
-

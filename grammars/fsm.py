@@ -1,14 +1,14 @@
-"""Byte automata: an NFA builder, subset construction, trimming, minimisation, products.
+"""Automata: an NFA builder, subset construction, trimming, minimisation, products.
 
 A DFA here is a dense table `trans[state, byte]` (-1: no transition) with an
-`accept` flag per state, start state 0.  Rule automata of the grammar runtime
-also carry call edges (`calls[state]`: (label, target) pairs), which subset
-construction treats as extra alphabet symbols.
+`accept` flag per state, start state 0.  The structure of grammar rules is an
+automaton over *call edges* only ((label, target) pairs, see `CallDFA`), built
+with the same NFA builder and its own subset construction.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -24,11 +24,41 @@ class DFA:
 
     trans: np.ndarray  # int32 [n, 256]
     accept: np.ndarray  # bool [n]
-    calls: list[tuple[tuple[object, int], ...]] = field(default_factory=list)
 
     @property
     def num_states(self) -> int:
         return len(self.accept)
+
+    @property
+    def has_out(self) -> np.ndarray:
+        """Per state, whether some byte transition leaves it (cached)."""
+        cached = self.__dict__.get("_has_out")
+        if cached is None:
+            cached = self.__dict__["_has_out"] = (self.trans >= 0).any(axis=1)
+        return cached
+
+    def signature(self, state: int, limit: int = 256) -> bytes | None:
+        """The automaton reachable from `state`, canonically numbered, as bytes (cached): equal
+        signatures mean equal languages from there on, whatever DFA they sit in.  None when more
+        than `limit` states are reachable."""
+        cache = self.__dict__.setdefault("_signatures", {})
+        if state not in cache:
+            ranges = self.ranges()
+            order = {state: 0}
+            queue = [state]
+            for s in queue:
+                for _, _, t in ranges[s]:
+                    if t not in order:
+                        if len(order) >= limit:
+                            cache[state] = None
+                            return None
+                        order[t] = len(order)
+                        queue.append(t)
+            old = np.array(queue, np.int64)
+            remap = np.full(self.num_states + 1, -1, np.int32)
+            remap[old] = np.arange(len(old), dtype=np.int32)
+            cache[state] = remap[self.trans[old]].tobytes() + self.accept[old].tobytes()
+        return cache[state]
 
     def ranges(self) -> list[list[tuple[int, int, int]]]:
         """Per state, the maximal byte ranges (lo, hi, target) of its transitions (cached)."""
@@ -36,6 +66,18 @@ class DFA:
         if cached is None:
             cached = self.__dict__["_ranges"] = [_row_ranges(row) for row in self.trans]
         return cached
+
+
+@dataclass(eq=False)
+class CallDFA:
+    """A deterministic automaton whose only transitions are call edges; start state 0."""
+
+    accept: list[bool]
+    calls: list[tuple[tuple[object, int], ...]]  # per state: (label, target) pairs, labels distinct
+
+    @property
+    def num_states(self) -> int:
+        return len(self.accept)
 
 
 class NFA:
@@ -66,7 +108,7 @@ class NFA:
         self.calls[src].append((label, dst))
 
     def embed(self, dfa: DFA, src: int, dst: int) -> None:
-        """Splice a copy of `dfa` between nodes src and dst (calls are not copied)."""
+        """Splice a copy of `dfa` between nodes src and dst."""
         n = dfa.num_states
         first = len(self.edges)
         if first + n > self.budget:
@@ -90,38 +132,40 @@ def _row_ranges(row: np.ndarray) -> list[tuple[int, int, int]]:
     return out
 
 
-def determinize(nfa: NFA, start: int, final: int, max_states: int) -> DFA:
-    """Subset construction from `start`; DFA states containing `final` accept."""
-    closures: dict[frozenset, frozenset] = {}
+class _Closures:
+    """Epsilon closures of node sets, memoised."""
 
-    def closure(nodes) -> frozenset:
+    def __init__(self, nfa: NFA):
+        self.eps = nfa.eps
+        self.memo: dict[frozenset, frozenset] = {}
+
+    def __call__(self, nodes) -> frozenset:
         key = frozenset(nodes)
-        hit = closures.get(key)
+        hit = self.memo.get(key)
         if hit is not None:
             return hit
         seen, todo = set(key), list(key)
         while todo:
-            for t in nfa.eps[todo.pop()]:
+            for t in self.eps[todo.pop()]:
                 if t not in seen:
                     seen.add(t)
                     todo.append(t)
-        closures[key] = result = frozenset(seen)
+        self.memo[key] = result = frozenset(seen)
         return result
 
+
+def determinize(nfa: NFA, start: int, final: int, max_states: int) -> DFA:
+    """Subset construction over bytes from `start`; DFA states containing `final` accept."""
+    closure = _Closures(nfa)
     first = closure([start])
     index = {first: 0}
     sets = [first]
     rows: list[np.ndarray] = []
-    calls: list[tuple[tuple[object, int], ...]] = []
     i = 0
     while i < len(sets):
         current = sets[i]
         i += 1
         edges = [e for n in current for e in nfa.edges[n]]
-        by_label: dict[object, set[int]] = {}
-        for n in current:
-            for label, t in nfa.calls[n]:
-                by_label.setdefault(label, set()).add(t)
         row = np.full(256, -1, np.int32)
         # split the byte range at every edge boundary; each piece has one target set
         points = sorted({p for lo, hi, _ in edges for p in (lo, hi + 1)})
@@ -130,10 +174,28 @@ def determinize(nfa: NFA, start: int, final: int, max_states: int) -> DFA:
             if targets:
                 row[a:b] = _intern(closure(targets), index, sets, max_states)
         rows.append(row)
-        calls.append(tuple((lab, _intern(closure(ts), index, sets, max_states)) for lab, ts in by_label.items()))
     trans = np.stack(rows) if rows else np.zeros((0, 256), np.int32)
     accept = np.array([final in s for s in sets], bool)
-    return DFA(trans, accept, calls if any(calls) else [])
+    return DFA(trans, accept)
+
+
+def determinize_calls(nfa: NFA, start: int, final: int, max_states: int) -> CallDFA:
+    """Subset construction over the call labels of an NFA without byte edges."""
+    closure = _Closures(nfa)
+    first = closure([start])
+    index = {first: 0}
+    sets = [first]
+    calls: list[tuple[tuple[object, int], ...]] = []
+    i = 0
+    while i < len(sets):
+        current = sets[i]
+        i += 1
+        by_label: dict[object, set[int]] = {}
+        for n in current:
+            for label, t in nfa.calls[n]:
+                by_label.setdefault(label, set()).add(t)
+        calls.append(tuple((lab, _intern(closure(ts), index, sets, max_states)) for lab, ts in by_label.items()))
+    return CallDFA([final in s for s in sets], calls)
 
 
 def _intern(state: frozenset, index: dict, sets: list, max_states: int) -> int:
@@ -214,31 +276,46 @@ def _reachable(dfa: DFA) -> DFA:
 
 
 def product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
-    """Intersection (keep_b=True) or difference a minus b (keep_b=False) of two call-free DFAs."""
+    """Intersection (keep_b=True) or difference a minus b (keep_b=False) of two DFAs."""
     index = {(0, 0): 0}
     pairs = [(0, 0)]
     rows = []
+    width = b.num_states + 1
+    dead = np.full(256, -1, np.int32)
     i = 0
     while i < len(pairs):
         sa, sb = pairs[i]
         i += 1
-        row = np.full(256, -1, np.int32)
         ta = a.trans[sa]
-        tb = b.trans[sb] if sb >= 0 else np.full(256, -1, np.int32)
-        for byte in np.flatnonzero(ta >= 0).tolist():
-            nb = int(tb[byte])
-            if keep_b and nb < 0:
+        tb = b.trans[sb] if sb >= 0 else dead
+        live = (ta >= 0) & (tb >= 0) if keep_b else ta >= 0
+        # one code per target pair; a row has few distinct ones, so intern those, not each byte
+        codes = np.where(live, ta.astype(np.int64) * width + tb + 1, -1)
+        uniq, inverse = np.unique(codes, return_inverse=True)
+        ids = np.empty(len(uniq), np.int32)
+        for k, code in enumerate(uniq.tolist()):
+            if code < 0:
+                ids[k] = -1
                 continue
-            key = (int(ta[byte]), nb)
+            key = (code // width, code % width - 1)
             sid = index.get(key)
             if sid is None:
                 if len(pairs) >= max_states:
                     raise BudgetExceeded(f"more than {max_states} automaton states")
                 sid = index[key] = len(pairs)
                 pairs.append(key)
-            row[byte] = sid
-        rows.append(row)
+            ids[k] = sid
+        rows.append(ids[inverse.reshape(-1)])
     acc_b = np.array([sb >= 0 and bool(b.accept[sb]) for _, sb in pairs])
     acc_a = a.accept[[sa for sa, _ in pairs]]
     accept = acc_a & (acc_b if keep_b else ~acc_b)
     return minimize(DFA(np.stack(rows), accept))
+
+
+def union(dfas: list[DFA], max_states: int) -> DFA:
+    """The minimal DFA of the union of `dfas`."""
+    nfa = NFA(max_states * 4)
+    src, dst = nfa.node(), nfa.node()
+    for dfa in dfas:
+        nfa.embed(dfa, src, dst)
+    return minimize(determinize(nfa, src, dst, max_states))

@@ -1,0 +1,70 @@
+"""Shared terminal automata: reuse across grammars, and structure that must not blow up token walks."""
+
+import json
+
+import jsonschema
+import numpy as np
+import tokenizers_util as tu
+
+from leapgen.grammars import compile_json_schema, compile_lark, ir
+from leapgen.grammars.automaton import compile_automaton
+
+
+def _accepts(grammar, tokenizer, text: str) -> bool:
+    matcher = grammar.matcher()
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.is_token_allowed(token):
+            return False
+        matcher.advance(token)
+    return tokenizer.eos_token_id in matcher.allowed_token_ids()
+
+
+def test_equal_terminals_are_one_dfa_in_every_grammar():
+    # token walks are cached per terminal DFA object, so equal terminals must be the same object
+    a = compile_automaton(ir.Grammar({"start": ir.Seq((ir.Lit("x="), ir.Terminal("[0-9]+")))}))
+    b = compile_automaton(ir.Grammar({"start": ir.Choice((ir.Terminal("[0-9]+"), ir.Lit("none")))}))
+    digits_a = [dfa for _, dfa in a.terminals if dfa.num_states == 2]
+    digits_b = [dfa for _, dfa in b.terminals if dfa.num_states == 2]
+    assert digits_a and digits_a[0] is digits_b[0]
+
+
+def test_terminal_states_with_equal_futures_have_equal_signatures():
+    a = compile_automaton(ir.Grammar({"start": ir.Terminal(r'x"[^"]*"')}))
+    b = compile_automaton(ir.Grammar({"start": ir.Terminal(r'"[^"]*"')}))
+    (_, dfa_a), (_, dfa_b) = a.terminals[0], b.terminals[0]
+
+    def after(dfa, text: bytes) -> int:
+        s = 0
+        for byte in text:
+            s = int(dfa.trans[s, byte])
+        return s
+
+    assert dfa_a.signature(after(dfa_a, b'x"yz')) == dfa_b.signature(after(dfa_b, b'"y'))
+    assert dfa_a.signature(after(dfa_a, b"x")) != dfa_b.signature(after(dfa_b, b'"'))
+
+
+def test_masks_inside_strings_do_not_leak_between_grammars():
+    # the second grammar reuses the first one's walks inside its string; the key exclusions differ
+    tok = tu.cl100k()
+    closed = {"type": "object", "properties": {"name": {"type": "string"}},
+              "additionalProperties": {"type": "integer"}}
+    other = {"type": "object", "properties": {"title": {"type": "string"}},
+             "additionalProperties": {"type": "integer"}}
+    g1, g2 = compile_json_schema(closed, tok), compile_json_schema(other, tok)
+    for schema, grammar in ((closed, g1), (other, g2)):
+        for instance in ({"name": "a b"}, {"title": "c"}, {"name": 1}, {"title": 2}, {"x": 3}, {"x": "y"}):
+            valid = jsonschema.Draft202012Validator(schema).is_valid(instance)
+            assert _accepts(grammar, tok, json.dumps(instance)) == valid, (schema, instance)
+
+
+def test_ignored_whitespace_loops_stay_cheap_on_long_space_tokens():
+    # `%ignore WS` repeats a terminal that may end after any space: as a call loop every split of a
+    # run of spaces would be a separate walk; as one terminal it is a single walk
+    grammar = compile_lark('start: "[" NUMBER ("," NUMBER)* "]"\n%import common.NUMBER\n'
+                           "%import common.WS\n%ignore WS\n", tu.cl100k())
+    tok = tu.cl100k()
+    text = "[1," + " " * 40 + "2 ,\n" + " " * 17 + "3]"
+    assert _accepts(grammar, tok, text)
+    assert not _accepts(grammar, tok, "[1," + " " * 40 + "]")
+    ids = grammar.matcher().allowed_token_ids()
+    assert len(ids) and np.all(np.diff(ids) > 0)
