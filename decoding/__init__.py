@@ -20,8 +20,11 @@ Processing order (`pipeline.default_processors`): constraint bitmask, logit_bias
 no_repeat_ngram, repetition penalty, frequency/presence penalties, per-request transformers
 processors (`params.logits_processors`), temperature, top-k + top-p, min-p, typical-p.  A stage no
 row uses is skipped; rows with different settings share one pass.  Greedy rows (temperature 0)
-take the argmax after the penalties.  Logprobs are the raw model's by default
-(`Sampler(logprobs_mode="processed")` for the sampled distribution); `prompt_logprobs()` for prompts.
+take the argmax after the penalties.  Sampled rows with top-k / top-p are warped and drawn on their
+best candidates (`candidates.py`: the same distribution without full-vocabulary passes); the others,
+and nuclei wider than `TopKTopP.candidates`, over the whole vocabulary.  Logprobs are the raw
+model's by default (`Sampler(logprobs_mode="processed")` for the sampled distribution);
+`prompt_logprobs()` for prompts.
 
 Beam search (num_beams > 1): run the request's live beams as rows; give `beams.step()` their
 next-token log-probs (`[len(beams.running), V]`, log_softmax of the processed logits); fork each new

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from leapgen.decoding.sampling_params import SamplingParams
@@ -167,13 +169,16 @@ class SamplingBatch:
 
     def _padded(self, id_lists: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         # Penalties then cost O(tokens in the rows), not O(batch * vocab).
-        width = max((len(ids) for ids in id_lists), default=0)
-        padded = torch.zeros((len(id_lists), width), dtype=torch.long)
-        valid = torch.zeros((len(id_lists), width), dtype=torch.bool)
-        for i, ids in enumerate(id_lists):
-            if len(ids):
-                padded[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-                valid[i, : len(ids)] = True
+        lengths = np.array([len(ids) for ids in id_lists], dtype=np.int64)
+        width = int(lengths.max(initial=0))
+        # One flat copy of every id: per-row tensor copies cost more than the ids themselves.
+        flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
+        present = np.arange(width) < lengths[:, None]
+        ids = np.zeros((len(id_lists), width), dtype=np.int64)
+        ids[present] = flat
+        padded, valid = torch.from_numpy(ids), torch.from_numpy(present)
+        if width == 0:
+            return padded.to(self.device), valid.to(self.device)
         # Ids beyond the logits (padded embeddings never generate them) are ignored like padding.
         valid &= padded < self.vocab_size
         # Padding repeats the row's first real id, so a scatter writing it back stays consistent.

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 
 from leapgen.decoding.batch import SamplingBatch
-from leapgen.decoding.candidates import candidate_rows, sample_from_candidates
+from leapgen.decoding.candidates import candidate_rows, sample_from_candidates, top_candidates
 from leapgen.decoding.pipeline import LogitsPipeline
 from leapgen.decoding.warpers import MinP, Temperature, TopKTopP, TypicalP
 
@@ -69,27 +69,29 @@ class Sampler:
         """Sample one token per row of `logits` [B, V] (any float dtype; the caller's tensor is not modified)."""
         num_logprobs = max((r.params.logprobs or 0) for r in batch.rows)
         wants_logprobs = any(r.params.logprobs is not None for r in batch.rows)
-        # The pipeline works in place: copy only when it will run.
-        logits = logits.to(torch.float32, copy=self.pipeline.is_active(batch))
-        raw_logprobs = logits.log_softmax(dim=-1) if wants_logprobs and self.logprobs_mode == "raw" else None
         head, warpers, window = _split_warpers(self.pipeline)
+        # Processors work in place: copy only when some stage before the warpers will run.
+        given = logits
+        logits = logits.to(torch.float32, copy=head.is_active(batch))
+        raw_logprobs = logits.log_softmax(dim=-1) if wants_logprobs and self.logprobs_mode == "raw" else None
         logits = head(logits, batch)
         processed = None
         if wants_logprobs and self.logprobs_mode == "processed":
             processed = warpers(logits.clone(), batch)
-        token_ids = self._choose(logits, processed, batch, warpers, window)
+        token_ids = self._choose(logits, logits is not given, processed, batch, warpers, window)
         if not wants_logprobs:
             return SamplerOutput(token_ids)
         source = raw_logprobs if raw_logprobs is not None else processed.log_softmax(dim=-1)
         chosen = source.gather(1, token_ids[:, None])[:, 0]
-        top_values, top_ids = source.topk(num_logprobs, dim=-1) if num_logprobs else (None, None)
+        top_values, top_ids = top_candidates(source, num_logprobs) if num_logprobs else (None, None)
         return SamplerOutput(token_ids, chosen, top_ids, top_values)
 
-    def _choose(self, logits: torch.Tensor, processed: torch.Tensor | None, batch: SamplingBatch,
+    def _choose(self, logits: torch.Tensor, owned: bool, processed: torch.Tensor | None, batch: SamplingBatch,
                 warpers: LogitsPipeline, window: int | None) -> torch.Tensor:
         """Argmax for greedy rows, candidate draws where they apply, full-vocabulary draws for the rest.
 
-        `logits` are processed up to the warpers; `processed` (when given) went through the warpers too.
+        `logits` are processed up to the warpers (`owned`: a copy the sampler may overwrite); `processed`,
+        when given, went through the warpers too.
         """
         if batch.all_greedy:
             return logits.argmax(dim=-1)
@@ -97,7 +99,7 @@ class Sampler:
         token_ids = torch.zeros(batch.size, dtype=torch.long, device=logits.device)
         greedy = batch.greedy.nonzero()[:, 0]
         if greedy.numel():
-            token_ids[greedy] = logits.index_select(0, greedy).argmax(dim=-1)
+            token_ids[greedy] = logits[greedy].argmax(dim=-1)
         full = [i for i, row in enumerate(batch.rows) if not row.params.greedy]
         if window is not None:
             rows = candidate_rows(batch, window)
@@ -107,13 +109,14 @@ class Sampler:
                 token_ids[done] = draw.token_ids[draw.covered]
                 full = sorted(set(full) - set(done))
         if full:
-            if processed is None:
-                # In place is safe once nothing else reads `logits`: only when these rows are the whole batch.
-                rows_logits = logits if len(full) == batch.size else logits[full]
-                processed_rows = warpers(rows_logits, batch if len(full) == batch.size else batch.subset(full))
-            else:
+            if processed is not None:
                 processed_rows = processed[full]
-            token_ids[full] = _inverse_cdf(processed_rows, uniform[full])
+            elif len(full) == batch.size:
+                # Nothing reads `logits` after this, so the warpers may overwrite the sampler's own copy.
+                processed_rows = warpers(logits if owned else logits.clone(), batch)
+            else:
+                processed_rows = warpers(logits[full], batch.subset(full))
+            token_ids[full] = _inverse_cdf(processed_rows, uniform[full], full)
         return token_ids
 
     def _uniform(self, batch: SamplingBatch, device: torch.device) -> torch.Tensor:
@@ -133,8 +136,11 @@ class Sampler:
 
 
 def _split_warpers(pipeline: LogitsPipeline) -> tuple[LogitsPipeline, LogitsPipeline, int | None]:
-    """(stages before the warpers, the warpers, candidate window); window None when the pipeline does not end
-    with the standard warpers, whose semantics the candidate path reproduces."""
+    """(stages before the warpers, the warpers, the candidate window).
+
+    The candidate path stands in for exactly the standard warper tail; a pipeline that does not end
+    with it gets window None and every sampled row goes through its own processors.
+    """
     processors = pipeline.processors
     tail = processors[-len(_WARPERS):]
     if len(tail) == len(_WARPERS) and all(type(p) is kind for p, kind in zip(tail, _WARPERS)):
@@ -142,12 +148,19 @@ def _split_warpers(pipeline: LogitsPipeline) -> tuple[LogitsPipeline, LogitsPipe
     return pipeline, LogitsPipeline([]), None
 
 
-def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Token at `uniform` [R] of each row's CDF over the vocabulary in id order (float64, exact up to rounding)."""
+def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Token at `uniform` [R] of each row's CDF over the vocabulary in id order (float64, exact up to rounding).
+
+    `rows` are the batch rows of `logits`, for the error raised when a row has no token left to sample.
+    """
     # Searching to the right of a flat step lands on the token that makes the step, so a zero-probability
     # token is never picked; the target stays below the total for the same reason.
     cumulative = logits.softmax(dim=-1).double().cumsum_(dim=-1)
     total = cumulative[:, -1:]
+    bad = (~total.isfinite())[:, 0].nonzero()[:, 0].tolist()
+    if bad:
+        raise ValueError(f"batch rows {[rows[i] for i in bad]}: no token can be sampled "
+                         "(every logit is -inf after processing, or the logits hold NaN)")
     target = torch.minimum(uniform[:, None] * total, total.nextafter(torch.zeros_like(total)))
     return torch.searchsorted(cumulative, target, right=True)[:, 0]
 

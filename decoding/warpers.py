@@ -58,8 +58,9 @@ class TopKTopP:
         log_total = torch.where(limited, masked.logsumexp(dim=-1), logits.logsumexp(dim=-1))
         probs = (masked - log_total[:, None]).exp_()
         cumulative = probs.cumsum(dim=-1)
-        # A token stays while the mass strictly above it is below top_p (transformers' rule, read from the top).
-        last = ((cumulative - probs) < top_p[:, None]).sum(dim=-1, keepdim=True) - 1
+        # A token stays while the mass strictly above it is below top_p (transformers' rule, read from the top);
+        # a row without finite logits has NaN mass and keeps its -inf.
+        last = (((cumulative - probs) < top_p[:, None]).sum(dim=-1, keepdim=True) - 1).clamp_(min=0)
         threshold = torch.where((top_p < 1)[:, None], values.gather(1, last), kth)
         wide = (top_p < 1) & ~limited & (cumulative[:, -1] < top_p)    # nucleus reaches past the candidates
         logits.masked_fill_(logits < threshold.masked_fill_(wide[:, None], _NEG_INF), _NEG_INF)

@@ -196,3 +196,11 @@ def test_top_k_top_p_past_the_candidate_window_matches_transformers():
     torch.testing.assert_close(got, expected)
     kept = torch.isfinite(got).sum(dim=1).tolist()
     assert kept[0] > 16 and kept[2] < 16 and kept[4] == VOCAB
+
+
+def test_penalties_on_the_first_step_before_any_history():
+    # The first decode step has no generated ids (and a row may have no prompt ids either).
+    rows = [SamplingRow(SamplingParams(frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.4), [], []),
+            SamplingRow(SamplingParams(frequency_penalty=0.5), [3, 4], [])]
+    logits = random_logits(2, 13)
+    torch.testing.assert_close(run(rows, logits), logits)    # nothing seen yet, nothing penalised
