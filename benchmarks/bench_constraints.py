@@ -126,7 +126,7 @@ class OutlinesCore:
         eos = tokenizer.eos_token_id
         tokens: dict[bytes, list[int]] = {}
         for i, b in enumerate(vocab.token_bytes):
-            if b and i not in vocab.eos_ids and i not in vocab.special_ids:
+            if b and i not in vocab.eos_ids:        # special tokens have no bytes
                 tokens.setdefault(b, []).append(i)
         self.vocab = outlines_core.Vocabulary(eos, tokens)
         self.buf = np.zeros((len(tokenizer) + 31) // 32, np.int32)
