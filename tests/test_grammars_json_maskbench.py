@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from leapgen.grammars import UnsupportedSchemaError, compile_json_schema
-from tokenizers_util import cl100k
+from tokenizers_util import accepts, cl100k
 
 MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 SUBSETS = ("Github_easy", "Github_medium", "Glaiveai2K")
@@ -33,15 +33,6 @@ def _sample() -> list[Path]:
         files = [p for p in sorted((MASKBENCH / subset).glob("*.json")) if json.loads(p.read_text())["tests"]]
         out += files[::11][:PER_SUBSET]
     return out
-
-
-def _accepts(grammar, tokenizer, text: str) -> bool:
-    matcher = grammar.matcher()
-    for token in tokenizer.encode(text, add_special_tokens=False):
-        if not matcher.is_token_allowed(token):
-            return False
-        matcher.advance(token)
-    return tokenizer.eos_token_id in matcher.allowed_token_ids()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +53,7 @@ def test_maskbench_sample_valid_accepted_invalid_refused(compiled):
     wrong = []
     for path, doc, grammar in grammars:
         for case in doc["tests"]:
-            if _accepts(grammar, tokenizer, json.dumps(case["data"], ensure_ascii=False)) != case["valid"]:
+            if accepts(grammar, tokenizer, json.dumps(case["data"], ensure_ascii=False)) != case["valid"]:
                 wrong.append((path.name, case["valid"], case["description"]))
     invalid_accepted = [w for w in wrong if not w[1]]
     assert not invalid_accepted, invalid_accepted

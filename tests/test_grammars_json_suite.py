@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
-from tokenizers_util import byte_level_bpe
+from tokenizers_util import accepts, byte_level_bpe
 
 SUITE = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"
 # Measured: 191 cases pass outside DEVIATIONS; the others are refused as unsupported (none fail).
@@ -29,15 +29,6 @@ DEVIATIONS = {
 }
 
 pytestmark = pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON-Schema-Test-Suite not found at {SUITE}")
-
-
-def _accepts(grammar, tokenizer, text: str) -> bool:
-    matcher = grammar.matcher()
-    for token in tokenizer.encode(text, add_special_tokens=False):
-        if not matcher.is_token_allowed(token):
-            return False
-        matcher.advance(token)
-    return tokenizer.eos_token_id in matcher.allowed_token_ids()
 
 
 def _cases():
@@ -64,7 +55,7 @@ def test_suite_passing_cases_do_not_regress():
                 passed += 1
             continue
         wrong = [t["description"] for t in case["tests"]
-                 if _accepts(grammar, tokenizer, json.dumps(t["data"], ensure_ascii=False)) != t["valid"]]
+                 if accepts(grammar, tokenizer, json.dumps(t["data"], ensure_ascii=False)) != t["valid"]]
         if wrong:
             failures.append((keyword, case["description"], wrong))
         else:

@@ -5,18 +5,10 @@ import json
 import jsonschema
 import numpy as np
 import tokenizers_util as tu
+from tokenizers_util import accepts
 
 from leapgen.grammars import compile_json_schema, compile_lark, ir
 from leapgen.grammars.automaton import compile_automaton
-
-
-def _accepts(grammar, tokenizer, text: str) -> bool:
-    matcher = grammar.matcher()
-    for token in tokenizer.encode(text, add_special_tokens=False):
-        if not matcher.is_token_allowed(token):
-            return False
-        matcher.advance(token)
-    return tokenizer.eos_token_id in matcher.allowed_token_ids()
 
 
 def test_equal_terminals_are_one_dfa_in_every_grammar():
@@ -54,7 +46,7 @@ def test_masks_inside_strings_do_not_leak_between_grammars():
     for schema, grammar in ((closed, g1), (other, g2)):
         for instance in ({"name": "a b"}, {"title": "c"}, {"name": 1}, {"title": 2}, {"x": 3}, {"x": "y"}):
             valid = jsonschema.Draft202012Validator(schema).is_valid(instance)
-            assert _accepts(grammar, tok, json.dumps(instance)) == valid, (schema, instance)
+            assert accepts(grammar, tok, json.dumps(instance)) == valid, (schema, instance)
 
 
 def test_ignored_whitespace_loops_stay_cheap_on_long_space_tokens():
@@ -64,7 +56,7 @@ def test_ignored_whitespace_loops_stay_cheap_on_long_space_tokens():
                            "%import common.WS\n%ignore WS\n", tu.cl100k())
     tok = tu.cl100k()
     text = "[1," + " " * 40 + "2 ,\n" + " " * 17 + "3]"
-    assert _accepts(grammar, tok, text)
-    assert not _accepts(grammar, tok, "[1," + " " * 40 + "]")
+    assert accepts(grammar, tok, text)
+    assert not accepts(grammar, tok, "[1," + " " * 40 + "]")
     ids = grammar.matcher().allowed_token_ids()
     assert len(ids) and np.all(np.diff(ids) > 0)

@@ -187,3 +187,13 @@ def random_walk(matcher, vocab, rng: random.Random, max_tokens: int = 40, stop_p
         matcher.advance(tid)
         out.append(vocab.token_bytes[tid])
     return None
+
+
+def accepts(grammar, tokenizer, text: str) -> bool:
+    """True when `text`, tokenized by `tokenizer`, is accepted token by token and ends complete (eos allowed)."""
+    matcher = grammar.matcher()
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.is_token_allowed(token):
+            return False
+        matcher.advance(token)
+    return tokenizer.eos_token_id in matcher.allowed_token_ids()
