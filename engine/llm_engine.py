@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence as Seq
 
 import numpy as np
@@ -23,7 +22,7 @@ from leapgen.decoding.sampler import Sampler, prompt_logprobs, request_generator
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.stop import StopChecker
 from leapgen.engine.block_manager import BlockManager
-from leapgen.engine.loader import LoadedModel, load_model
+from leapgen.engine.loader import LoadedModel
 from leapgen.engine.model_runner import FallbackRunner, PagedModelRunner, cache_block_bytes
 from leapgen.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from leapgen.engine.scheduler import Scheduler
@@ -143,12 +142,6 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self.num_steps = 0                       # forward passes
         self.num_forced_tokens = 0               # tokens appended by forced-token jumps, without sampling
-
-    @classmethod
-    def from_path(cls, path: str | Path, dtype: str | torch.dtype = "auto", device: str = "cpu",
-                  **config: Any) -> LLMEngine:
-        """Load a checkpoint directory or `.gguf` file and build an engine around it."""
-        return cls(load_model(path, dtype, device), EngineConfig(**config))
 
     @property
     def has_unfinished(self) -> bool:

@@ -297,14 +297,7 @@ def product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
             if code < 0:
                 ids[k] = -1
                 continue
-            key = (code // width, code % width - 1)
-            sid = index.get(key)
-            if sid is None:
-                if len(pairs) >= max_states:
-                    raise BudgetExceeded(f"more than {max_states} automaton states")
-                sid = index[key] = len(pairs)
-                pairs.append(key)
-            ids[k] = sid
+            ids[k] = _intern((code // width, code % width - 1), index, pairs, max_states)
         rows.append(ids[inverse.reshape(-1)])
     acc_b = np.array([sb >= 0 and bool(b.accept[sb]) for _, sb in pairs])
     acc_a = a.accept[[sa for sa, _ in pairs]]

@@ -19,9 +19,9 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 from .errors import UnsupportedSchemaError
+from .regex import complement_ranges, normalize_ranges
 
 MAX_CODE_POINT = 0x10FFFF
-_SURROGATES = (0xD800, 0xDFFF)
 
 # Intervals of code points (inclusive, sorted, disjoint).
 CharSet = tuple[tuple[int, int], ...]
@@ -61,52 +61,17 @@ def _class_char(cp: int) -> str:
     return ch
 
 
-def _normalize(intervals) -> CharSet:
-    """Sort and merge intervals, dropping surrogates (not encodable in UTF-8)."""
-    cut = []
-    for lo, hi in intervals:
-        if lo > hi:
-            continue
-        if lo <= _SURROGATES[1] and hi >= _SURROGATES[0]:
-            if lo < _SURROGATES[0]:
-                cut.append((lo, _SURROGATES[0] - 1))
-            if hi > _SURROGATES[1]:
-                cut.append((_SURROGATES[1] + 1, hi))
-        else:
-            cut.append((lo, hi))
-    cut.sort()
-    merged: list[tuple[int, int]] = []
-    for lo, hi in cut:
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return tuple(merged)
-
-
-def complement(cs: CharSet) -> CharSet:
-    """All code points (surrogates excluded) not in `cs`."""
-    out, nxt = [], 0
-    for lo, hi in cs:
-        if lo > nxt:
-            out.append((nxt, lo - 1))
-        nxt = hi + 1
-    if nxt <= MAX_CODE_POINT:
-        out.append((nxt, MAX_CODE_POINT))
-    return _normalize(out)
-
-
 def _subtract(cs: CharSet, remove: CharSet) -> CharSet:
-    keep = complement(remove)
+    keep = complement_ranges(remove)
     out = []
     for lo, hi in cs:
         for klo, khi in keep:
             if klo <= hi and khi >= lo:
                 out.append((max(lo, klo), min(hi, khi)))
-    return _normalize(out)
+    return normalize_ranges(out)
 
 
-_SPECIAL: CharSet = _normalize([(0, 0x1F), (ord('"'), ord('"')), (ord("\\"), ord("\\"))])
+_SPECIAL: CharSet = normalize_ranges([(0, 0x1F), (ord('"'), ord('"')), (ord("\\"), ord("\\"))])
 
 
 def encoded_class(cs: CharSet) -> str:
@@ -140,7 +105,7 @@ def encoded_class(cs: CharSet) -> str:
 
 ANY_CHAR: CharSet = ((0, MAX_CODE_POINT),)
 #: One encoded character of any JSON string.
-CHAR = encoded_class(_normalize(ANY_CHAR))
+CHAR = encoded_class(normalize_ranges(ANY_CHAR))
 
 
 def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
@@ -158,19 +123,19 @@ def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
 
 # ECMA-262 character classes (JSON Schema patterns are ECMA regexes).
 _DIGIT: CharSet = ((0x30, 0x39),)
-_WORD: CharSet = _normalize([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
-_SPACE: CharSet = _normalize(
+_WORD: CharSet = normalize_ranges([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
+_SPACE: CharSet = normalize_ranges(
     [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
      (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
 )
-_LINE_TERMINATORS: CharSet = _normalize([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
+_LINE_TERMINATORS: CharSet = normalize_ranges([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
 _CATEGORIES = {
     _c.CATEGORY_DIGIT: _DIGIT,
-    _c.CATEGORY_NOT_DIGIT: complement(_DIGIT),
+    _c.CATEGORY_NOT_DIGIT: complement_ranges(_DIGIT),
     _c.CATEGORY_WORD: _WORD,
-    _c.CATEGORY_NOT_WORD: complement(_WORD),
+    _c.CATEGORY_NOT_WORD: complement_ranges(_WORD),
     _c.CATEGORY_SPACE: _SPACE,
-    _c.CATEGORY_NOT_SPACE: complement(_SPACE),
+    _c.CATEGORY_NOT_SPACE: complement_ranges(_SPACE),
 }
 
 
@@ -198,8 +163,8 @@ class _Translator:
                 parts.extend(_CATEGORIES[av])
             else:
                 raise self.unsupported(f"class item {op}")
-        cs = _normalize(parts)
-        return complement(cs) if negate else cs
+        cs = normalize_ranges(parts)
+        return complement_ranges(cs) if negate else cs
 
     def seq(self, nodes) -> str:
         return "".join(self.node(op, av) for op, av in nodes)
@@ -208,9 +173,9 @@ class _Translator:
         if op is _c.LITERAL:
             return regex_escape(encode_char(chr(av)))
         if op is _c.NOT_LITERAL:
-            return encoded_class(complement(_normalize([(av, av)])))
+            return encoded_class(complement_ranges(normalize_ranges([(av, av)])))
         if op is _c.ANY:
-            return encoded_class(complement(_LINE_TERMINATORS))
+            return encoded_class(complement_ranges(_LINE_TERMINATORS))
         if op is _c.IN:
             return encoded_class(self.charset(av))
         if op is _c.BRANCH:

@@ -51,8 +51,8 @@ def _scan_class(class_regex: str, flags: int) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
-def _normalize(ranges) -> tuple[tuple[int, int], ...]:
-    """Sorted, merged ranges without surrogates."""
+def normalize_ranges(ranges) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged code-point ranges (inclusive) without surrogates."""
     out: list[list[int]] = []
     for lo, hi in sorted(ranges):
         for a, b in ((lo, min(hi, _SURROGATES[0] - 1)), (max(lo, _SURROGATES[1] + 1), hi)):
@@ -65,15 +65,16 @@ def _normalize(ranges) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in out)
 
 
-def _complement(ranges) -> tuple[tuple[int, int], ...]:
+def complement_ranges(ranges) -> tuple[tuple[int, int], ...]:
+    """Every code point (surrogates excluded) outside `ranges`."""
     out, nxt = [], 0
-    for lo, hi in _normalize(ranges):
+    for lo, hi in normalize_ranges(ranges):
         if lo > nxt:
             out.append((nxt, lo - 1))
         nxt = hi + 1
     if nxt <= _MAX_UNICODE:
         out.append((nxt, _MAX_UNICODE))
-    return _normalize(out)
+    return normalize_ranges(out)
 
 
 def _class_ranges(items, flags: int) -> tuple[tuple[int, int], ...]:
@@ -83,7 +84,7 @@ def _class_ranges(items, flags: int) -> tuple[tuple[int, int], ...]:
     simple = all(op in (C.LITERAL, C.RANGE) for op, _ in body)
     if simple and not flags & re.IGNORECASE:
         ranges = [(av, av) if op is C.LITERAL else av for op, av in body]
-        return _complement(ranges) if negate else _normalize(ranges)
+        return complement_ranges(ranges) if negate else normalize_ranges(ranges)
     parts = []
     for op, av in body:
         if op is C.LITERAL:
@@ -232,7 +233,7 @@ class _Builder:
             items = [(C.LITERAL, av)] if op is C.LITERAL else [(C.NEGATE, None), (C.LITERAL, av)]
             self.chars(_class_ranges(items, flags), src, dst)
         elif op is C.ANY:
-            self.chars(_ALL_RANGES if flags & re.DOTALL else _complement([(10, 10)]), src, dst)
+            self.chars(_ALL_RANGES if flags & re.DOTALL else complement_ranges([(10, 10)]), src, dst)
         elif op is C.IN:
             self.chars(_class_ranges(av, flags), src, dst)
         elif op is C.BRANCH:

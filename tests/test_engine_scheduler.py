@@ -20,18 +20,10 @@ from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.engine.block_manager import BlockManager
 from leapgen.engine.scheduler import Scheduler, SchedulerOutput
 from leapgen.engine.sequence import Sequence, SequenceStatus
+from test_engine_block_manager import prefix_keys
 
 VOCAB = 1000
 FORK_ID = 10_000       # children forked by the fake runner get the parent's id plus this
-
-
-def prefix_keys(token_ids: list[int]) -> list[int]:
-    """Key of every prefix: what the K/V at each position depend on."""
-    keys, key = [], 0
-    for token in token_ids:
-        key = hash((key, token))
-        keys.append(key)
-    return keys
 
 
 def forced_after(token: int, remaining: int) -> list[int]:
