@@ -119,14 +119,14 @@ class OutlinesCore:
 
     def __init__(self, tokenizer):
         import outlines_core
-        from leapgen.grammars import vocab_for
+        from leapgen.grammars import vocabulary_for
 
         self.oc = outlines_core
-        vocab = vocab_for(tokenizer)
+        vocabulary = vocabulary_for(tokenizer)
         eos = tokenizer.eos_token_id
         tokens: dict[bytes, list[int]] = {}
-        for i, b in enumerate(vocab.token_bytes):
-            if b and i not in vocab.eos_ids:        # special tokens have no bytes
+        for i, b in enumerate(vocabulary.token_bytes):
+            if b:        # special tokens and eos have no bytes
                 tokens.setdefault(b, []).append(i)
         self.vocab = outlines_core.Vocabulary(eos, tokens)
         self.buf = np.zeros((len(tokenizer) + 31) // 32, np.int32)

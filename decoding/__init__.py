@@ -2,7 +2,7 @@
 
 Per request (once, when it is admitted), the engine keeps on its Sequence:
     generator = request_generator(params.seed, sample_index, device) if params.seed is not None else None
-    detok     = IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens)
+    detok     = IncrementalDetokenizer(vocabulary, prompt_ids, params.skip_special_tokens)   # grammars.Vocabulary
     stopper   = StopChecker(params, eos_token_ids, detok)
     beams     = BeamSearch(params.num_beams, params.max_tokens, eos_ids, params.length_penalty,
                            params.early_stopping)                     # only when num_beams > 1
@@ -35,7 +35,7 @@ result is `beams.best(params.n)`.  Constraints for `transformers.generate`: `Gra
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
 from leapgen.decoding.beam_search import BeamSearch, BeamStep, Hypothesis
 from leapgen.decoding.bitmask import allocate_token_bitmask, apply_token_bitmask_
-from leapgen.decoding.detokenizer import IncrementalDetokenizer, token_bytes_table
+from leapgen.decoding.detokenizer import IncrementalDetokenizer
 from leapgen.decoding.hf_interop import GrammarLogitsProcessor
 from leapgen.decoding.pipeline import BatchLogitsProcessor, LogitsPipeline, default_processors
 from leapgen.decoding.sampler import PromptLogprobs, Sampler, SamplerOutput, prompt_logprobs, request_generator
@@ -46,5 +46,5 @@ __all__ = [
     "BatchLogitsProcessor", "BeamSearch", "BeamStep", "GrammarLogitsProcessor", "Hypothesis",
     "IncrementalDetokenizer", "LogitsPipeline", "PromptLogprobs", "Sampler", "SamplerOutput", "SamplingBatch",
     "SamplingParams", "SamplingRow", "StopChecker", "allocate_token_bitmask", "apply_token_bitmask_",
-    "default_processors", "prompt_logprobs", "request_generator", "token_bytes_table",
+    "default_processors", "prompt_logprobs", "request_generator",
 ]

@@ -66,6 +66,7 @@ class SamplingBatch:
     ngram_rows: list[tuple[int, int]] = field(default_factory=list)         # (row, ngram size)
     extra_rows: list[tuple[int, list[Any]]] = field(default_factory=list)  # (row, transformers-style processors)
     token_bitmask: torch.Tensor | None = None   # [B, ceil(V/32)] int32 allowed-token words (constraints)
+    row_errors: dict[int, Exception] = field(default_factory=dict)   # rows whose per-row user code failed
 
     @classmethod
     def build(

@@ -11,6 +11,10 @@ candidates continue.  A request is done when `early_stopping=True` and `num_beam
 finished, or when no running beam can beat the worst kept hypothesis: with `early_stopping=False`
 its best possible score is taken at the current length, with `"never"` (and length_penalty > 0)
 at max_tokens.
+
+Under a constraint (`complete_only`), a candidate cut by max_tokens is not a finished instance:
+it is kept apart and returned only when too few hypotheses ended with eos.  Candidates the
+constraint forbids (log-prob -inf) are never taken, so beams may be fewer than `num_beams`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ class BeamSearch:
     """Beam state of one request; `step` until `done`, then `best()`."""
 
     def __init__(self, num_beams: int, max_tokens: int, eos_token_ids: Sequence[int] = (),
-                 length_penalty: float = 1.0, early_stopping: bool | str = False):
+                 length_penalty: float = 1.0, early_stopping: bool | str = False, complete_only: bool = False):
         if num_beams < 1 or max_tokens < 1:
             raise ValueError(f"num_beams ({num_beams}) and max_tokens ({max_tokens}) must be >= 1")
         if early_stopping not in (True, False, "never"):
@@ -52,9 +56,11 @@ class BeamSearch:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.length_penalty = length_penalty
         self.early_stopping = early_stopping
+        self.complete_only = complete_only
         self.candidates_per_step = max(2, 1 + len(self.eos_token_ids)) * num_beams
         self.running: list[Hypothesis] = [Hypothesis([], 0.0)]
         self.finished: list[Hypothesis] = []      # best first, at most num_beams
+        self.truncated: list[Hypothesis] = []     # complete_only: cut by max_tokens, best first
         self.num_generated = 0
         self.done = False
 
@@ -72,11 +78,16 @@ class BeamSearch:
         at_limit = length >= self.max_tokens
         # Normalise in float32, like transformers, so near-ties between hypotheses resolve the same way.
         normalised = (values / length ** self.length_penalty).tolist()
-        parents, tokens, running, new_finished = [], [], [], []
+        parents, tokens, running, new_finished, new_truncated = [], [], [], [], []
         for rank, (value, flat) in enumerate(zip(values.tolist(), flat_ids.tolist())):
+            if value == float("-inf"):
+                break                                # forbidden, and so is every candidate after it
             parent, token = divmod(flat, vocab)
             ids = self.running[parent].token_ids + [token]
-            if at_limit or token in self.eos_token_ids:
+            if at_limit and self.complete_only and token not in self.eos_token_ids:
+                if rank < self.num_beams:
+                    new_truncated.append(Hypothesis(ids, normalised[rank]))
+            elif at_limit or token in self.eos_token_ids:
                 # Only the best num_beams candidates may finish; lower ones are just dropped.
                 if rank < self.num_beams:
                     new_finished.append(Hypothesis(ids, normalised[rank]))
@@ -84,15 +95,12 @@ class BeamSearch:
                 running.append(Hypothesis(ids, value))
                 parents.append(parent)
                 tokens.append(token)
-        self._keep_finished(new_finished)
+        self.finished = _best(self.finished + new_finished, self.num_beams)
+        self.truncated = _best(self.truncated + new_truncated, self.num_beams)
         self.running = running
         self.num_generated = length
         self.done = not running or self._cannot_improve()
         return BeamStep(parents, tokens, new_finished)
-
-    def _keep_finished(self, new: list[Hypothesis]) -> None:
-        # Stable sort: on equal scores the hypothesis finished earlier stays ahead.
-        self.finished = sorted(self.finished + new, key=lambda h: -h.score)[: self.num_beams]
 
     def _cannot_improve(self) -> bool:
         if len(self.finished) < self.num_beams:
@@ -112,4 +120,9 @@ class BeamSearch:
             raise RuntimeError("BeamSearch.best called before the search finished")
         if not 1 <= n <= self.num_beams:
             raise ValueError(f"n must be in [1, num_beams={self.num_beams}], got {n}")
-        return self.finished[:n]
+        return (self.finished + self.truncated)[:n]
+
+
+def _best(hypotheses: list[Hypothesis], k: int) -> list[Hypothesis]:
+    # Stable sort: on equal scores the hypothesis finished earlier stays ahead.
+    return sorted(hypotheses, key=lambda h: -h.score)[:k]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -10,12 +10,15 @@ from transformers import LogitsProcessor
 
 from leapgen.decoding.batch import SamplingBatch
 from leapgen.decoding.bitmask import apply_token_bitmask_, bitmask_words
+from leapgen.decoding.constraint import TokenConstraint, TokenMatcher
 
 
 class RequestProcessors:
     """Applies each row's `SamplingParams.logits_processors` (transformers-style `(input_ids, scores) -> scores`).
 
     Each processor sees only its own row: `input_ids` is `[1, L]` (prompt + output so far), `scores` `[1, V]`.
+    A processor that raises (or returns the wrong shape) fails its row alone: the error goes to
+    `batch.row_errors` and the row's logits stay as they were, so the other rows go on.
     """
 
     def is_active(self, batch: SamplingBatch) -> bool:
@@ -23,36 +26,23 @@ class RequestProcessors:
         return bool(batch.extra_rows)
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Row by row; a processor returning the wrong shape raises naming it."""
+        """Row by row."""
         for row, processors in batch.extra_rows:
-            input_ids = batch.row_token_ids(row)[None, :]
-            scores = logits[row: row + 1]
-            for processor in processors:
-                scores = processor(input_ids, scores)
-                if not isinstance(scores, torch.Tensor) or scores.shape != (1, logits.shape[1]):
-                    shape = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
-                    raise ValueError(
-                        f"row {row}: logits processor {processor!r} returned {shape}, expected (1, {logits.shape[1]})"
-                    )
-            logits[row] = scores[0]
+            try:
+                logits[row] = _run_processors(processors, batch.row_token_ids(row)[None, :], logits[row: row + 1])
+            except Exception as exc:
+                batch.row_errors[row] = exc
         return logits
 
 
-class Matcher(Protocol):
-    """The part of the leapgen grammar matcher contract the adapter uses."""
-
-    def fill_bitmask(self, buf: np.ndarray) -> None:
-        """Write the allowed-token bits into an int32 buffer of ceil(vocab/32) words."""
-
-    def advance(self, token_id: int) -> None:
-        """Consume one token (raises when it is not allowed)."""
-
-
-class CompiledGrammar(Protocol):
-    """Anything with `.matcher()`, e.g. what `leapgen.grammars.compile_regex` returns."""
-
-    def matcher(self) -> Matcher:
-        """A fresh per-sequence matcher."""
+def _run_processors(processors: Sequence[Any], input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    width = scores.shape[1]
+    for processor in processors:
+        scores = processor(input_ids, scores)
+        if not isinstance(scores, torch.Tensor) or scores.shape != (1, width):
+            shape = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
+            raise ValueError(f"logits processor {processor!r} returned {shape}, expected (1, {width})")
+    return scores[0]
 
 
 class GrammarLogitsProcessor(LogitsProcessor):
@@ -65,13 +55,13 @@ class GrammarLogitsProcessor(LogitsProcessor):
     Use a fresh processor per `generate` call.
     """
 
-    def __init__(self, grammar: CompiledGrammar, eos_token_id: int | Sequence[int], vocab_size: int | None = None):
+    def __init__(self, grammar: TokenConstraint, eos_token_id: int | Sequence[int], vocab_size: int | None = None):
         self.grammar = grammar
         self.eos_token_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         if not self.eos_token_ids:
             raise ValueError("GrammarLogitsProcessor needs at least one eos_token_id")
         self.vocab_size = vocab_size
-        self._matchers: list[Any] = []
+        self._matchers: list[TokenMatcher] = []
         self._finished: list[bool] = []
         self._consumed = 0
 

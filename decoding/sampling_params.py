@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from leapgen.decoding.constraint import ConstraintSpec
+
+MAX_LOGPROBS = 20   # top alternatives per token; as OpenAI's API, and bounded so a typo cannot sort the vocabulary
 
 
 @dataclass
@@ -35,6 +40,7 @@ class SamplingParams:
     early_stopping: bool | str = False
     skip_special_tokens: bool = True
     logits_processors: list[Any] = field(default_factory=list)  # extra processors, incl. transformers.LogitsProcessor
+    constraint: ConstraintSpec | None = None   # leapgen.JsonSchema / Regex / Grammar: the output stays inside it
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -57,14 +63,19 @@ class SamplingParams:
         self._check_float("length_penalty", lambda x: True, "")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ValueError(f"SamplingParams.{name} must be None or an int >= 0, got {value!r}")
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"SamplingParams.{name} must be None or an int in [0, {MAX_LOGPROBS}], got {value!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
         if self.stop_token_ids is not None and not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"SamplingParams.stop_token_ids must be token ids >= 0, got {self.stop_token_ids!r}")
+        for token, bias in (self.logit_bias or {}).items():
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == math.inf:
+                raise ValueError(f"SamplingParams.logit_bias[{token!r}] must be a number (or -inf to ban the token), "
+                                 f"got {bias!r}")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"SamplingParams.early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         for i, processor in enumerate(self.logits_processors):
@@ -87,5 +98,7 @@ class SamplingParams:
 
     def _check_float(self, name: str, ok, requirement: str) -> None:
         value = getattr(self, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or not ok(value):
-            raise ValueError(f"SamplingParams.{name} {requirement or 'must be a number'}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
+        if not ok(value):
+            raise ValueError(f"SamplingParams.{name} {requirement}, got {value!r}")

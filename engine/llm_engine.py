@@ -8,26 +8,30 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
-from typing import Any, Sequence as Seq
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence as Seq, TypeVar
 
-import numpy as np
 import torch
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
-from leapgen.decoding.bitmask import bitmask_words
+from leapgen.decoding.constraint import ConstraintSpec, TokenConstraint
 from leapgen.decoding.detokenizer import IncrementalDetokenizer
-from leapgen.decoding.beam_search import BeamSearch
-from leapgen.decoding.sampler import Sampler, prompt_logprobs, request_generator
+from leapgen.decoding.sampler import Sampler, SamplerOutput, prompt_logprobs, request_generator
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.stop import StopChecker
+from leapgen.engine.admission import CheckedRequest, EngineLimits, RequestError, check_request
+from leapgen.engine.beams import advance_beams
 from leapgen.engine.block_manager import BlockManager
+from leapgen.engine.constraint_state import ConstraintState, step_bitmask
 from leapgen.engine.loader import LoadedModel
-from leapgen.engine.model_runner import FallbackRunner, PagedModelRunner, cache_block_bytes
+from leapgen.engine.model_runner import FallbackRunner, PagedModelRunner, StepLogits, cache_block_bytes
 from leapgen.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from leapgen.engine.scheduler import Scheduler
+from leapgen.engine.request_state import EngineRequest, SequenceState
+from leapgen.engine.scheduler import Scheduler, SchedulerOutput
 from leapgen.engine.sequence import Sequence
+from leapgen.grammars.vocab import vocabulary_for
 
+CPU_KV_CACHE_CAP = 512 * 2**20
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 
@@ -45,7 +49,7 @@ def parse_memory(value: int | str) -> int:
 class EngineConfig:
     """Knobs of the engine; every value is checked when the engine starts."""
 
-    kv_cache_memory: int | str | None = None     # None: 2 GiB on CPU, 85% of free memory on CUDA
+    kv_cache_memory: int | str | None = None     # None: see cache_bytes
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
@@ -58,86 +62,50 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
 
-    def cache_bytes(self, device: torch.device) -> int:
-        """The KV cache budget in bytes."""
+    def cache_bytes(self, device: torch.device, bytes_per_token: int, max_model_len: int) -> int:
+        """The KV cache budget in bytes: as configured; on CUDA 85% of free memory; on CPU room for every
+        sequence at full context, capped at CPU_KV_CACHE_CAP (host memory is shared with everything else)."""
         if self.kv_cache_memory is not None:
             return parse_memory(self.kv_cache_memory)
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             return int(free * 0.85)
-        return 2 * 2**30
-
-
-@dataclass
-class _Sample:
-    """One sequence of a request: a sample (n > 1 gives several) or a live beam."""
-
-    seq: Sequence
-    stop: StopChecker | None
-    generator: torch.Generator | None
-    logprobs: list[TokenLogprob] | None = None
-    cumulative_logprob: float = 0.0
-    matcher: Any = None                          # the constraint's per-sequence state (grammars.Matcher)
-
-    def completion(self, index: int, decode) -> CompletionOutput:
-        stop = self.stop
-        if stop is None:                         # a running beam: no stop checker, decode what it has
-            return CompletionOutput(index, decode(self.seq.output_token_ids), self.seq.output_token_ids)
-        return CompletionOutput(index, stop.text, self.seq.output_token_ids, stop.finish_reason, stop.stop_reason,
-                                self.logprobs, self.cumulative_logprob if self.logprobs is not None else None)
-
-
-@dataclass
-class _Request:
-    """Engine-side state of one request: its samples, or its beams and their search."""
-
-    request_id: int
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    samples: list[_Sample]
-    constraint: Any = None                       # a compiled grammar (grammars.CompiledGrammar)
-    beams: BeamSearch | None = None
-    beam_rows: dict[int, torch.Tensor] = field(default_factory=dict)   # log-probs of beams waiting for siblings
-    prompt_rows: list[torch.Tensor] = field(default_factory=list)       # prompt logits gathered chunk by chunk
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    finished: bool = False
-    beam_outputs: list[CompletionOutput] = field(default_factory=list)
-
-    @property
-    def forked(self) -> bool:
-        """True once the request's samples or beams exist beyond the first sequence."""
-        return len(self.samples) > 1 or self.beams is not None
-
-    def output(self, decode) -> RequestOutput:
-        completions = self.beam_outputs or [s.completion(i, decode) for i, s in enumerate(self.samples)]
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
-                             finished=self.finished, prompt_logprobs=self.prompt_logprobs)
+        return min(self.max_num_seqs * max_model_len * bytes_per_token, CPU_KV_CACHE_CAP)
 
 
 class LLMEngine:
-    """Continuous-batching generation over a paged KV cache (or the transformers fallback)."""
+    """Continuous-batching generation over a paged KV cache (or the transformers fallback).
+
+    A request that fails while it is stepped (a matcher error, a user logits processor that
+    raises, a failed forward pass) ends alone with finish_reason "error": its blocks are freed and
+    the other requests go on.
+    """
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, seed: int | None = None) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = config = config or EngineConfig()
-        budget = config.cache_bytes(loaded.device)
+        block_bytes = 0 if loaded.is_fallback else cache_block_bytes(loaded, config.block_size)
+        budget = config.cache_bytes(loaded.device, block_bytes // config.block_size or 4096, loaded.max_model_len)
         if loaded.is_fallback:
             # The fallback keeps HF caches itself; blocks only bound how many tokens are in flight.
             num_blocks = max(budget // (config.block_size * 4096), 1)
             self.runner: PagedModelRunner | FallbackRunner = FallbackRunner(loaded)
         else:
-            num_blocks = budget // cache_block_bytes(loaded, config.block_size)
+            num_blocks = budget // block_bytes
             if num_blocks < 1:
                 raise ValueError(f"kv_cache_memory={config.kv_cache_memory!r} holds no KV block: one block of "
-                                 f"{config.block_size} tokens takes {cache_block_bytes(loaded, config.block_size)} bytes")
+                                 f"{config.block_size} tokens takes {block_bytes} bytes")
             self.runner = PagedModelRunner(loaded, num_blocks, config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(seed=seed, device=loaded.device)
-        self.requests: dict[int, _Request] = {}
-        self._owner: dict[int, tuple[_Request, _Sample]] = {}      # seq_id -> its request and sample
+        self.vocabulary = vocabulary_for(loaded.tokenizer, size=loaded.vocab_size, eos_ids=loaded.eos_token_ids)
+        self.limits = EngineLimits(loaded.vocab_size, loaded.max_model_len, self.block_manager.capacity_tokens)
+        self.requests: dict[int, EngineRequest] = {}
+        self._owner: dict[int, tuple[EngineRequest, SequenceState]] = {}      # seq_id -> its request and state
+        self._compiled: dict[tuple, TokenConstraint] = {}
+        self._advanced: dict[int, EngineRequest] = {}    # requests whose outputs the current step returns
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
         self.num_steps = 0                       # forward passes
@@ -148,290 +116,309 @@ class LLMEngine:
         """True while some request is waiting or running."""
         return self.scheduler.has_unfinished
 
-    def encode(self, prompt: str | Seq[int]) -> tuple[str | None, list[int]]:
-        """The prompt's text (when given as text) and token ids."""
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return None, list(prompt)
-        raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    # --- admission ---------------------------------------------------------------------------------
 
-    def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None, constraint: Any = None) -> int:
-        """Queue a prompt; returns its request id.  Errors name the request's problem before anything runs.
+    def check(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> CheckedRequest:
+        """Encode and check a request and compile its constraint, queueing nothing; errors say what is wrong."""
+        checked = check_request(prompt, params or SamplingParams(), self.tokenizer, self.limits)
+        if checked.params.constraint is not None:
+            checked.constraint = self.compile(checked.params.constraint)
+        return checked
 
-        `constraint` is a compiled grammar (`leapgen.grammars.compile_*`): every output is kept inside it,
-        and where it admits one continuation only, those tokens are appended without sampling.
-        """
-        params = params or SamplingParams()
-        text, ids = self.encode(prompt)
-        limit = self.loaded.max_model_len
-        if not ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        if len(ids) >= limit:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the model's context is {limit} tokens "
-                             f"(max_position_embeddings), so at most {limit - 1} prompt tokens fit")
-        vocab = self.loaded.vocab_size
-        bad = next((t for t in ids if t >= vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary of {vocab}")
-        if constraint is not None and params.ignore_eos:
-            raise ValueError("ignore_eos cannot be combined with a constraint: the constraint decides where the "
-                             "text ends, and eos is the only token allowed there")
-        if params.num_beams > 1 and (params.stop or params.temperature > 0 or params.logprobs is not None):
-            raise ValueError("beam search (num_beams > 1) is deterministic: it takes no stop strings, "
-                             "temperature or logprobs; use n > 1 with sampling for those")
-        # Never generate past the model's context: clip max_tokens (finish_reason "length" as usual).
-        room = limit - len(ids)
-        if params.max_tokens > room:
-            params = _with(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
-        request = _Request(next(self._request_ids), text, ids, params, [], constraint,
-                           prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
-        first = self._new_sample(request, Sequence(next(self._seq_ids), ids, params), 0)
-        self.scheduler.add(first.seq)
-        self.requests[request.request_id] = request
-        return request.request_id
+    def compile(self, spec: ConstraintSpec) -> TokenConstraint:
+        """`spec` compiled for this model's vocabulary, once per spec."""
+        key = spec.key()
+        if key not in self._compiled:
+            self._compiled[key] = spec.compile(self.vocabulary)
+        return self._compiled[key]
 
-    def _new_sample(self, request: _Request, seq: Sequence, index: int) -> _Sample:
-        params = request.params
-        stop = None
-        if params.num_beams == 1:
-            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
-            stop = StopChecker(params, self.loaded.eos_token_ids, detok)
-            if seq.num_output_tokens:            # a fork: replay the parent's output into its own checker
-                for token in seq.output_token_ids:
-                    stop.append(token)
-        generator = (request_generator(params.seed, index, self.loaded.device)
-                     if params.seed is not None and params.num_beams == 1 else None)
-        matcher = None
-        if request.constraint is not None:
-            matcher = request.constraint.matcher()
-            for token in seq.output_token_ids:     # a fork: bring its own matcher to the shared text
-                matcher.advance(token)
-        sample = _Sample(seq, stop, generator, [] if params.logprobs is not None else None, matcher=matcher)
-        request.samples.append(sample)
-        self._owner[seq.seq_id] = (request, sample)
-        return sample
+    def add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> int:
+        """Queue a prompt (or an already checked request); returns its request id."""
+        checked = prompt if isinstance(prompt, CheckedRequest) else self.check(prompt, params)
+        params = checked.params
+        request_id = next(self._request_ids)
+        output = RequestOutput(request_id, checked.prompt, checked.prompt_token_ids, [],
+                               prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+        request = EngineRequest(request_id, params, output, checked.constraint)
+        seq = Sequence(next(self._seq_ids), checked.prompt_token_ids, params)
+        self.scheduler.add(seq)
+        self._new_state(request, seq, constraint=ConstraintState(checked.constraint) if checked.constraint else None)
+        self.requests[request_id] = request
+        return request_id
 
-    def abort(self, request_id: int) -> None:
-        """Drop a request that has not finished."""
-        request = self.requests.pop(request_id)
-        for sample in request.samples:
-            if not sample.seq.is_finished:
-                self._retire(sample, "abort")
+    def _new_state(self, request: EngineRequest, seq: Sequence, constraint: ConstraintState | None) -> SequenceState:
+        params, index = request.params, len(request.samples)
+        completion = CompletionOutput(index, "", [])
+        stop = generator = None
+        if params.num_beams == 1:                # beams decide their own end; their outputs come at the end
+            request.output.outputs.append(completion)
+            if params.logprobs is not None:
+                completion.logprobs, completion.cumulative_logprob = [], 0.0
+            detokenizer = IncrementalDetokenizer(self.vocabulary, request.prompt_token_ids, params.skip_special_tokens)
+            stop = StopChecker(params, self.vocabulary.eos_ids, detokenizer)
+            if params.seed is not None:
+                generator = request_generator(params.seed, index, self.loaded.device)
+        state = SequenceState(seq, completion, stop, generator, constraint)
+        for token in seq.output_token_ids:      # a fork: its checks and output start from the parent's text
+            state.record(token)
+        request.samples.append(state)
+        self._owner[seq.seq_id] = (request, state)
+        return state
+
+    def _fork(self, request: EngineRequest, parent: SequenceState) -> SequenceState:
+        """A new sample or beam sharing `parent`'s KV blocks and text."""
+        child = self.scheduler.fork(parent.seq, next(self._seq_ids))
+        constraint = parent.constraint.fork(child.output_token_ids) if parent.constraint else None
+        return self._new_state(request, child, constraint)
+
+    # --- the step loop -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; returns the outputs of the requests that advanced."""
+        """Run one scheduled step; returns the outputs of the requests that advanced (updated in place,
+        `delta` = the text this step released)."""
+        for request in self._advanced.values():
+            request.clear_deltas()
+        self._advanced = {}
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
         want_all = frozenset(seq.seq_id for seq, _ in out.scheduled
-                             if self._owner[seq.seq_id][0].prompt_logprobs is not None
+                             if self._owner[seq.seq_id][0].output.prompt_logprobs is not None
                              and seq.num_computed_tokens < seq.num_prompt_tokens)
-        step_logits = self.runner.execute(out, want_all)
+        try:
+            step_logits = self.runner.execute(out, want_all)
+        except Exception as exc:                 # the step's requests fail; the engine stays usable
+            for seq, _ in out.scheduled:
+                if seq.seq_id in self._owner:
+                    self._fail(self._owner[seq.seq_id][0], exc)
+            return self._outputs()
         self.scheduler.commit(out)
         self.num_steps += 1
-        ready: list[tuple[_Request, _Sample, torch.Tensor]] = []
-        for seq, n in out.scheduled:
+        ready = self._fork_samples(self._ready_rows(out, step_logits, want_all))
+        self._sample_plain([entry for entry in ready if entry[0].params.num_beams == 1])
+        self._advance_beams([entry for entry in ready if entry[0].params.num_beams > 1])
+        return self._outputs()
+
+    def _ready_rows(self, out: SchedulerOutput, step_logits: StepLogits, want_all: frozenset[int]) -> list[_Entry]:
+        """The sequences whose next token is due, with their logits row; prompt logprobs collected on the way."""
+        ready = []
+        for seq, _ in out.scheduled:
             rows = step_logits.rows.get(seq.seq_id)
-            if rows is None:
+            if rows is None or seq.seq_id not in self._owner:
                 continue
-            request, sample = self._owner[seq.seq_id]
+            request, state = self._owner[seq.seq_id]
             logits = step_logits.logits[rows]
-            if seq.seq_id in want_all:
-                self._collect_prompt_logits(request, seq, logits)
+            if seq.seq_id in want_all and not self._guarded(request, self._collect_prompt_logits, request, seq, logits):
+                continue
             if seq.num_uncomputed == 0:
-                ready.append((request, sample, logits[-1]))
-        ready = self._fork_samples(ready)
-        advanced = self._sample(ready)
-        return [r.output(self._decode) for r in advanced]
+                ready.append((request, state, logits[-1]))
+        return ready
 
-    def _collect_prompt_logits(self, request: _Request, seq: Sequence, logits: torch.Tensor) -> None:
-        request.prompt_rows.append(logits[: max(0, seq.num_prompt_tokens - (seq.num_computed_tokens - len(logits)))])
-        if seq.num_computed_tokens >= seq.num_prompt_tokens:
-            rows = torch.cat(request.prompt_rows)
-            request.prompt_rows = []
-            top_n = request.params.prompt_logprobs
-            result = prompt_logprobs(rows, request.prompt_token_ids, top_n)
-            for i, value in enumerate(result.logprobs.tolist()):
-                top = {}
-                if top_n:
-                    top = dict(zip(result.top_ids[i].tolist(), result.top_logprobs[i].tolist()))
-                request.prompt_logprobs.append(TokenLogprob(request.prompt_token_ids[i + 1], value, top))
-
-    def _fork_samples(self, ready: list[tuple[_Request, _Sample, torch.Tensor]]):
+    def _fork_samples(self, ready: list[_Entry]) -> list[_Entry]:
         """n > 1: when the prompt's logits arrive, fork the other samples so they share its KV blocks."""
         expanded = []
-        for request, sample, row in ready:
-            expanded.append((request, sample, row))
+        for request, state, row in ready:
+            expanded.append((request, state, row))
             if request.params.n > 1 and request.params.num_beams == 1 and not request.forked:
-                for index in range(1, request.params.n):
-                    child = self.scheduler.fork(sample.seq, next(self._seq_ids))
-                    expanded.append((request, self._new_sample(request, child, index), row))
+                for _ in range(1, request.params.n):
+                    expanded.append((request, self._fork(request, state), row))
         return expanded
 
-    def _sample(self, ready: list[tuple[_Request, _Sample, torch.Tensor]]) -> list[_Request]:
-        """Choose the next token of every ready sequence; returns the requests that advanced."""
-        beams = [entry for entry in ready if entry[0].params.num_beams > 1]
-        plain = [entry for entry in ready if entry[0].params.num_beams == 1]
-        if beams:
-            self._advance_beams(beams)
-        if plain:
-            self._sample_plain(plain)
-        return list({id(request): request for request, _, _ in ready}.values())
+    def _sample_plain(self, entries: list[_Entry]) -> None:
+        for group, (sampled, row_errors) in self._compute_isolated(entries, self._draw):
+            for row, ((request, state, _), token) in enumerate(zip(group, sampled.token_ids.tolist())):
+                if row in row_errors:
+                    self._fail(request, row_errors[row])
+                elif not request.finished:      # a sibling sample may have failed it this step
+                    self._guarded(request, self._accept, request, state, token, sampled, row)
 
-    def _batch(self, entries: list[tuple[_Request, _Sample, torch.Tensor]]) -> tuple[torch.Tensor, SamplingBatch]:
+    def _draw(self, entries: list[_Entry]) -> tuple[SamplerOutput, dict[int, Exception]]:
+        logits, batch = self._batch(entries)
+        return self.sampler(logits, batch), batch.row_errors
+
+    def _accept(self, request: EngineRequest, state: SequenceState, token: int, sampled: SamplerOutput,
+                row: int) -> None:
+        if state.completion.logprobs is not None:
+            state.record_logprob(_token_logprob(sampled, row, token, state.seq.params.logprobs))
+        state.append(token)
+        self._advanced[request.request_id] = request
+        if state.constraint is not None and not state.finished and self.config.enable_forced_tokens:
+            room = state.seq.params.max_tokens - state.seq.num_output_tokens
+            for forced in state.constraint.jump(self.vocabulary.eos_ids, room):
+                state.append(forced)
+                self.num_forced_tokens += 1
+                if state.finished:
+                    break
+        if state.finished:
+            self._retire(state, state.stop.finish_reason)
+            self._maybe_finish(request)
+
+    def _advance_beams(self, entries: list[_Entry]) -> None:
+        """Beam rows get processed log-probs; each request steps once all its live beams have theirs."""
+        for group, (log_probs, row_errors) in self._compute_isolated(entries, self._beam_log_probs):
+            for row, ((request, state, _), row_log_probs) in enumerate(zip(group, log_probs)):
+                if row in row_errors:
+                    self._fail(request, row_errors[row])
+                elif not request.finished:
+                    request.beam_rows[state.seq.seq_id] = row_log_probs
+            for request in {id(r): r for r, _, _ in group}.values():
+                if request.finished:
+                    continue
+                self._advanced[request.request_id] = request
+                if self._guarded(request, advance_beams, request, self.vocabulary.eos_ids, self._fork,
+                                 self._retire, self._decode) is True:
+                    self._maybe_finish(request)
+
+    def _beam_log_probs(self, entries: list[_Entry]) -> tuple[torch.Tensor, dict[int, Exception]]:
+        logits, batch = self._batch(entries)
+        return self.sampler.pipeline(logits, batch).log_softmax(dim=-1), batch.row_errors
+
+    def _batch(self, entries: list[_Entry]) -> tuple[torch.Tensor, SamplingBatch]:
         logits = torch.stack([row for _, _, row in entries])
         rows = [SamplingRow(s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids, s.generator)
                 for _, s, _ in entries]
-        bitmask = self._bitmask([s for _, s, _ in entries], logits.shape[-1])
-        return logits, SamplingBatch.build(rows, logits.shape[-1], self.loaded.eos_token_ids, logits.device, bitmask)
+        bitmask, mask_errors = step_bitmask([s.constraint for _, s, _ in entries], logits.shape[-1])
+        batch = SamplingBatch.build(rows, logits.shape[-1], self.vocabulary.eos_ids, logits.device, bitmask)
+        batch.row_errors.update(mask_errors)
+        return logits, batch
 
-    def _sample_plain(self, entries: list[tuple[_Request, _Sample, torch.Tensor]]) -> None:
-        logits, batch = self._batch(entries)
-        sampled = self.sampler(logits, batch)
-        for row, ((request, sample, _), token) in enumerate(zip(entries, sampled.token_ids.tolist())):
-            if sample.logprobs is not None:
-                self._record_logprobs(sample, sampled, row, token)
-            self._append(sample, token)
-            if sample.matcher is not None and not sample.stop.finished and self.config.enable_forced_tokens:
-                self._jump_forward(sample)
-            if sample.stop.finished:
-                self._retire(sample, sample.stop.finish_reason)
-                self._maybe_finish(request)
+    # --- failure isolation -------------------------------------------------------------------------
 
-    def _advance_beams(self, entries: list[tuple[_Request, _Sample, torch.Tensor]]) -> None:
-        """Beam rows get processed log-probs; each request steps once all its live beams have theirs."""
-        logits, batch = self._batch(entries)
-        log_probs = self.sampler.pipeline(logits, batch).log_softmax(dim=-1)
-        for (request, sample, _), row in zip(entries, log_probs):
-            request.beam_rows[sample.seq.seq_id] = row
-        for request in {id(request): request for request, _, _ in entries}.values():
-            self._beam_step(request)
+    def _compute_isolated(self, entries: list[_Entry], compute: Callable[[list[_Entry]], T]
+                          ) -> list[tuple[list[_Entry], T]]:
+        """`compute` over the batch; if it raises, over each request's rows apart, so only the failing
+        request fails.  Returns the groups that succeeded with their results."""
+        if not entries:
+            return []
+        try:
+            return [(entries, compute(entries))]
+        except Exception as exc:
+            requests = list({id(r): r for r, _, _ in entries}.values())
+            if len(requests) == 1:
+                self._fail(requests[0], exc)
+                return []
+        return [part for request in requests
+                for part in self._compute_isolated([e for e in entries if e[0] is request], compute)]
 
-    def _beam_step(self, request: _Request) -> None:
-        """Advance a request's beams once every live beam has its next-token log-probs."""
-        live = [s for s in request.samples if not s.seq.is_finished]
-        if any(s.seq.seq_id not in request.beam_rows for s in live):
-            return                                   # a sibling was preempted; wait for its recomputation
-        params = request.params
-        if request.beams is None:
-            request.beams = BeamSearch(params.num_beams, params.max_tokens,
-                                       () if params.ignore_eos else self.loaded.eos_token_ids,
-                                       params.length_penalty, params.early_stopping)
-        log_probs = torch.stack([request.beam_rows.pop(s.seq.seq_id) for s in live])
-        step = request.beams.step(log_probs)
-        # Fork before appending: several new beams may continue the same parent.
-        children: list[_Sample] = []
-        taken: set[int] = set()
-        for parent_index in step.parents:
-            parent = live[parent_index]
-            if parent_index not in taken:
-                taken.add(parent_index)
-                children.append(parent)
-            else:
-                forked = self.scheduler.fork(parent.seq, next(self._seq_ids))
-                children.append(self._new_sample(request, forked, len(request.samples)))
-        for index, sample in enumerate(live):
-            if index not in taken:
-                self._retire(sample, "pruned")
-        for sample, token in zip(children, step.token_ids):
-            sample.seq.append_token(token)
-            if sample.matcher is not None:
-                sample.matcher.advance(token)
-        request.samples = children              # the order of the search's running beams
-        if request.beams.done:
-            for sample in request.samples:
-                self._retire(sample, "pruned")
-            request.beam_outputs = [self._beam_completion(i, h) for i, h in enumerate(request.beams.best(params.n))]
-            self._maybe_finish(request)
+    def _guarded(self, request: EngineRequest, action: Callable[..., Any], *args: Any) -> Any:
+        """Run one request's `action`; a failure ends that request alone (returns False then)."""
+        try:
+            result = action(*args)
+        except Exception as exc:
+            self._fail(request, exc)
+            return False
+        return True if result is None else result
 
-    def _bitmask(self, samples: list[_Sample], vocab_size: int) -> torch.Tensor | None:
-        """Allowed-token words of the constrained rows (all ones for the others); None without constraints."""
-        constrained = [(i, s.matcher) for i, s in enumerate(samples) if s.matcher is not None]
-        if not constrained:
-            return None
-        words = max(bitmask_words(vocab_size), max(m.grammar.vocab.mask_words for _, m in constrained))
-        buffer = np.full((len(samples), words), -1, dtype=np.int32)
-        for i, matcher in constrained:
-            matcher.fill_bitmask(buffer[i])
-        return torch.from_numpy(buffer)
-
-    def _append(self, sample: _Sample, token: int) -> None:
-        """One more output token: the sequence, its constraint state and its stop checks."""
-        sample.seq.append_token(token)
-        if sample.matcher is not None:
-            sample.matcher.advance(token)
-        sample.stop.append(token)
-
-    def _jump_forward(self, sample: _Sample) -> None:
-        """Append the constraint's only possible continuation at once; the next step computes it in one pass.
-
-        When the text is complete and only eos may follow, eos is appended and the sequence ends
-        without another forward pass.
-        """
-        matcher, stop = sample.matcher, sample.stop
-        if matcher.is_finished():
-            eos = [t for t in matcher.allowed_token_ids().tolist() if t in self.loaded.eos_token_ids]
-            if eos:
-                self._append(sample, eos[0])
+    def _fail(self, request: EngineRequest, exc: BaseException) -> None:
+        if request.finished:
             return
-        room = sample.seq.params.max_tokens - sample.seq.num_output_tokens
-        for token in matcher.forced_tokens()[:room]:
-            self._append(sample, token)
-            self.num_forced_tokens += 1
-            if stop.finished:
-                return
+        for state in request.samples:
+            if not state.seq.is_finished:
+                self._retire(state, "error")
+        request.fail(f"{type(exc).__name__}: {exc}")
+        self.requests.pop(request.request_id, None)
+        self._advanced[request.request_id] = request
 
-    def _beam_completion(self, index: int, hypothesis) -> CompletionOutput:
-        ids = hypothesis.token_ids
-        reason = "stop" if ids and ids[-1] in self.loaded.eos_token_ids else "length"
-        return CompletionOutput(index, self._decode(ids), list(ids), reason, score=hypothesis.score)
+    # --- bookkeeping ---------------------------------------------------------------------------------
+
+    def _collect_prompt_logits(self, request: EngineRequest, seq: Sequence, logits: torch.Tensor) -> None:
+        request.prompt_rows.append(logits[: max(0, seq.num_prompt_tokens - (seq.num_computed_tokens - len(logits)))])
+        if seq.num_computed_tokens < seq.num_prompt_tokens:
+            return
+        rows = torch.cat(request.prompt_rows)
+        request.prompt_rows = []
+        top_n = request.params.prompt_logprobs
+        result = prompt_logprobs(rows, request.prompt_token_ids, top_n)
+        for i, value in enumerate(result.logprobs.tolist()):
+            top = dict(zip(result.top_ids[i].tolist(), result.top_logprobs[i].tolist())) if top_n else {}
+            request.output.prompt_logprobs.append(TokenLogprob(request.prompt_token_ids[i + 1], value, top))
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _maybe_finish(self, request: _Request) -> None:
+    def _maybe_finish(self, request: EngineRequest) -> None:
         if request.params.num_beams > 1:
-            request.finished = bool(request.beam_outputs)
+            finished = request.beams is not None and request.beams.done
         else:
-            request.finished = all(s.stop.finished for s in request.samples) and len(request.samples) == request.params.n
-        if request.finished:
+            finished = len(request.samples) == request.params.n and all(s.finished for s in request.samples)
+        if finished:
+            request.output.finished = True
             self.requests.pop(request.request_id, None)
 
-    def _record_logprobs(self, sample: _Sample, sampled, row: int, token: int) -> None:
-        value = float(sampled.logprobs[row])
-        top_n = sample.seq.params.logprobs
-        top = {}
-        if top_n:
-            top = dict(zip(sampled.top_logprob_ids[row, :top_n].tolist(), sampled.top_logprobs[row, :top_n].tolist()))
-        sample.logprobs.append(TokenLogprob(token, value, top))
-        sample.cumulative_logprob += value
-
-    def _retire(self, sample: _Sample, reason: str) -> None:
-        self.scheduler.finish(sample.seq, reason)
-        self._owner.pop(sample.seq.seq_id, None)
+    def _retire(self, state: SequenceState, reason: str) -> None:
+        self.scheduler.finish(state.seq, reason)
+        self._owner.pop(state.seq.seq_id, None)
         if isinstance(self.runner, FallbackRunner):
-            self.runner.release(sample.seq)
+            self.runner.release(state.seq)
+
+    def _outputs(self) -> list[RequestOutput]:
+        return [request.output for request in self._advanced.values()]
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request that has not finished; its blocks are freed."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for state in request.samples:
+            if not state.seq.is_finished:
+                self._retire(state, "abort")
+        request.output.finished = True
+
+    # --- whole batches -------------------------------------------------------------------------------
 
     def generate(self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
-                 progress=None, constraint: Any = None) -> list[RequestOutput]:
-        """Run prompts to completion (continuous batching); outputs in prompt order."""
+                 progress: Callable[[int, int], None] | None = None,
+                 on_error: Literal["raise", "return"] = "raise") -> list[RequestOutput]:
+        """Run prompts to completion (continuous batching); outputs in prompt order.
+
+        Every request is checked before any is queued: a bad one raises RequestError naming
+        `prompts[i]`, or with `on_error="return"` comes back with finish_reason "error" while the
+        rest run.  A request that fails while running always comes back that way.
+        """
+        if on_error not in ("raise", "return"):
+            raise ValueError(f"on_error must be 'raise' or 'return', got {on_error!r}")
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp, constraint) for p, sp in zip(prompts, params_list)]
-        results: dict[int, RequestOutput] = {}
-        while self.has_unfinished:
-            for output in self.step():
-                if output.finished:
-                    results[output.request_id] = output
-                    if progress is not None:
-                        progress(len(results), len(ids))
-        return [results[i] for i in ids]
+        checked: list[CheckedRequest | RequestOutput] = []
+        for index, (prompt, sampling) in enumerate(zip(prompts, params_list)):
+            try:
+                checked.append(self.check(prompt, sampling))
+            except (ValueError, TypeError) as exc:
+                error = RequestError(str(exc), index)
+                if on_error == "raise":
+                    raise error from None
+                checked.append(self._refused(prompt, error))
+        pending: dict[int, int] = {}             # request id -> prompt index
+        results: dict[int, RequestOutput] = {i: c for i, c in enumerate(checked) if isinstance(c, RequestOutput)}
+        try:
+            for index, request in enumerate(checked):
+                if isinstance(request, CheckedRequest):
+                    pending[self.add_request(request)] = index
+            while pending and self.has_unfinished:
+                for output in self.step():
+                    if output.finished and output.request_id in pending:
+                        results[pending.pop(output.request_id)] = output
+                        if progress is not None:
+                            progress(len(results), len(prompts))
+        finally:                                 # an interrupted call leaves nothing running
+            for request_id in pending:
+                self.abort(request_id)
+        return [results[i] for i in range(len(prompts))]
+
+    def _refused(self, prompt: object, error: Exception) -> RequestOutput:
+        text = prompt if isinstance(prompt, str) else None
+        ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
+        return RequestOutput(next(self._request_ids), text, ids, [CompletionOutput(0, "", [], "error")],
+                             finished=True, error=str(error))
 
 
-def _with(params: SamplingParams, **changes: Any) -> SamplingParams:
-    """A validated copy of `params` with some fields changed."""
-    values = {name: getattr(params, name) for name in params.__dataclass_fields__}
-    values.update(changes)
-    return SamplingParams(**values)
+_Entry = tuple[EngineRequest, SequenceState, torch.Tensor]   # a sequence due for a token, with its logits row
+T = TypeVar("T")
+
+
+def _token_logprob(sampled: SamplerOutput, row: int, token: int, top_n: int | None) -> TokenLogprob:
+    top = {}
+    if top_n:
+        top = dict(zip(sampled.top_logprob_ids[row, :top_n].tolist(), sampled.top_logprobs[row, :top_n].tolist()))
+    return TokenLogprob(token, float(sampled.logprobs[row]), top)

@@ -21,16 +21,21 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None          # "stop", "length" or None while running
+    finish_reason: str | None = None          # "stop", "length", "error", or None while running
     stop_reason: str | int | None = None      # the stop string or stop token id that ended it
     logprobs: list[TokenLogprob] | None = None
     cumulative_logprob: float | None = None
     score: float | None = None                # beam search: the length-normalised score it was ranked by
+    delta: str = ""                           # text added by the engine's latest step (streaming)
 
 
 @dataclass
 class RequestOutput:
-    """A request's result.  `text`, `token_ids` and `finish_reason` are those of the first (best) completion."""
+    """A request's result.  `text`, `token_ids` and `finish_reason` are those of the first (best) completion.
+
+    While the request runs the engine updates this object in place; `error` names what failed when a
+    request ends with finish_reason "error" (the other requests are not affected).
+    """
 
     request_id: int
     prompt: str | None
@@ -38,6 +43,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    error: str | None = None
 
     @property
     def text(self) -> str:
@@ -51,5 +57,5 @@ class RequestOutput:
 
     @property
     def finish_reason(self) -> str | None:
-        """Why the first completion ended ("stop" or "length")."""
+        """Why the first completion ended ("stop", "length" or "error")."""
         return self.outputs[0].finish_reason

@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import tokenizers_util  # noqa: E402  (builds/caches the cl100k tokenizer offline)
 
-from leapgen.grammars import compile_lark, vocab_for  # noqa: E402
+from leapgen.grammars import compile_lark, vocabulary_for  # noqa: E402
 
 GRAMMAR = r"""
 ?start: sum
@@ -26,7 +26,7 @@ NAME: /[a-z]{1,4}/
 
 def main() -> None:
     tokenizer = tokenizers_util.cl100k()
-    vocab_for(tokenizer)  # the vocabulary index is built once per tokenizer; time the compile alone
+    vocabulary_for(tokenizer)  # the vocabulary index is built once per tokenizer; time the compile alone
     start = time.perf_counter()
     grammar = compile_lark(GRAMMAR, tokenizer)
     print(f"compiled the arithmetic grammar in {1000 * (time.perf_counter() - start):.1f} ms")

@@ -11,13 +11,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import tokenizers_util  # noqa: E402  (builds/caches the cl100k tokenizer offline)
 
-from leapgen.grammars import compile_regex, vocab_for  # noqa: E402
+from leapgen.grammars import compile_regex, vocabulary_for  # noqa: E402
 
 
 def main() -> None:
     pattern = sys.argv[1] if len(sys.argv) > 1 else r'\{"city": "[A-Z][a-z]{2,12}", "population": [1-9][0-9]{2,6}\}'
     tokenizer = tokenizers_util.cl100k()
-    vocab_for(tokenizer)  # the vocabulary index is built once per tokenizer; time the compile alone
+    vocabulary_for(tokenizer)  # the vocabulary index is built once per tokenizer; time the compile alone
     start = time.perf_counter()
     grammar = compile_regex(pattern, tokenizer)
     print(f"compiled {pattern!r} in {1000 * (time.perf_counter() - start):.1f} ms")

@@ -35,7 +35,7 @@ DEFAULT_SCHEMA = {
 
 def walk(grammar, rng: random.Random, max_tokens: int = 200) -> str:
     """A random path through the masks until EOS is allowed."""
-    matcher, vocab, out = grammar.matcher(), grammar.vocab, []
+    matcher, vocab, out = grammar.matcher(), grammar.vocabulary, []
     for step in range(max_tokens):
         allowed = [int(i) for i in matcher.allowed_token_ids()]
         if any(i in vocab.eos_ids for i in allowed):

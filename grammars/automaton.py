@@ -115,6 +115,12 @@ def _unwrap(expr: ir.Expr) -> ir.Expr:
     return expr
 
 
+def _separated_tail(tail: ir.Expr, item: ir.Expr) -> bool:
+    """Whether `tail` is `(separator item)*`, so that `item tail` is a separated list."""
+    return (isinstance(tail, ir.Repeat) and tail.min == 0 and tail.max is None and isinstance(tail.item, ir.Seq)
+            and len(tail.item.items) > 1 and tail.item.items[-1] == item)
+
+
 def _is_terminal(expr: ir.Expr) -> bool:
     """Expressions compiled to one shared terminal DFA: terminals, literals, choices of literals,
     and short repetitions of those (a repeated terminal as a call loop could end after any of its
@@ -198,12 +204,17 @@ class _Compiler:
             else:
                 self.build(nfa, self.rules[expr.name], src, dst)
         elif isinstance(expr, ir.Seq):
-            cur = src
-            for k, item in enumerate(expr.items):
-                nxt = dst if k == len(expr.items) - 1 else nfa.node()
-                self.build(nfa, item, cur, nxt)
-                cur = nxt
-            if not expr.items:
+            items, cur, k = expr.items, src, 0
+            while k < len(items):
+                looped = k + 1 < len(items) and _separated_tail(items[k + 1], items[k])
+                span = 2 if looped else 1
+                nxt = dst if k + span == len(items) else nfa.node()
+                if looped:
+                    self.separated(nfa, items[k], items[k + 1].item.items[:-1], cur, nxt)
+                else:
+                    self.build(nfa, items[k], cur, nxt)
+                cur, k = nxt, k + span
+            if not items:
                 nfa.epsilon(src, dst)
         elif isinstance(expr, ir.Choice):
             for item in expr.items:
@@ -212,6 +223,15 @@ class _Compiler:
             self.repeat(nfa, expr, src, dst)
         else:
             raise GrammarError(f"unknown grammar expression {expr!r}")
+
+    def separated(self, nfa: NFA, item: ir.Expr, separator: tuple[ir.Expr, ...], src: int, dst: int) -> None:
+        """`item (separator item)*` with one copy of `item`, looped through the separator: written
+        out, every JSON array and object holds its item twice, doubling the automaton per nesting level."""
+        start, end = nfa.node(), nfa.node()
+        nfa.epsilon(src, start)
+        self.build(nfa, item, start, end)
+        self.build(nfa, ir.Seq(separator), end, start)
+        nfa.epsilon(end, dst)
 
     def repeat(self, nfa: NFA, expr: ir.Repeat, src: int, dst: int) -> None:
         cur = src

@@ -6,6 +6,13 @@ conjunction admits becomes one branch, built from every conjunct's keywords
 for that type.  Referenced subschemas become named rules, so recursive
 schemas stay finite.  What cannot be enforced exactly raises
 UnsupportedSchemaError naming the keyword and its JSON pointer.
+
+Limits, each refused with UnsupportedSchemaError at the JSON pointer where it is hit: the
+document may nest objects and arrays MAX_DOCUMENT_DEPTH deep; subschemas compiled inside each
+other (properties, items, anyOf branches..., through $ref) MAX_SUBSCHEMA_DEPTH deep; and one
+schema compiles at most MAX_SUBSCHEMAS subschemas, counting each conjunct of each conjunction,
+which bounds compile time where branches multiply (allOf of many anyOf) to about a second.
+The largest schemas of JSONSchemaBench stay well inside: depth 24, 22 levels, 4,152 subschemas.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ _VALIDATION = {"type", "enum", "const", "properties", "required", "additionalPro
 _STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 _MAX_UNIQUE_VALUES = 8
 _MAX_DISTRIBUTED_BRANCHES = 64
+MAX_SUBSCHEMA_DEPTH = 64  # the limits: see the module docstring
+MAX_DOCUMENT_DEPTH = 2 * MAX_SUBSCHEMA_DEPTH + 1  # properties/anyOf spend two JSON levels per subschema
+MAX_SUBSCHEMAS = 20_000
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,7 @@ class SchemaCompiler:
     def __init__(self, schema: Any, options: JsonSchemaOptions):
         _expect(isinstance(schema, (dict, bool)), f"a schema must be an object or a boolean, not "
                 f"{type(schema).__name__}", "")
+        _check_document_depth(schema)  # first: the resolver, jsonschema and enum values recurse through it
         self.root = schema
         self.options = options
         dialect = schema.get("$schema", "") if isinstance(schema, dict) else ""
@@ -135,6 +146,8 @@ class SchemaCompiler:
         self._memo: dict[tuple, str] = {}
         self._active: dict[tuple, int] = {}
         self._depth = 0
+        self._nesting = 0
+        self._compiled = 0
         self._names: dict[str, int] = {}
         self._validator = None
         self.why_never: list[str] = []
@@ -165,6 +178,15 @@ class SchemaCompiler:
     def never(self, reason: str, pointer: str) -> Expr:
         self.why_never.append(f"{reason} (at {pointer or '/'})")
         return NEVER
+
+    def share(self, expr: Expr, pointer: str) -> Expr:
+        """Name an expression the layout mentions several times, so the IR stays a small DAG
+        (walking it as a tree would double the work at every nesting level)."""
+        if isinstance(expr, (Lit, Terminal, Ref)) or expr in (NEVER, EMPTY):
+            return expr
+        name = self.rule_name(pointer + "_member")
+        self.rules[name] = expr
+        return Ref(name)
 
     def rule_name(self, hint: str) -> str:
         base = re.sub(r"[^A-Za-z0-9_]+", "_", hint).strip("_")[:40] or "root"
@@ -218,6 +240,19 @@ class SchemaCompiler:
 
     def compile(self, parts: list[Part]) -> Expr:
         """The IR for instances valid against every part."""
+        pointer = parts[0].pointer if parts else ""
+        self._compiled += max(len(parts), 1)  # each conjunct is a subschema compiled
+        if self._compiled > MAX_SUBSCHEMAS:
+            raise UnsupportedSchemaError(f"schema needs more than {MAX_SUBSCHEMAS} subschemas compiled", pointer)
+        if self._nesting == MAX_SUBSCHEMA_DEPTH:
+            raise UnsupportedSchemaError(f"subschemas nested deeper than {MAX_SUBSCHEMA_DEPTH}", pointer)
+        self._nesting += 1
+        try:
+            return self._compile(parts)
+        finally:
+            self._nesting -= 1
+
+    def _compile(self, parts: list[Part]) -> Expr:
         expanded = self._expand(parts)
         if expanded is None:
             return NEVER
@@ -576,7 +611,7 @@ class SchemaCompiler:
         if unique and (hi is None or hi > 1):
             return self._unique_array(parts, prefixes, rest, lo, hi)
         positions = [self.nested(ps) for ps in prefixes]
-        tail_item = self.nested(rest) if hi is None or hi > len(positions) else NEVER
+        tail_item = self.share(self.nested(rest), pointer + "_item") if hi is None or hi > len(positions) else NEVER
         return self._sequence(positions, tail_item, lo, hi, pointer)
 
     def _sequence(self, positions: list[Expr], tail_item: Expr, lo: int, hi: int | None, pointer: str) -> Expr:
@@ -653,6 +688,17 @@ class SchemaCompiler:
         return None
 
 
+def _check_document_depth(document: Any) -> None:
+    """Refuse a document nested deeper than MAX_DOCUMENT_DEPTH (without recursing itself)."""
+    stack = [(document, "", 1)] if isinstance(document, (dict, list)) else []
+    while stack:
+        value, pointer, depth = stack.pop()
+        if depth > MAX_DOCUMENT_DEPTH:
+            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays", pointer)
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack += [(v, f"{pointer}/{escape_token(str(k))}", depth + 1) for k, v in items if isinstance(v, (dict, list))]
+
+
 def _type_of(value: Any) -> str:
     if value is None:
         return "null"
@@ -699,8 +745,9 @@ def _disjoint(a: dict | None, b: dict | None) -> bool:
     return False
 
 
-def compile_json_schema(schema: Any, tokenizer: Any, **options: Any):
-    """Compile a JSON schema (dict, bool or JSON text) for `tokenizer`; options: see JsonSchemaOptions."""
+def compile_json_schema(schema: Any, tokenizer: Any, **options: Any) -> CompiledGrammar:
+    """Compile a JSON schema (dict, bool or JSON text) for an HF tokenizer or a Vocabulary; options: see
+    JsonSchemaOptions."""
     return CompiledGrammar.from_ir(json_schema_to_grammar(schema, **options), tokenizer)
 
 
@@ -711,8 +758,14 @@ def json_schema_to_grammar(schema: Any, **options: Any) -> Grammar:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
+        except RecursionError:  # json's C parser recurses per level
+            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays",
+                                         "") from None
     try:
         opts = JsonSchemaOptions(**options)
     except TypeError as exc:
         raise TypeError(f"unknown JSON schema option: {exc}") from None
-    return SchemaCompiler(schema, opts).grammar()
+    try:
+        return SchemaCompiler(schema, opts).grammar()
+    except RecursionError:  # the limits leave ample stack; this is for callers already deep in theirs
+        raise UnsupportedSchemaError("schema nested too deeply for the stack left to compile it", "") from None

@@ -17,8 +17,8 @@ from itertools import combinations, product
 from typing import TYPE_CHECKING, Any
 
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Lit, Ref, Terminal
-from .json_schema_ir import EMPTY, NEVER, choice, optional, repeat, seq
+from .ir import Expr, Lit, Terminal
+from .json_schema_ir import NEVER, choice, optional, repeat, seq
 from .json_strings import pattern_regex, regex_escape
 
 if TYPE_CHECKING:
@@ -173,9 +173,9 @@ class _ObjectBuilder:
             parts = self.value_parts(name)
             values[name] = NEVER if parts is None else self.c.nested(parts)
         extra = self.extras(set(names))
-        members = {n: self._share(seq(Lit(json.dumps(n, ensure_ascii=False)), self.c.punct.colon, v))
+        members = {n: self.c.share(seq(Lit(json.dumps(n, ensure_ascii=False)), self.c.punct.colon, v), self.pointer)
                    for n, v in values.items() if v != NEVER}
-        extra = self._share(extra)
+        extra = self.c.share(extra, self.pointer)
         triggers = [t for t in self.dependents if t in members and t not in self.required]
         if len(triggers) > _MAX_TRIGGERS:
             raise UnsupportedSchemaError(f"more than {_MAX_TRIGGERS} optional dependentRequired triggers",
@@ -197,14 +197,6 @@ class _ObjectBuilder:
         if result == NEVER:
             return self.c.never("no object satisfies the property constraints", self.pointer)
         return result
-
-    def _share(self, expr: Expr) -> Expr:
-        """Name an expression that the layout will mention several times."""
-        if isinstance(expr, (Lit, Terminal, Ref)) or expr in (NEVER, EMPTY):
-            return expr
-        name = self.c.rule_name(self.pointer + "_member")
-        self.c.rules[name] = expr
-        return Ref(name)
 
     def _layout(self, names, members, extra, required: set, forbidden: set) -> Expr:
         if any(n in forbidden or n not in members for n in required):
@@ -257,7 +249,7 @@ class _ObjectBuilder:
                 member, req = slots[i]
                 take = seq(comma, member, after(i + 1, count + 1))
                 body = take if req else choice([take, after(i + 1, count)])
-            memo[key] = body = self._share(body)
+            memo[key] = body = self.c.share(body, self.pointer)
             return body
 
         def first(i: int) -> Expr:

@@ -18,8 +18,8 @@ except ImportError:  # pragma: no cover
     import sre_constants as _c  # type: ignore[no-redef]
     import sre_parse as _sre  # type: ignore[no-redef]
 
-from .errors import UnsupportedSchemaError
-from .regex import complement_ranges, normalize_ranges
+from .errors import RegexError, UnsupportedSchemaError
+from .regex import check_group_depth, complement_ranges, normalize_ranges
 
 MAX_CODE_POINT = 0x10FFFF
 
@@ -219,8 +219,9 @@ def _alternatives(nodes, start: bool = False) -> list[tuple[bool, bool, list]]:
 def pattern_regex(pattern: str, pointer: str = "") -> str:
     """A quoted JSON string whose decoded text contains a match of the ECMA regex `pattern` (search semantics)."""
     try:
+        check_group_depth(pattern)
         parsed = _sre.parse(pattern)
-    except (re.error, OverflowError, RecursionError) as exc:
+    except (re.error, OverflowError, RegexError) as exc:
         raise UnsupportedSchemaError(f"pattern {pattern!r} cannot be parsed: {exc}", pointer) from None
     if parsed.state.flags & re.IGNORECASE:
         raise UnsupportedSchemaError(f"pattern {pattern!r}: inline flags cannot be compiled exactly", pointer)
@@ -229,7 +230,12 @@ def pattern_regex(pattern: str, pointer: str = "") -> str:
     for start, end, nodes in _alternatives(parsed.data):
         body = tr.seq(nodes)
         alts.append(("" if start else f"{CHAR}*") + body + ("" if end else f"{CHAR}*"))
-    return '"' + (alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")") + '"'
+    regex = '"' + (alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")") + '"'
+    try:
+        check_group_depth(regex)  # the translation adds groups: refuse it here, where the pointer is known
+    except RegexError as exc:
+        raise UnsupportedSchemaError(f"pattern {pattern!r}: {exc}", pointer) from None
+    return regex
 
 
 def _fullmatch_regex(decoded: str) -> str:

@@ -17,12 +17,15 @@ import re
 
 from . import ir
 from .errors import LarkGrammarError, RegexError
-from .regex import regex_dfa
+from .regex import check_group_depth, regex_dfa
 
 # common.ESCAPED_STRING uses a lookbehind; this is the same set of tokens without one
 # (a quoted run of non-newline characters, backslash escapes, no unescaped inner quote)
 _ESCAPED_STRING = r'"(?:[^"\\\n]|\\[^\n])*"'
 _FLAGS = {"i", "m", "s", "x", "u"}
+MAX_NESTING = 64  # (...), [...] and {...} inside each other: lark's loader recurses per level
+# comments, strings and /regexes/ (whose parentheses are groups, checked as such), and brackets
+_LEXEMES = re.compile(r'//[^\n]*|"(?:\\.|[^"\\\n])*"|/(?!/)((?:\\.|[^/\\])+)/|[(\[{]|[)\]}]', re.DOTALL)
 
 
 @functools.cache
@@ -49,6 +52,24 @@ def _first_use(text: str, name: str) -> int | None:
     return None
 
 
+def _check_nesting(text: str) -> None:
+    """Refuse brackets nested deeper than MAX_NESTING and regexes nested too deeply, before lark
+    (whose loader and regex compiler recurse) reads the text."""
+    depth = 0
+    for m in _LEXEMES.finditer(text):
+        try:
+            if m.group(1) is not None:
+                check_group_depth(m.group(1))
+            elif m.group() in ("(", "[", "{"):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise LarkGrammarError(f"brackets nested deeper than {MAX_NESTING}")
+            elif m.group() in (")", "]", "}"):
+                depth -= 1
+        except (RegexError, LarkGrammarError) as e:
+            raise LarkGrammarError(str(e), text.count("\n", 0, m.start()) + 1) from None
+
+
 def _load(text: str):
     from lark import Lark
     from lark.exceptions import GrammarError as LarkError
@@ -59,6 +80,7 @@ def _load(text: str):
         raise LarkGrammarError(f"a lark grammar must be a str, not {type(text).__name__}")
     if not re.sub(r"//[^\n]*", "", text).strip():
         raise LarkGrammarError("the grammar is empty")
+    _check_nesting(text)
     try:
         return Lark(text, parser="earley", lexer="dynamic")
     except UnexpectedInput as e:

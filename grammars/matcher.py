@@ -8,25 +8,27 @@ cache is keyed by them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import ir
 from .automaton import Automaton, compile_automaton
 from .errors import GrammarError
 from .token_masks import StackArena, TokenMasks
-from .vocab import Vocab, vocab_for
+from .vocab import Vocabulary, as_vocabulary
 
 State = frozenset  # of (automaton state, stack id)
 _MASK_CACHE_LIMIT = 1 << 14
 
 
 class CompiledGrammar:
-    """A grammar compiled for one tokenizer; `.matcher()` starts a sequence."""
+    """A grammar compiled for one vocabulary; `.matcher()` starts a sequence."""
 
-    def __init__(self, automaton: Automaton, vocab: Vocab):
+    def __init__(self, automaton: Automaton, vocabulary: Vocabulary):
         self.automaton = automaton
-        self.vocab = vocab
-        self.masks = TokenMasks(automaton, vocab)
+        self.vocabulary = vocabulary
+        self.masks = TokenMasks(automaton, vocabulary)
         self.stacks = StackArena()
         self.initial: State = frozenset({(automaton.start, 0)})
         self._closures: dict[State, tuple[tuple[tuple[int, int], ...], bool]] = {}
@@ -35,9 +37,9 @@ class CompiledGrammar:
         self._out_bytes: dict[int, np.ndarray] = {}
 
     @classmethod
-    def from_ir(cls, grammar: ir.Grammar, tokenizer) -> "CompiledGrammar":
-        """Compile an IR grammar for an HF tokenizer."""
-        return cls(compile_automaton(grammar), vocab_for(tokenizer))
+    def from_ir(cls, grammar: ir.Grammar, tokenizer: Any) -> "CompiledGrammar":
+        """Compile an IR grammar for an HF tokenizer or a Vocabulary."""
+        return cls(compile_automaton(grammar), as_vocabulary(tokenizer))
 
     def matcher(self) -> "Matcher":
         """A fresh per-sequence matcher at the start of the text."""
@@ -104,11 +106,11 @@ class CompiledGrammar:
         """Packed uint32 bitmask of allowed tokens (EOS included when complete), cached per state."""
         bits = self._mask_cache.get(state)
         if bits is None:
-            bits = np.zeros(self.vocab.mask_words, np.uint32)
+            bits = np.zeros(self.vocabulary.mask_words, np.uint32)
             for g, s in state:
                 self.masks.add_mask(bits, g, s, self.stacks)
             if self.closure(state)[1]:
-                for eos in self.vocab.eos_ids:
+                for eos in self.vocabulary.eos_ids:
                     bits[eos >> 5] |= np.uint32(1 << (eos & 31))
             if len(self._mask_cache) >= _MASK_CACHE_LIMIT:
                 self._mask_cache.clear()
@@ -121,7 +123,7 @@ class CompiledGrammar:
         ids = self._ids_cache.get(state)
         if ids is None:
             bits = np.unpackbits(self.mask(state).view(np.uint8), bitorder="little")
-            ids = self._ids_cache[state] = np.flatnonzero(bits[: self.vocab.size])
+            ids = self._ids_cache[state] = np.flatnonzero(bits[: self.vocabulary.size])
             ids.flags.writeable = False
         return ids
 
@@ -145,8 +147,8 @@ class Matcher:
         return self.grammar.allowed_ids(self._state)
 
     def fill_bitmask(self, buffer: np.ndarray) -> None:
-        """Write the allowed set into an int32 buffer of ceil(vocab/32) words (bit i%32 of word i//32)."""
-        words = self.grammar.vocab.mask_words
+        """Write the allowed set into an int32 buffer of ceil(vocabulary.size / 32) words (bit i%32 of word i//32)."""
+        words = self.grammar.vocabulary.mask_words
         if buffer.dtype != np.int32 or buffer.ndim != 1 or len(buffer) < words:
             raise ValueError(f"fill_bitmask needs a 1-D int32 buffer of at least {words} words")
         if self._ended:
@@ -156,7 +158,7 @@ class Matcher:
 
     def is_token_allowed(self, token_id: int) -> bool:
         """Whether `token_id` may come next."""
-        if self._ended or not 0 <= token_id < self.grammar.vocab.size:
+        if self._ended or not 0 <= token_id < self.grammar.vocabulary.size:
             return False
         bits = self.grammar.mask(self._state)
         return bool(bits[token_id >> 5] >> np.uint32(token_id & 31) & 1)
@@ -167,11 +169,11 @@ class Matcher:
         if not self.is_token_allowed(token_id):
             raise ValueError(f"token {token_id} is not allowed by the constraint here")
         g = self.grammar
-        if token_id in g.vocab.eos_ids:
+        if token_id in g.vocabulary.eos_ids:
             self._states.append(self._state)
             self._ended = True
             return
-        nxt = g.step(self._state, g.vocab.token_bytes[token_id])
+        nxt = g.step(self._state, g.vocabulary.token_bytes[token_id])
         if nxt is None:  # the mask allowed it, so this is an internal inconsistency
             raise GrammarError(f"token {token_id} was allowed but cannot be consumed")
         self._states.append(nxt)
@@ -222,7 +224,7 @@ class Matcher:
             data = data[:cut]
         if not data:
             return []
-        ids = self.grammar.vocab.encode(data)
+        ids = self.grammar.vocabulary.encode(data)
         return ids if finished else ids[:-1]
 
 

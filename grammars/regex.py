@@ -23,6 +23,7 @@ from .fsm import DFA, NFA, BudgetExceeded, determinize, minimize, product, union
 
 MAX_DFA_STATES = 20_000
 MAX_NFA_NODES = 200_000
+MAX_GROUP_DEPTH = 100  # groups in groups: parsers recurse per level; number bounds nest one per digit
 _MAX_UNICODE = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
 _ALL_RANGES = ((0, _SURROGATES[0] - 1), (_SURROGATES[1] + 1, _MAX_UNICODE))
@@ -280,10 +281,27 @@ class _Builder:
             raise RegexError("anchors are only supported at the start or end of the regex", self.pattern, pos)
 
 
+# what can hold a parenthesis that opens no group: an escape, a character class
+_GROUP_LEXEMES = re.compile(r"\\.|\[\^?\]?(?:\\.|[^\]\\])*\]|[()]", re.DOTALL)
+
+
+def check_group_depth(pattern: str) -> None:
+    """Refuse groups nested deeper than MAX_GROUP_DEPTH, before anything recursive parses `pattern`."""
+    depth = 0
+    for m in _GROUP_LEXEMES.finditer(pattern):
+        if m.group() == "(":
+            depth += 1
+            if depth > MAX_GROUP_DEPTH:
+                raise RegexError(f"groups nested deeper than {MAX_GROUP_DEPTH}", pattern, m.start())
+        elif m.group() == ")":
+            depth -= 1
+
+
 def _parse(pattern: str):
     if not isinstance(pattern, str):
         raise RegexError(f"a regex must be a str, not {type(pattern).__name__}", repr(pattern))
     anchors = _scan(pattern)
+    check_group_depth(pattern)
     try:
         parsed = sre_parse.parse(pattern)
     except re.error as e:

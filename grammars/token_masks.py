@@ -24,7 +24,7 @@ import numpy as np
 
 from .automaton import Automaton
 from .fsm import DFA
-from .vocab import Vocab
+from .vocab import Vocabulary
 
 _SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary; most walks are sparse (a few words of bitmask)
 _MAX_PATCHED_BYTES = 8  # a whole-vocabulary walk is patched from a neighbour's when it differs on this few bytes
@@ -86,16 +86,16 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
             bits[tid >> 5] &= ~(np.uint32(1) << np.uint32(tid & 31))
 
 
-_ROOT_CHILDREN: "weakref.WeakKeyDictionary[Vocab, np.ndarray]" = weakref.WeakKeyDictionary()
+_ROOT_CHILDREN: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
 
 
-def _root_children(vocab: Vocab) -> np.ndarray:
+def _root_children(vocabulary: Vocabulary) -> np.ndarray:
     """Per first byte, the trie node of that byte below the root (-1: no token starts with it)."""
-    hit = _ROOT_CHILDREN.get(vocab)
+    hit = _ROOT_CHILDREN.get(vocabulary)
     if hit is None:
-        t = vocab.trie
+        t = vocabulary.trie
         nodes = np.flatnonzero(t.depth == 1)
-        hit = _ROOT_CHILDREN[vocab] = np.full(256, -1, np.int64)
+        hit = _ROOT_CHILDREN[vocabulary] = np.full(256, -1, np.int64)
         hit[t.byte[nodes]] = nodes
     return hit
 
@@ -123,17 +123,17 @@ class Walk:
 
 
 # per vocabulary: (terminal DFA, state, trie nodes) or (state signature, root) -> Walk, shared by every grammar
-_SHARED_WALKS: "weakref.WeakKeyDictionary[Vocab, dict[tuple, Walk]]" = weakref.WeakKeyDictionary()
+_SHARED_WALKS: "weakref.WeakKeyDictionary[Vocabulary, dict[tuple, Walk]]" = weakref.WeakKeyDictionary()
 _ROOT = np.zeros(1, np.int32)
 _ROOT_KEY = _ROOT.tobytes()
 
 
-def _run_walk(dfa: DFA, vocab: Vocab, state: int, nodes: np.ndarray) -> Walk:
-    t = vocab.trie
-    bits = np.zeros(vocab.mask_words, np.uint32)
+def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray) -> Walk:
+    t = vocabulary.trie
+    bits = np.zeros(vocabulary.mask_words, np.uint32)
     pops = np.empty(int((t.end[nodes] - nodes).sum()), np.int32)
     npops = walk_nodes(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
-                       vocab.max_depth, state, nodes, bits, pops)
+                       vocabulary.max_depth, state, nodes, bits, pops)
     # walks from nested nodes can stop at the same node twice: keep pop points a set
     return Walk(bits, np.unique(pops[:npops]))
 
@@ -141,12 +141,12 @@ def _run_walk(dfa: DFA, vocab: Vocab, state: int, nodes: np.ndarray) -> Walk:
 class TokenMasks:
     """Token masks of one automaton over one vocabulary, from cached terminal walks."""
 
-    def __init__(self, automaton: Automaton, vocab: Vocab):
+    def __init__(self, automaton: Automaton, vocabulary: Vocabulary):
         self.a = automaton
-        self.vocab = vocab
+        self.vocabulary = vocabulary
         self._walks: dict[tuple[int, bytes], Walk] = {}
         self._terminal_starts = [first for first, _ in automaton.terminals]
-        self._shared = _SHARED_WALKS.setdefault(vocab, {})
+        self._shared = _SHARED_WALKS.setdefault(vocabulary, {})
         self._calls = automaton.call_ptr.tolist(), automaton.call_callee.tolist(), automaton.call_ret.tolist()
 
     def terminal_of(self, state: int) -> tuple[int, DFA] | None:
@@ -176,7 +176,7 @@ class TokenMasks:
         if hit is None:
             hit = self._patched_root_walk(dfa, state, depth) if root else None
             if hit is None:
-                hit = _run_walk(dfa, self.vocab, state, nodes)
+                hit = _run_walk(dfa, self.vocabulary, state, nodes)
             if len(self._shared) >= _SHARED_WALKS_LIMIT:
                 del self._shared[next(iter(self._shared))]
             self._shared[key] = hit
@@ -195,8 +195,8 @@ class TokenMasks:
         if ref == state or len(differ) > _MAX_PATCHED_BYTES:
             return None
         base = self._shared_walk(dfa, ref, _ROOT, _ROOT_KEY, depth + 1)
-        t, children = self.vocab.trie, _root_children(self.vocab)
-        bits = np.zeros(self.vocab.mask_words, np.uint32)
+        t, children = self.vocabulary.trie, _root_children(self.vocabulary)
+        bits = np.zeros(self.vocabulary.mask_words, np.uint32)
         base.add_to(bits)
         keep = np.ones(len(base.pops), bool)
         extra = [np.zeros(1, np.int32)] if dfa.accept[state] else []
@@ -211,7 +211,7 @@ class TokenMasks:
             nxt = int(row[byte])
             if nxt >= 0:
                 _set_tokens(bits, t.tok_ids, t.tok_ptr[child], t.tok_ptr[child + 1], True)
-                sub = _run_walk(dfa, self.vocab, nxt, np.array([child], np.int32))
+                sub = _run_walk(dfa, self.vocabulary, nxt, np.array([child], np.int32))
                 sub.add_to(bits)
                 extra.append(sub.pops)
         return Walk(bits, np.unique(np.concatenate([base.pops[keep], *extra])))

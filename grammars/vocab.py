@@ -1,9 +1,11 @@
-"""The bytes of every token of an HF tokenizer, and a byte trie over them in flat arrays.
+"""The vocabulary a model decodes over: the bytes of every token id, its eos ids, a byte trie.
 
-Tokens are bytes, not strings: byte-level BPE tokens map through GPT-2's
-bytes<->unicode table (and may be partial UTF-8), SentencePiece tokens spell
-spaces as `▁` and raw bytes as `<0xNN>`.  Special tokens get no bytes (they are
-never allowed by a constraint, except EOS which the matcher handles apart).
+One `Vocabulary` is shared by the grammars (masks, forced tokens), the detokenizer and the engine.
+Tokens are bytes, not strings: byte-level BPE tokens map through GPT-2's bytes<->unicode table (and
+may be partial UTF-8), SentencePiece tokens spell spaces as `▁` and raw bytes as `<0xNN>`.  Special
+tokens get no bytes (a constraint never allows them; the matcher handles eos apart) but keep their
+text for `skip_special_tokens=False`.  `size` is the model's logit width, which may exceed the
+tokenizer (embeddings padded to a multiple of 64): padding ids have no bytes either.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import json
 import re
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Sequence
 
 import numba
 import numpy as np
@@ -52,49 +56,75 @@ class Trie:
 
 
 @dataclass(eq=False)
-class Vocab:
-    """Token bytes, EOS ids and the trie of one tokenizer."""
+class Vocabulary:
+    """Token bytes, special-token text, eos ids and the byte trie of the tokens that have bytes.
 
-    token_bytes: list[bytes | None]
-    eos_ids: tuple[int, ...]
-    size: int
+    Build one with `vocabulary_for(tokenizer, size, eos_ids)`; `trie` must index `token_bytes`.
+    """
+
+    size: int                          # logit columns of the model (>= the tokenizer's tokens when padded)
+    token_bytes: list[bytes | None]    # len == size; None for special tokens, eos and ids the tokenizer lacks
+    special_bytes: dict[int, bytes]    # the text of special tokens, shown when skip_special_tokens=False
+    eos_ids: tuple[int, ...]           # the ids that end generation
     trie: Trie
-    _tokenizer_ref: object
-    _by_bytes: dict[bytes, int]
-    _max_len: int
+    tokenizer_ref: Any = field(default=None, repr=False)  # weakref.ref to the HF tokenizer: canonical encodings
 
-    @property
-    def max_depth(self) -> int:
-        """Length in bytes of the longest token."""
-        return self._max_len
+    def __post_init__(self):
+        if len(self.token_bytes) != self.size:
+            raise ValueError(f"token_bytes has {len(self.token_bytes)} entries for a vocabulary of {self.size}")
+        bad = [e for e in self.eos_ids if not 0 <= e < self.size]
+        if bad:
+            raise ValueError(f"eos ids {bad} are outside the vocabulary of {self.size}")
 
     @property
     def mask_words(self) -> int:
         """int32 words of a bitmask over this vocabulary."""
         return (self.size + 31) // 32
 
+    @cached_property
+    def max_depth(self) -> int:
+        """Length in bytes of the longest token."""
+        return max(int(self.trie.depth.max(initial=0)), 1)
+
+    @cached_property
+    def _by_bytes(self) -> dict[bytes, int]:
+        by_bytes: dict[bytes, int] = {}
+        for tid, b in enumerate(self.token_bytes):
+            if b:
+                by_bytes.setdefault(b, tid)
+        return by_bytes
+
+    def text_bytes(self, token_id: int, skip_special_tokens: bool = True) -> bytes:
+        """The bytes `token_id` shows in decoded text: b"" for padding ids and for skipped special tokens."""
+        if not 0 <= token_id < self.size:
+            return b""
+        data = self.token_bytes[token_id]
+        if data is None:
+            return b"" if skip_special_tokens else self.special_bytes.get(token_id, b"")
+        return data
+
     def encode(self, data: bytes) -> list[int]:
         """Canonical token ids spelling exactly `data` (the tokenizer's own encoding when it
         spells `data`, else greedy longest match over the vocabulary)."""
-        tokenizer = self._tokenizer_ref()
+        tokenizer = self.tokenizer_ref() if self.tokenizer_ref is not None else None
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             text = None
         if tokenizer is not None and text is not None:
             ids = tokenizer.encode(text, add_special_tokens=False)
-            spelled = b"".join(self.token_bytes[i] or b"\xff\xff" for i in ids)
+            spelled = b"".join(self.text_bytes(i) or b"\xff\xff" for i in ids)
             if spelled == data:
                 return list(ids)
             # SentencePiece prepends a `▁` at the start of a text; drop it when it stands alone
-            if spelled == b" " + data and ids and self.token_bytes[ids[0]] == b" ":
+            if spelled == b" " + data and ids and self.text_bytes(ids[0]) == b" ":
                 return list(ids[1:])
         return self._greedy(data)
 
     def _greedy(self, data: bytes) -> list[int]:
         out, pos = [], 0
         while pos < len(data):
-            for n in range(min(self._max_len, len(data) - pos), 0, -1):
+            for n in range(min(self.max_depth, len(data) - pos), 0, -1):
                 tid = self._by_bytes.get(data[pos : pos + n])
                 if tid is not None:
                     out.append(tid)
@@ -129,15 +159,20 @@ def _special_ids(tokenizer) -> set[int]:
     return ids
 
 
-def _token_bytes(tokenizer, size: int) -> list[bytes | None]:
+def _token_bytes(tokenizer) -> tuple[list[bytes | None], dict[int, bytes]]:
+    """The bytes of every token of `tokenizer` (None for specials and holes), and the specials' text."""
     kind = _decoder_kind(tokenizer)
     specials = _special_ids(tokenizer)
     added = {int(i): t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
-    pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     out: list[bytes | None] = []
+    special_bytes: dict[int, bytes] = {}
     for tid, piece in enumerate(pieces):
-        if tid in specials or piece is None:
+        if piece is None:
             out.append(None)
+        elif tid in specials:
+            out.append(None)
+            special_bytes[tid] = added.get(tid, piece).encode("utf-8")
         elif tid in added:
             out.append(added[tid].encode("utf-8") or None)
         elif kind == "byte_level":
@@ -151,7 +186,7 @@ def _token_bytes(tokenizer, size: int) -> list[bytes | None]:
         else:
             # no byte-exact decoder known: fall back to the tokenizer's own decoding of the token
             out.append(tokenizer.decode([tid]).encode("utf-8") or None)
-    return out
+    return out, special_bytes
 
 
 @numba.njit(cache=True)
@@ -213,30 +248,58 @@ def build_trie(token_bytes: list[bytes | None]) -> Trie:
     return Trie(byte, depth, end, tok_ptr, tok_ids)
 
 
-_CACHE: "weakref.WeakKeyDictionary[object, Vocab]" = weakref.WeakKeyDictionary()
+@dataclass(frozen=True, eq=False)
+class _TokenizerTables:
+    """What every Vocabulary of one tokenizer shares: the expensive part (~1.4 s for 100k tokens)."""
+
+    token_bytes: list[bytes | None]
+    special_bytes: dict[int, bytes]
+    trie: Trie
 
 
-def vocab_for(tokenizer) -> Vocab:
-    """The Vocab of an HF tokenizer, built once per tokenizer object and process."""
-    cached = _CACHE.get(tokenizer)
-    if cached is not None:
-        return cached
-    size = len(tokenizer)
-    token_bytes = _token_bytes(tokenizer, size)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    eos_ids = (eos,) if isinstance(eos, int) and 0 <= eos < size else ()
-    by_bytes: dict[bytes, int] = {}
-    for tid, b in enumerate(token_bytes):
-        if b:
-            by_bytes.setdefault(b, tid)
-    vocab = Vocab(
-        token_bytes=token_bytes,
-        eos_ids=eos_ids,
-        size=size,
-        trie=build_trie(token_bytes),
-        _tokenizer_ref=weakref.ref(tokenizer),
-        _by_bytes=by_bytes,
-        _max_len=max((len(b) for b in by_bytes), default=1),
-    )
-    _CACHE[tokenizer] = vocab
-    return vocab
+_TABLES: "weakref.WeakKeyDictionary[Any, _TokenizerTables]" = weakref.WeakKeyDictionary()
+_VOCABULARIES: "weakref.WeakKeyDictionary[Any, dict[tuple, Vocabulary]]" = weakref.WeakKeyDictionary()
+
+
+def _tables(tokenizer) -> _TokenizerTables:
+    hit = _TABLES.get(tokenizer)
+    if hit is None:
+        token_bytes, special_bytes = _token_bytes(tokenizer)
+        hit = _TABLES[tokenizer] = _TokenizerTables(token_bytes, special_bytes, build_trie(token_bytes))
+    return hit
+
+
+def vocabulary_for(tokenizer, size: int | None = None, eos_ids: Sequence[int] | None = None) -> Vocabulary:
+    """The Vocabulary of an HF tokenizer for a model with `size` logit columns (default: the
+    tokenizer's length) that stops on `eos_ids` (default: the tokenizer's eos); cached per
+    (tokenizer, size, eos_ids), token bytes and trie built once per tokenizer."""
+    tables = _tables(tokenizer)
+    size = len(tables.token_bytes) if size is None else int(size)
+    if eos_ids is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        eos_ids = (eos,) if isinstance(eos, int) and 0 <= eos < size else ()
+    eos_ids = tuple(int(e) for e in eos_ids)
+    per_tokenizer = _VOCABULARIES.setdefault(tokenizer, {})
+    hit = per_tokenizer.get((size, eos_ids))
+    if hit is not None:
+        return hit
+    known = len(tables.token_bytes)
+    token_bytes = tables.token_bytes[:size] + [None] * (size - known)
+    special_bytes = dict(tables.special_bytes)
+    plain_eos = [e for e in eos_ids if 0 <= e < size and token_bytes[e] is not None]
+    for e in plain_eos:
+        # eos ends generation wherever the grammar is complete: it is never text to match
+        special_bytes[e] = token_bytes[e]
+        token_bytes[e] = None
+    narrower = any(b is not None for b in tables.token_bytes[size:])
+    trie = build_trie(token_bytes) if plain_eos or narrower else tables.trie
+    hit = per_tokenizer[(size, eos_ids)] = Vocabulary(size, token_bytes, special_bytes, eos_ids, trie,
+                                                      weakref.ref(tokenizer))
+    return hit
+
+
+def as_vocabulary(tokenizer_or_vocabulary) -> Vocabulary:
+    """A Vocabulary as given, or the default one of an HF tokenizer (what the compile functions accept)."""
+    if isinstance(tokenizer_or_vocabulary, Vocabulary):
+        return tokenizer_or_vocabulary
+    return vocabulary_for(tokenizer_or_vocabulary)

@@ -1,4 +1,8 @@
-"""Constraint specs users pass to `generate(..., constraint=...)`; compiled once per tokenizer and cached."""
+"""Constraint specs users put on a request (`SamplingParams(constraint=...)` or `generate(..., constraint=...)`).
+
+The engine compiles each spec once for its model's vocabulary (by `key()`); the grammar compiler is
+imported on first use so that `import leapgen` stays light.
+"""
 
 from __future__ import annotations
 
@@ -6,37 +10,50 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from leapgen.grammars import compile_json_schema, compile_lark, compile_regex
+from leapgen.decoding.constraint import ConstraintSpec
 
 
 @dataclass(frozen=True)
 class JsonSchema:
-    """Output is one JSON value valid against `schema` (a dict or a JSON string); `options` go to the compiler
-    (`whitespace="flexible"|"dumps"|"compact"`, `additional_properties=False`, ...)."""
+    """Output is one JSON value valid against `schema` (a dict, a JSON string or a pydantic model class);
+    `options` go to the compiler (`whitespace="flexible"|"dumps"|"compact"`, `additional_properties=False`, ...)."""
 
-    schema: dict | str
+    schema: dict | str | type
     options: dict[str, Any] = field(default_factory=dict)
 
-    def key(self) -> tuple:
-        schema = json.loads(self.schema) if isinstance(self.schema, str) else self.schema
-        return ("json", json.dumps(schema, sort_keys=True), json.dumps(self.options, sort_keys=True))
+    def as_dict(self) -> dict:
+        """The schema as a dict."""
+        if isinstance(self.schema, str):
+            return json.loads(self.schema)
+        if _is_pydantic_model(self.schema):
+            return self.schema.model_json_schema()
+        if isinstance(self.schema, dict):
+            return self.schema
+        raise TypeError(f"JsonSchema takes a dict, a JSON string or a pydantic model class, "
+                        f"got {type(self.schema).__name__}")
 
-    def compile(self, tokenizer):
-        schema = json.loads(self.schema) if isinstance(self.schema, str) else self.schema
-        return compile_json_schema(schema, tokenizer, **self.options)
+    def key(self) -> tuple:
+        return ("json", json.dumps(self.as_dict(), sort_keys=True), json.dumps(self.options, sort_keys=True))
+
+    def compile(self, vocabulary):
+        from leapgen.grammars import compile_json_schema
+
+        return compile_json_schema(self.as_dict(), vocabulary, **self.options)
 
 
 @dataclass(frozen=True)
 class Regex:
-    """Output matches `pattern` (Python regex syntax) as a whole."""
+    """Output matches `pattern` (Python regex syntax) as a whole; the empty pattern means empty output."""
 
     pattern: str
 
     def key(self) -> tuple:
         return ("regex", self.pattern)
 
-    def compile(self, tokenizer):
-        return compile_regex(self.pattern, tokenizer)
+    def compile(self, vocabulary):
+        from leapgen.grammars import compile_regex
+
+        return compile_regex(self.pattern, vocabulary)
 
 
 @dataclass(frozen=True)
@@ -48,28 +65,25 @@ class Grammar:
     def key(self) -> tuple:
         return ("lark", self.lark_text)
 
-    def compile(self, tokenizer):
-        return compile_lark(self.lark_text, tokenizer)
+    def compile(self, vocabulary):
+        from leapgen.grammars import compile_lark
+
+        return compile_lark(self.lark_text, vocabulary)
 
 
 Constraint = JsonSchema | Regex | Grammar
 
 
-class ConstraintCache:
-    """Compiled constraints of one tokenizer, by spec: a pipeline over many documents compiles each schema once."""
+def as_constraint(value: Any) -> ConstraintSpec | None:
+    """A constraint spec from what a user passed: a spec (ours, or any object with the ConstraintSpec
+    protocol's `key` and `compile`) as is, a pydantic model class as its JSON schema."""
+    if _is_pydantic_model(value):
+        return JsonSchema(value)
+    if value is None or isinstance(value, ConstraintSpec):
+        return value
+    raise TypeError(f"constraint must be leapgen.JsonSchema, leapgen.Regex, leapgen.Grammar or a pydantic model "
+                    f"class, got {type(value).__name__}")
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._compiled: dict[tuple, Any] = {}
 
-    def get(self, constraint: Constraint | None):
-        """The compiled grammar of `constraint` (None for no constraint)."""
-        if constraint is None:
-            return None
-        if not isinstance(constraint, (JsonSchema, Regex, Grammar)):
-            raise TypeError(f"constraint must be leapgen.JsonSchema, leapgen.Regex or leapgen.Grammar, "
-                            f"got {type(constraint).__name__}")
-        key = constraint.key()
-        if key not in self._compiled:
-            self._compiled[key] = constraint.compile(self.tokenizer)
-        return self._compiled[key]
+def _is_pydantic_model(value: Any) -> bool:
+    return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
 
-from leapgen.constraints import Constraint, ConstraintCache
+from leapgen.constraints import Constraint, as_constraint
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.engine.default_model import default_model_path
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
@@ -24,7 +26,8 @@ class LLM:
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                  kv_cache_memory: int | str | None = None, block_size: int = 16, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 enable_forced_tokens: bool = True, seed: int | None = None) -> None:
+                 enable_forced_tokens: bool = True, seed: int | None = None, threads: int | None = None) -> None:
+        set_threads(threads)
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         path = default_model_path() if model is None else Path(model)
@@ -32,7 +35,6 @@ class LLM:
                               enable_prefix_caching, enable_forced_tokens)
         self.engine = LLMEngine(load_model(path, dtype, device), config, seed=seed)
         self.path = path
-        self.constraints = ConstraintCache(self.engine.tokenizer)
 
     @property
     def tokenizer(self):
@@ -40,35 +42,41 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, constraint: Constraint | None = None,
+                 *, constraint: Constraint | type | None = None, on_error: Literal["raise", "return"] = "raise",
                  progress: bool | Callable[[int, int], None] = False) -> list[RequestOutput]:
         """Generate for one prompt or a batch (strings or token-id lists); one output per prompt, in order.
 
-        `constraint` (`leapgen.JsonSchema`, `leapgen.Regex` or `leapgen.Grammar`) keeps every output inside it.
+        Each request's constraint is `params.constraint`; `constraint` (`leapgen.JsonSchema`, `Regex`,
+        `Grammar` or a pydantic model class) is the shorthand that puts one on every prompt.  A bad
+        prompt raises RequestError naming `prompts[i]` before anything runs, or with
+        `on_error="return"` comes back with finish_reason "error" while the rest run.
         """
         batch = _as_batch(prompts)
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(batch)
+        params_list = [_with_constraint(p, constraint) for p in params_list]
         report = _progress_bar if progress is True else (progress or None)
-        return self.engine.generate(batch, params, progress=report, constraint=self.constraints.get(constraint))
+        return self.engine.generate(batch, params_list, progress=report, on_error=on_error)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
-               constraint: Constraint | None = None) -> Iterator[str]:
-        """Yield the text of one prompt as it is produced (the pieces join to the final `text`)."""
-        request_id = self.engine.add_request(prompt, params, self.constraints.get(constraint))
-        emitted = 0
+               constraint: Constraint | type | None = None) -> Iterator[str]:
+        """Yield the text of one prompt as it is produced; the pieces join to the final `text`.
+
+        A request that fails while running raises RuntimeError with its error after the text so far.
+        """
+        request_id = self.engine.add_request(prompt, _with_constraint(params, constraint))
         try:
-            while True:
-                outputs = {o.request_id: o for o in self.engine.step()}
-                output = outputs.get(request_id)
-                if output is not None:
-                    text = output.text
-                    if len(text) > emitted:
-                        yield text[emitted:]
-                        emitted = len(text)
+            while self.engine.has_unfinished:
+                for output in self.engine.step():
+                    if output.request_id != request_id:
+                        continue
+                    if output.outputs and output.outputs[0].delta:
+                        yield output.outputs[0].delta
+                    if output.error is not None:
+                        raise RuntimeError(output.error)
                     if output.finished:
                         return
         finally:
-            if request_id in self.engine.requests:
-                self.engine.abort(request_id)
+            self.engine.abort(request_id)
 
     def chat_prompt(self, message: str, system: str | None = None) -> str:
         """`message` wrapped in the model's chat template, ready for the assistant's answer."""
@@ -89,6 +97,32 @@ def generate(model: LLM | str | Path | None, prompt: Prompt, params: SamplingPar
         raise ValueError(f"pass either params or SamplingParams keywords, not both (got {sorted(sampling)})")
     llm = model if isinstance(model, LLM) else LLM(model)
     return llm.generate([prompt], params or SamplingParams(**sampling), constraint=constraint)[0]
+
+
+def set_threads(threads: int | None) -> int:
+    """Give torch `threads` CPU threads (None: the cores this process may run on); returns the number set.
+
+    torch's default counts every core of the machine; on a shared or containerised machine that
+    oversubscribes the cores the process really has, and matmuls slow down by an order of magnitude.
+    """
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    elif not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _with_constraint(params: SamplingParams | None, constraint: Constraint | type | None) -> SamplingParams:
+    """`params` (default ones when None) carrying its constraint as a spec; `constraint` fills it in."""
+    params = params or SamplingParams()
+    if constraint is not None:
+        if params.constraint is not None and params.constraint != constraint:
+            raise ValueError("a constraint was passed both as generate(constraint=...) and in SamplingParams; "
+                             "pass it once")
+        params = dataclasses.replace(params, constraint=constraint)
+    spec = as_constraint(params.constraint)
+    return params if spec is params.constraint else dataclasses.replace(params, constraint=spec)
 
 
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

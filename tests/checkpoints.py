@@ -54,10 +54,11 @@ def build_checkpoint(directory, name: str):
     return hf
 
 
-def build_checkpoint_for_tokenizer(directory, tokenizer, seed: int = 0):
-    """A tiny random Llama sized to `tokenizer`'s vocabulary, saved with it (for constraint tests)."""
+def build_checkpoint_for_tokenizer(directory, tokenizer, seed: int = 0, padding: int = 0):
+    """A tiny random Llama sized to `tokenizer`'s vocabulary (plus `padding` embedding rows the tokenizer
+    lacks, as checkpoints padded to a multiple of 64 have), saved with it (for constraint tests)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(**{**SMALL, "vocab_size": len(tokenizer), "max_position_embeddings": 2048, "bos_token_id": None,
+    config = LlamaConfig(**{**SMALL, "vocab_size": len(tokenizer) + padding, "max_position_embeddings": 2048, "bos_token_id": None,
                             "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.eos_token_id})
     hf = AutoModelForCausalLM.from_config(config).eval()
     hf.save_pretrained(directory)

@@ -40,13 +40,17 @@ def test_transformers_processors_apply_to_their_own_row_with_its_ids():
     assert torch.isinf(got[0, 3]) and torch.isinf(got[2, [5, 6]]).all()
 
 
-def test_a_processor_returning_the_wrong_shape_is_named():
+def test_a_failing_processor_fails_its_row_alone_and_is_named():
     def broken(input_ids, scores):
         return scores[:, :10]
 
-    rows = [SamplingRow(SamplingParams(logits_processors=[broken]))]
-    with pytest.raises(ValueError, match="row 0: logits processor .*broken.* returned \\(1, 10\\)"):
-        LogitsPipeline()(torch.zeros(1, VOCAB), SamplingBatch.build(rows, VOCAB))
+    rows = [SamplingRow(SamplingParams()), SamplingRow(SamplingParams(logits_processors=[broken]))]
+    batch = SamplingBatch.build(rows, VOCAB)
+    logits = torch.randn(2, VOCAB)
+    got = LogitsPipeline()(logits.clone(), batch)
+    assert list(batch.row_errors) == [1]
+    assert re.search(r"logits processor .*broken.* returned \(1, 10\)", str(batch.row_errors[1]))
+    torch.testing.assert_close(got, logits)
     with pytest.raises(ValueError, match="logits_processors\\[0\\] must be callable"):
         SamplingParams(logits_processors=["not a processor"])
 

@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from leapgen.decoding.detokenizer import IncrementalDetokenizer, token_bytes_table
+from leapgen.decoding.detokenizer import IncrementalDetokenizer
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.stop import StopChecker
-from tokenizers_util import byte_level_bpe, cl100k, sentencepiece_bpe, training_text
+from leapgen.grammars.vocab import vocabulary_for
+from tokenizers_util import byte_level_bpe, byte_level_with_specials, cl100k, sentencepiece_bpe, training_text
 
 TEXTS = [
     "hello world json name café naïve 中文 字符 😀 x {\"a\": 1}\n",
@@ -53,9 +54,8 @@ def test_detokenizer_matches_full_decode_on_generated_corpus(tokenizer):
 
 def byte_tokens(tokenizer, text: str) -> list[int]:
     """Ids of single-byte tokens spelling `text`, so every multi-byte character is split across tokens."""
-    table = token_bytes_table(tokenizer)
     by_bytes = {}
-    for token_id, data in enumerate(table):
+    for token_id, data in enumerate(vocabulary_for(tokenizer).token_bytes):
         by_bytes.setdefault(data, token_id)
     return [by_bytes[bytes([b])] for b in text.encode()]
 
@@ -81,6 +81,17 @@ def test_detokenizer_on_cl100k():
     for text in TEXTS:
         check_continuation(cl100k(), "Prompt: ", text)
 
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_detokenizer_shows_special_tokens_only_when_asked(skip):
+    tok = byte_level_with_specials()
+    # a model with 37 padding logit columns that ends on <|end|>: the engine's Vocabulary
+    vocabulary = vocabulary_for(tok, size=len(tok) + 37, eos_ids=[tok.convert_tokens_to_ids("<|end|>")])
+    ids = tok.encode("héllo<|tool|> wörld 😀<|end|>", add_special_tokens=False)
+    detok = IncrementalDetokenizer(vocabulary, skip_special_tokens=skip)
+    text = "".join(detok.add([t]) for t in ids + [len(tok) + 3]) + detok.flush()  # a padding id spells nothing
+    assert text == tok.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+    assert ("<|tool|>" in text and "<|end|>" in text) is not skip
 
 def generate(tokenizer, text: str, params: SamplingParams, prompt: str = "Q: ") -> tuple[StopChecker, str, int]:
     """Feed `text`'s tokens (then eos) until the checker stops.

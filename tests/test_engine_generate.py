@@ -34,8 +34,12 @@ def checkpoint(request, tmp_path_factory):
     return directory, [hf_greedy(hf, p) for p in prompts], prompts
 
 
-def engine_for(directory, **config) -> LLMEngine:
-    return LLMEngine(load_model(directory, "float32"), EngineConfig(**config))
+def engine_for(directory, eos_token_ids: tuple[int, ...] | None = None, **config) -> LLMEngine:
+    """An engine on the checkpoint in `directory`; `eos_token_ids` replaces the checkpoint's own."""
+    loaded = load_model(directory, "float32")
+    if eos_token_ids is not None:
+        loaded.eos_token_ids = eos_token_ids
+    return LLMEngine(loaded, EngineConfig(**config))
 
 
 def assert_no_leaks(engine: LLMEngine) -> None:
@@ -85,9 +89,8 @@ def test_eos_stops_and_max_tokens_caps(tmp_path):
     hf = build_checkpoint(tmp_path, "llama")
     prompt = random_prompts(hf.config.vocab_size, [6])[0]
     reference = hf_greedy(hf, prompt, 12)
-    engine = engine_for(tmp_path)
     eos = reference[4]                              # make the 5th generated token the end of sequence
-    engine.loaded.eos_token_ids = (eos,)
+    engine = engine_for(tmp_path, eos_token_ids=(eos,))
     out = engine.generate([prompt], SamplingParams(max_tokens=12))[0]
     assert out.token_ids == reference[: reference.index(eos) + 1]
     assert out.finish_reason == "stop"
@@ -112,7 +115,7 @@ def test_bad_requests_are_clear_errors(tmp_path):
     limit = engine.loaded.max_model_len
     with pytest.raises(ValueError, match=f"context is {limit} tokens"):
         engine.add_request([5] * limit)
-    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+    with pytest.raises(ValueError, match="token id 1000000 is outside the vocabulary"):
         engine.add_request([10**6])
     with pytest.raises(ValueError, match="empty"):
         engine.add_request([])
@@ -128,9 +131,8 @@ def test_bad_requests_are_clear_errors(tmp_path):
 def test_beam_search_matches_transformers(tmp_path, num_beams, length_penalty, early_stopping):
     hf = build_checkpoint(tmp_path, "llama")
     prompts = random_prompts(hf.config.vocab_size, [5, 11, 2])
-    engine = engine_for(tmp_path, kv_cache_memory="8MiB", block_size=4)
     eos = hf_greedy(hf, prompts[0], 6)[3]          # an eos the beams actually meet
-    engine.loaded.eos_token_ids = (eos,)
+    engine = engine_for(tmp_path, eos_token_ids=(eos,), kv_cache_memory="8MiB", block_size=4)
     params = SamplingParams(max_tokens=8, num_beams=num_beams, n=2, length_penalty=length_penalty,
                             early_stopping=early_stopping)
     outputs = engine.generate(prompts, params)

@@ -194,6 +194,7 @@ def smollm2():
     return path, load_model(path, dtype=torch.float32)
 
 
+@pytest.mark.slow   # real SmolLM2 weights: the first run converts the GGUF (~30 s)
 def test_smollm2_gguf_is_cached(smollm2):
     path, loaded = smollm2
     assert loaded.path == converted_dir(path)
@@ -208,6 +209,7 @@ def test_smollm2_gguf_is_cached(smollm2):
     assert loaded.eos_token_ids == (2,) and loaded.tokenizer.convert_ids_to_tokens(2) == "<|im_end|>"
 
 
+@pytest.mark.slow   # real SmolLM2 weights: the first run converts the GGUF (~30 s)
 def test_smollm2_tokenizer_round_trips(smollm2):
     tokenizer = smollm2[1].tokenizer
     for text in ("Hello, world!", "  leading spaces and\ttabs\nnew lines", "naïve café — 東京 🚀", '{"a": [1, 2.5]}'):
@@ -218,6 +220,7 @@ def test_smollm2_tokenizer_round_trips(smollm2):
     assert chat.endswith("<|im_start|>assistant\n")
 
 
+@pytest.mark.slow   # real SmolLM2 weights: the first run converts the GGUF (~30 s)
 def test_smollm2_logits_match_transformers_on_the_converted_checkpoint(smollm2):
     _, loaded = smollm2
     tokenizer, model = loaded.tokenizer, loaded.model
@@ -235,6 +238,7 @@ def test_smollm2_logits_match_transformers_on_the_converted_checkpoint(smollm2):
     assert tokenizer.decode(int(ours[-1].argmax())) == "The"
 
 
+@pytest.mark.slow   # real SmolLM2 weights: the first run converts the GGUF (~30 s)
 def test_smollm2_loads_in_bf16_from_the_cache(smollm2):
     again = load_model(smollm2[0], dtype="bf16")
     assert again.path == smollm2[1].path

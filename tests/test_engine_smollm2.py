@@ -12,6 +12,8 @@ from leapgen.engine.gguf_loader import convert_gguf
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
 from leapgen.engine.loader import load_model
 
+pytestmark = pytest.mark.slow   # real SmolLM2 weights: the first run converts the GGUF (~30 s)
+
 MAX_TOKENS = 12
 TEXTS = [
     "Hi",

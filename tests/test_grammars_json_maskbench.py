@@ -63,7 +63,7 @@ def test_maskbench_sample_valid_accepted_invalid_refused(compiled):
 
 def _walk(grammar, rng: random.Random, max_tokens: int = 80) -> bytes | None:
     """Random allowed tokens; after a while prefer eos, and tokens that close strings and containers."""
-    matcher, vocab, out = grammar.matcher(), grammar.vocab, []
+    matcher, vocab, out = grammar.matcher(), grammar.vocabulary, []
     for step in range(max_tokens):
         ids = [int(i) for i in matcher.allowed_token_ids()]
         eos = [i for i in ids if i in vocab.eos_ids]
@@ -79,6 +79,7 @@ def _walk(grammar, rng: random.Random, max_tokens: int = 80) -> bytes | None:
     return None
 
 
+@pytest.mark.slow
 def test_maskbench_random_walks_validate(compiled):
     tokenizer, grammars = compiled
     rng = random.Random(1234)

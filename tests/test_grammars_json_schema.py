@@ -13,9 +13,10 @@ import pytest
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars.ir import Choice, Lit, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import at_least, at_most, multiple_of_regex, natural_range
-from leapgen.grammars.json_schema import json_schema_to_grammar
+from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
+                                          json_schema_to_grammar)
 from leapgen.grammars.json_strings import FORMATS, format_regex, pattern_regex, string_regex
-from tokenizers_util import byte_level_bpe
+from tokenizers_util import accepts, byte_level_bpe
 
 
 def ir_accepts(grammar, text: str) -> bool:
@@ -218,6 +219,55 @@ def test_unsatisfiable_schema_names_the_reason():
         json_schema_to_grammar({"type": "string", "minLength": 5, "maxLength": 2})
 
 
+# ---- limits ---------------------------------------------------------------------------------------
+
+def nest(levels: int, wrap, leaf=None):
+    """`leaf` wrapped `levels` times by `wrap`."""
+    schema = {"type": "string"} if leaf is None else leaf
+    for _ in range(levels):
+        schema = wrap(schema)
+    return schema
+
+
+def in_object(schema):
+    return {"type": "object", "properties": {"a": schema}}
+
+
+def chain(levels: int, wrap) -> dict:
+    """`$defs` d0 .. d<levels>, each d<i> built by `wrap` around a $ref to the next."""
+    defs = {f"d{i}": wrap({"$ref": f"#/$defs/d{i + 1}"}) for i in range(levels)}
+    return {"$defs": {**defs, f"d{levels}": {"type": "string"}}, "$ref": "#/$defs/d0"}
+
+
+@pytest.mark.parametrize("schema, pointer, limit", [
+    (nest(200, in_object), "/properties/a" * (MAX_DOCUMENT_DEPTH // 2) + "/properties", MAX_DOCUMENT_DEPTH),
+    (nest(200, lambda s: {"anyOf": [s, {"type": "null"}]}), "/anyOf/0" * (MAX_DOCUMENT_DEPTH // 2) + "/anyOf",
+     MAX_DOCUMENT_DEPTH),
+    (nest(200, lambda s: {"items": s}), "/items" * MAX_DOCUMENT_DEPTH, MAX_DOCUMENT_DEPTH),
+    ({"const": nest(200, lambda v: [v], leaf=1)}, "/const" + "/0" * (MAX_DOCUMENT_DEPTH - 1), MAX_DOCUMENT_DEPTH),
+    (nest(100, lambda s: {"items": s}), "/items" * MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMA_DEPTH),
+    (chain(200, in_object), f"/$defs/d{MAX_SUBSCHEMA_DEPTH - 1}/properties/a", MAX_SUBSCHEMA_DEPTH),
+    ({"allOf": [{"anyOf": [{"required": [f"a{i}"]}, {"required": [f"b{i}"]}]} for i in range(30)]}, "",
+     MAX_SUBSCHEMAS),
+    ({"type": "string", "pattern": "(" * 200 + "a" + ")" * 200}, "/pattern", 100),
+], ids=["properties", "anyOf", "items", "const", "items-compiled", "ref-chain", "branches", "pattern"])
+def test_limits_raise_with_the_pointer_where_they_are_hit(schema, pointer, limit):
+    with pytest.raises(UnsupportedSchemaError, match=f"more than {limit}|deeper than {limit}") as info:
+        json_schema_to_grammar(schema)
+    assert info.value.pointer == pointer
+
+
+def test_schemas_inside_the_limits_compile():
+    assert json_schema_to_grammar(chain(1000, lambda s: s))  # $ref to $ref: no nesting
+    with pytest.raises(UnsupportedSchemaError, match="deeper than"):
+        json_schema_to_grammar("[" * 100_000 + "]" * 100_000)  # deeper than Python's JSON parser goes
+    depth = MAX_SUBSCHEMA_DEPTH - 1
+    grammar = compile_json_schema(nest(depth, lambda s: {"type": "array", "items": s}), byte_level_bpe())
+    assert accepts(grammar, byte_level_bpe(), "[" * depth + '"x", "y"' + "]" * depth)
+    assert accepts(compile_json_schema(nest(depth, in_object), byte_level_bpe()), byte_level_bpe(),
+                   '{"a": ' * depth + '"x"' + "}" * depth)
+
+
 # ---- end to end with a real tokenizer -------------------------------------------------------------
 
 def test_tokens_end_to_end_and_random_walks_validate():
@@ -240,10 +290,10 @@ def test_tokens_end_to_end_and_random_walks_validate():
             if tokenizer.eos_token_id in ids and step > 3:
                 break
             pool = [i for i in ids if i != tokenizer.eos_token_id]
-            closing = [i for i in pool if any(c in grammar.vocab.token_bytes[i] for c in b'"}]')]
+            closing = [i for i in pool if any(c in grammar.vocabulary.token_bytes[i] for c in b'"}]')]
             token = rng.choice(closing if closing and rng.random() < step / 60 else pool)
             m.advance(token)
-            out.append(grammar.vocab.token_bytes[token])
+            out.append(grammar.vocabulary.token_bytes[token])
         else:
             continue
         jsonschema.validate(json.loads(b"".join(out)), schema)

@@ -9,6 +9,8 @@ from lark.exceptions import LarkError
 
 from leapgen.grammars import compile_lark
 from leapgen.grammars.errors import LarkGrammarError
+from leapgen.grammars.lark_grammar import MAX_NESTING
+from leapgen.grammars.regex import MAX_GROUP_DEPTH
 
 JSON = r"""
 ?start: value
@@ -72,7 +74,7 @@ def test_generated_strings_parse_with_lark_and_mutants_agree(name):
     rng = random.Random(name)
     texts = []
     for _ in range(25):
-        data = tu.random_walk(g.matcher(), g.vocab, rng, max_tokens=25, stop_prob=0.4)
+        data = tu.random_walk(g.matcher(), g.vocabulary, rng, max_tokens=25, stop_prob=0.4)
         if data is not None:
             texts.append(data.decode("utf-8"))
     assert len(texts) >= 10
@@ -102,7 +104,7 @@ def test_matcher_on_cl100k_reaches_a_json_document():
     tok = tu.cl100k()
     g = compile_lark(JSON, tok)
     m = g.matcher()
-    for tid in g.vocab.encode(b'{"key": [1, "two", {"three": false}]}'):
+    for tid in g.vocabulary.encode(b'{"key": [1, "two", {"three": false}]}'):
         m.advance(tid)
     assert tok.eos_token_id in m.allowed_token_ids()
 
@@ -117,6 +119,8 @@ def test_matcher_on_cl100k_reaches_a_json_document():
         ('start: "a"\n  | :\n', "invalid lark grammar", 2),
         ("start: A\nA: /a(?=b)/\n", "lookahead", 2),
         ("start: a\na: b \"x\"\nb: a | \"y\"\n", "left-recursive", None),
+        ('start: "x"\n  | ' + "(" * 200 + '"a"' + ")" * 200, f"brackets nested deeper than {MAX_NESTING}", 2),
+        ("start: A\nA: /" + "(" * 200 + "a" + ")" * 200 + "/\n", f"groups nested deeper than {MAX_GROUP_DEPTH}", 2),
     ],
 )
 def test_bad_grammars(text, message, line):
@@ -124,3 +128,9 @@ def test_bad_grammars(text, message, line):
         compile_lark(text, tu.byte_level_bpe())
     if line is not None:
         assert info.value.line == line
+
+
+def test_nesting_at_the_limit_compiles():
+    depth = MAX_NESTING - 1  # and the [...] inside
+    grammar = compile_lark("start: " + "(" * depth + '"a" "/(" ["]"]' + ")" * depth, tu.byte_level_bpe())
+    assert _accepts(grammar, "a/(]") and _accepts(grammar, "a/(")

@@ -34,10 +34,10 @@ def test_every_matching_string_is_reachable_token_by_token(tokenizer, pattern):
     rng = random.Random(pattern)
     for data in _dfa_samples(regex_dfa(pattern), rng, 25):
         m = g.matcher()
-        for tid in g.vocab.encode(data):
+        for tid in g.vocabulary.encode(data):
             assert tid in set(m.allowed_token_ids().tolist()), (data, tid)
             m.advance(tid)
-        eos = g.vocab.eos_ids[0]
+        eos = g.vocabulary.eos_ids[0]
         assert eos in m.allowed_token_ids()
         m.advance(eos)
         assert m.is_finished()
@@ -49,7 +49,7 @@ def test_random_walks_through_masks_fullmatch(tokenizer, pattern):
     rng = random.Random(1)
     done = 0
     for _ in range(15):
-        data = tu.random_walk(g.matcher(), g.vocab, rng)
+        data = tu.random_walk(g.matcher(), g.vocabulary, rng)
         if data is not None:
             done += 1
             assert re.fullmatch(pattern, data.decode("utf-8")), data
@@ -76,14 +76,14 @@ def test_fill_bitmask_layout():
     tok = tu.byte_level_bpe()
     g = compile_regex(r"[0-9]{1,3}|abc", tok)
     m = g.matcher()
-    buf = np.full(g.vocab.mask_words + 2, -7, np.int32)
+    buf = np.full(g.vocabulary.mask_words + 2, -7, np.int32)
     m.fill_bitmask(buf)
     allowed = set(m.allowed_token_ids().tolist())
     bits = [(int(buf[i // 32]) >> (i % 32)) & 1 for i in range(len(tok))]
     assert {i for i, b in enumerate(bits) if b} == allowed
-    assert buf[-1] == -7 and len(buf[: g.vocab.mask_words]) == (len(tok) + 31) // 32
+    assert buf[-1] == -7 and len(buf[: g.vocabulary.mask_words]) == (len(tok) + 31) // 32
     with pytest.raises(ValueError, match="int32"):
-        m.fill_bitmask(np.zeros(g.vocab.mask_words, np.int64))
+        m.fill_bitmask(np.zeros(g.vocabulary.mask_words, np.int64))
 
 
 def test_advance_refuses_disallowed_and_rollback_restores():
@@ -114,16 +114,16 @@ def test_forced_tokens_hold_back_the_last_token(kind):
     m = g.matcher()
     assert m.forced_bytes() == b'{"name": "'
     forced = m.forced_tokens()
-    text = b"".join(g.vocab.token_bytes[i] for i in forced)
+    text = b"".join(g.vocabulary.token_bytes[i] for i in forced)
     assert forced and b'{"name": "'.startswith(text) and len(text) < len(b'{"name": "')
-    assert forced == g.vocab.encode(b'{"name": "')[:-1]
+    assert forced == g.vocabulary.encode(b'{"name": "')[:-1]
     for tid in forced:
         m.advance(tid)
-    for tid in g.vocab.encode(m.forced_bytes() + b"bob"):
+    for tid in g.vocabulary.encode(m.forced_bytes() + b"bob"):
         m.advance(tid)
     assert m.forced_tokens() == []  # more letters or the closing quote: a choice
-    m.advance(g.vocab.encode(b'"')[0])
-    rest = b"".join(g.vocab.token_bytes[i] for i in m.forced_tokens())
+    m.advance(g.vocabulary.encode(b'"')[0])
+    rest = b"".join(g.vocabulary.token_bytes[i] for i in m.forced_tokens())
     assert b', "id": '.startswith(rest)
 
 
@@ -163,7 +163,7 @@ def test_recursive_ir_grammar_nests_without_unrolling():
     rng = random.Random(3)
     shape = re.compile(r"[\[\],0-9]*")
     for _ in range(20):
-        data = tu.random_walk(g.matcher(), g.vocab, rng, max_tokens=30, stop_prob=0.5)
+        data = tu.random_walk(g.matcher(), g.vocabulary, rng, max_tokens=30, stop_prob=0.5)
         if data is not None:
             assert shape.fullmatch(data.decode()) and _grammar_accepts(g, data.decode())
             assert data.count(b"[") == data.count(b"]")
@@ -215,12 +215,12 @@ def test_masks_equal_brute_force_stepping(kind, which):
         m = g.matcher()
         for _ in range(12):
             state = m._state
-            expected = {t for t, b in enumerate(g.vocab.token_bytes) if b and g.step(state, b) is not None}
+            expected = {t for t, b in enumerate(g.vocabulary.token_bytes) if b and g.step(state, b) is not None}
             if g.closure(state)[1]:
-                expected |= set(g.vocab.eos_ids)
+                expected |= set(g.vocabulary.eos_ids)
             allowed = set(m.allowed_token_ids().tolist())
             assert allowed == expected
-            choices = sorted(allowed - set(g.vocab.eos_ids))
+            choices = sorted(allowed - set(g.vocabulary.eos_ids))
             if not choices:
                 break
             m.advance(rng.choice(choices))

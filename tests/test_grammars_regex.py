@@ -6,7 +6,7 @@ import re
 import pytest
 
 from leapgen.grammars.errors import RegexError
-from leapgen.grammars.regex import dfa_fullmatch, regex_dfa, terminal_dfa, utf8_sequences
+from leapgen.grammars.regex import MAX_GROUP_DEPTH, dfa_fullmatch, regex_dfa, terminal_dfa, utf8_sequences
 
 PATTERNS = [
     r"[a-z]+\d{2,4}",
@@ -110,3 +110,11 @@ def test_unsupported_or_invalid_regex_names_the_position(pattern, message, posit
 def test_catastrophic_regex_hits_the_state_budget():
     with pytest.raises(RegexError, match="too complex"):
         regex_dfa(r"(a|b)*a(a|b){16}")
+
+
+def test_groups_nested_past_the_limit_are_refused_before_parsing():
+    with pytest.raises(RegexError, match=f"nested deeper than {MAX_GROUP_DEPTH}") as info:
+        regex_dfa("(" * 200 + "a" + ")" * 200)
+    assert info.value.position == MAX_GROUP_DEPTH
+    assert dfa_fullmatch(regex_dfa("(?:" * MAX_GROUP_DEPTH + "a" + ")" * MAX_GROUP_DEPTH), b"a")
+    assert dfa_fullmatch(regex_dfa(r"[(]\(" * 200), b"((" * 200)  # escaped and in a class: no groups

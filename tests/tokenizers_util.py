@@ -167,6 +167,17 @@ def sentencepiece_bpe():
     return _cached("sentencepiece_bpe", _train_sentencepiece)
 
 
+@functools.cache
+def byte_level_with_specials():
+    """`byte_level_bpe()` loaded afresh (so it has a Vocabulary cache of its own) with two more special tokens,
+    `<|tool|>` and `<|end|>`."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(byte_level_bpe().name_or_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<|tool|>", "<|end|>"]})
+    return tok
+
+
 ALL = {"cl100k": cl100k, "o200k": o200k, "byte_level": byte_level_bpe, "sentencepiece": sentencepiece_bpe}
 
 

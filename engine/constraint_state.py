@@ -1,0 +1,57 @@
+"""Per-sequence constraint state: the matcher, its row of the step's bitmask, forced-token jumps."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from leapgen.decoding.bitmask import bitmask_words
+from leapgen.decoding.constraint import TokenConstraint, TokenMatcher
+
+
+class ConstraintState:
+    """One sequence's position inside its request's constraint."""
+
+    def __init__(self, constraint: TokenConstraint, output_ids: Iterable[int] = ()) -> None:
+        self.constraint = constraint
+        self.matcher: TokenMatcher = constraint.matcher()
+        for token in output_ids:             # a fork starts where its parent's text is
+            self.matcher.advance(token)
+
+    def fork(self, output_ids: Iterable[int]) -> "ConstraintState":
+        """A state for a sequence forked with `output_ids` already generated."""
+        return ConstraintState(self.constraint, output_ids)
+
+    def advance(self, token_id: int) -> None:
+        """Consume a generated token (ValueError when the constraint does not allow it)."""
+        self.matcher.advance(token_id)
+
+    def jump(self, eos_token_ids: Sequence[int], room: int) -> list[int]:
+        """Tokens to append without sampling: eos when the text is complete, else the forced continuation
+        (at most `room` tokens); [] when the next token is a real choice."""
+        if self.matcher.is_finished():
+            eos = set(eos_token_ids)
+            return [t for t in self.matcher.allowed_token_ids().tolist() if t in eos][:1]
+        return self.matcher.forced_tokens()[:room]
+
+
+def step_bitmask(states: Sequence[ConstraintState | None], vocab_size: int
+                 ) -> tuple[torch.Tensor | None, dict[int, Exception]]:
+    """The step's `[rows, ceil(vocab/32)]` int32 allowed-token words: all ones on unconstrained rows,
+    the matcher's mask on constrained ones (ids past the matcher's vocabulary stay disallowed);
+    None when no row is constrained.  A matcher that fails leaves its row open and is reported by row."""
+    errors: dict[int, Exception] = {}
+    if all(state is None for state in states):
+        return None, errors
+    buffer = np.full((len(states), bitmask_words(vocab_size)), -1, dtype=np.int32)
+    for row, state in enumerate(states):
+        if state is not None:
+            buffer[row] = 0
+            try:
+                state.matcher.fill_bitmask(buffer[row])
+            except Exception as exc:
+                buffer[row] = -1
+                errors[row] = exc
+    return torch.from_numpy(buffer), errors

@@ -1,0 +1,278 @@
+"""A failing request fails alone, bad input is refused before any work, and the engine stays usable.
+
+Each test reproduces a case a user met: an error inside the step loop used to leave the engine
+hanging on the next call, one bad prompt failed a whole batch without saying which, beams under
+a constraint crashed, streamed pieces did not join to the final text, and padded vocabularies
+let constrained requests pick ids the tokenizer does not have.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import lark
+import pytest
+import torch
+
+import leapgen
+from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
+from leapgen import JsonSchema, Regex, SamplingParams
+from leapgen.engine.admission import RequestError
+from tokenizers_util import byte_level_bpe
+
+PADDING = 37
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0,
+                                                                        "maximum": 99}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+ARITHMETIC = """
+    start: expr
+    expr: term (("+" | "-") term)*
+    term: INT | "(" expr ")"
+    %import common.INT
+"""
+
+
+@pytest.fixture(scope="module")
+def plain_llm(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("plain")
+    build_checkpoint(directory, "llama")
+    return leapgen.LLM(directory, dtype="float32", kv_cache_memory="4MiB", block_size=8)
+
+
+@pytest.fixture(scope="module")
+def text_llm(tmp_path_factory):
+    """A byte-level BPE model whose embedding has PADDING rows more than the tokenizer has tokens."""
+    directory = tmp_path_factory.mktemp("padded")
+    build_checkpoint_for_tokenizer(directory, byte_level_bpe(), padding=PADDING)
+    return leapgen.LLM(directory, dtype="float32", kv_cache_memory="16MiB", block_size=8)
+
+
+def assert_idle(llm) -> None:
+    engine = llm.engine
+    assert not engine.has_unfinished and not engine.requests
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+class RaisesOnce:
+    """A user logits processor that fails the first time it is called."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("processor broke")
+        return scores
+
+
+def test_a_raising_logits_processor_fails_its_request_alone(plain_llm):
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    plain = SamplingParams(max_tokens=6, ignore_eos=True)
+    expected = plain_llm.generate(prompts, plain)
+    broken = SamplingParams(max_tokens=6, ignore_eos=True, logits_processors=[RaisesOnce()])
+    outputs = plain_llm.generate(prompts, [plain, broken, plain])
+    assert outputs[1].finish_reason == "error" and "processor broke" in outputs[1].error
+    assert [o.token_ids for o in (outputs[0], outputs[2])] == [expected[0].token_ids, expected[2].token_ids]
+    assert outputs[0].error is None and outputs[0].finish_reason == "length"
+    assert_idle(plain_llm)
+    assert plain_llm.generate(prompts, plain)[1].token_ids == expected[1].token_ids     # the next call works
+
+
+def test_bad_requests_are_refused_before_any_work_and_name_the_prompt(plain_llm):
+    vocab = plain_llm.engine.loaded.vocab_size
+    cases = [
+        ([[5, 6], [1_000_000_000]], SamplingParams(max_tokens=4), r"prompts\[1\]: token id 1000000000 is outside "
+                                                                  rf"the vocabulary \({vocab}\)"),
+        ([[5, 6]], SamplingParams(logit_bias={10**6: 1.0}), r"prompts\[0\]: logit_bias: token id 1000000"),
+        ([[5], [6], b"bytes"], SamplingParams(max_tokens=4), r"prompts\[2\]: .*got bytes"),
+        (["ok", "bad \udcff"], SamplingParams(max_tokens=4), r"prompts\[1\]: the prompt is not valid UTF-8"),
+        ([[5] * 250], SamplingParams(max_tokens=10), r"prompts\[0\]: the prompt \(250 tokens\) \+ max_tokens \(10\) "
+                                                     r"exceeds the model's context of 256 tokens"),
+    ]
+    steps = plain_llm.engine.num_steps
+    for prompts, params, message in cases:
+        with pytest.raises(RequestError, match=message):
+            plain_llm.generate(prompts, params)
+        assert_idle(plain_llm)
+    assert plain_llm.engine.num_steps == steps                          # nothing ran
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=vocab + 1)
+
+
+def test_on_error_return_runs_the_rest(plain_llm):
+    outputs = plain_llm.generate([[5, 6], [1_000_000_000], [7]], SamplingParams(max_tokens=3, ignore_eos=True),
+                                 on_error="return")
+    assert [o.finish_reason for o in outputs] == ["length", "error", "length"]
+    assert outputs[1].error.startswith("prompts[1]: token id 1000000000")
+    assert len(outputs[0].token_ids) == 3 and outputs[1].token_ids == []
+    assert_idle(plain_llm)
+
+
+def test_a_failed_forward_pass_fails_its_requests_and_the_engine_goes_on(plain_llm, monkeypatch):
+    runner = plain_llm.engine.runner
+    real = runner.execute
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "execute", flaky)
+    outputs = plain_llm.generate([[5, 6], [7, 8]], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert all(o.finish_reason == "error" and "device lost" in o.error for o in outputs)
+    assert_idle(plain_llm)
+    assert all(o.finish_reason == "length" for o in plain_llm.generate([[5, 6]], SamplingParams(max_tokens=3,
+                                                                                                  ignore_eos=True)))
+
+
+def test_an_interrupted_call_aborts_its_requests(plain_llm):
+    def interrupt(done, total):
+        raise KeyboardInterrupt
+
+    params = [SamplingParams(max_tokens=1, ignore_eos=True), SamplingParams(max_tokens=30, ignore_eos=True)]
+    with pytest.raises(KeyboardInterrupt):
+        plain_llm.generate([[5, 6], [7, 8]], params, progress=interrupt)
+    assert_idle(plain_llm)
+    assert plain_llm.generate([[5, 6]], params[0])[0].finish_reason == "length"
+
+
+class FailingMatcher:
+    """Wraps a real matcher; its third advance raises, as a constraint backend bug would."""
+
+    def __init__(self, matcher):
+        self.inner, self.advances = matcher, 0
+
+    def advance(self, token_id):
+        self.advances += 1
+        if self.advances == 3:
+            raise RuntimeError("matcher state corrupted")
+        self.inner.advance(token_id)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class FailingSpec:
+    """A constraint spec (the ConstraintSpec protocol) whose matchers fail mid-output."""
+
+    def key(self):
+        return ("failing",)
+
+    def compile(self, vocabulary):
+        compiled = Regex("[a-z ]{1,40}").compile(vocabulary)
+
+        class Compiled:
+            def matcher(self):
+                return FailingMatcher(compiled.matcher())
+
+        return Compiled()
+
+
+def test_a_matcher_error_fails_its_request_alone(text_llm):
+    good = SamplingParams(max_tokens=12, constraint=Regex("[a-z ]{1,40}"))
+    outputs = text_llm.generate(["one", "two", "three"],
+                                [good, SamplingParams(max_tokens=12, constraint=FailingSpec()), good])
+    assert outputs[1].finish_reason == "error" and "matcher state corrupted" in outputs[1].error
+    assert all(re.fullmatch("[a-z ]{1,40}", o.text) for o in (outputs[0], outputs[2]))
+    assert_idle(text_llm)
+
+
+def test_padding_ids_are_never_allowed_under_a_constraint(text_llm):
+    tokenizer_size = len(text_llm.tokenizer)
+    assert text_llm.engine.loaded.vocab_size == tokenizer_size + PADDING
+    # a huge bias on every padding id: only the constraint keeps them out
+    bias = {tokenizer_size + i: 100.0 for i in range(PADDING)}
+    for params in (SamplingParams(max_tokens=60, logit_bias=bias),
+                   SamplingParams(max_tokens=60, logit_bias=bias, temperature=1.0, seed=3, n=2)):
+        for output in text_llm.generate(["a", "bb"], params, constraint=JsonSchema(SCHEMA, {"whitespace": "compact"})):
+            for completion in output.outputs:
+                assert max(completion.token_ids) < tokenizer_size
+                jsonschema.validate(json.loads(completion.text), SCHEMA)
+    assert_idle(text_llm)
+
+
+def test_one_batch_mixes_schemas_regexes_and_free_text(text_llm):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Person(pydantic.BaseModel):       # bounded, so a random model's output ends within max_tokens
+        name: str = pydantic.Field(max_length=8)
+        age: int = pydantic.Field(ge=0, le=99)
+
+    params = [SamplingParams(max_tokens=80, constraint=JsonSchema(SCHEMA, {"whitespace": "compact"})),
+              SamplingParams(max_tokens=12, constraint=Regex(r"\d{3}-\d{4}")),
+              SamplingParams(max_tokens=5, ignore_eos=True),
+              SamplingParams(max_tokens=80, constraint=Person)]
+    schema_out, regex_out, free_out, person_out = text_llm.generate(["p", "q", "r", "s"], params)
+    jsonschema.validate(json.loads(schema_out.text), SCHEMA)
+    assert re.fullmatch(r"\d{3}-\d{4}", regex_out.text)
+    assert len(free_out.token_ids) == 5
+    Person.model_validate_json(person_out.text)
+    assert_idle(text_llm)
+
+
+@pytest.mark.parametrize("num_beams", [2, 3])
+def test_beam_search_under_a_constraint_returns_valid_instances(text_llm, num_beams):
+    # eos is allowed only where an instance is complete; the bias lets the random model take it there
+    eos_bias = {eos: 3.0 for eos in text_llm.engine.loaded.eos_token_ids}
+    params = SamplingParams(max_tokens=80, num_beams=num_beams, n=num_beams, logit_bias=eos_bias)
+    for constraint, valid in ((JsonSchema(SCHEMA, {"whitespace": "compact"}),
+                               lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+                              (leapgen.Grammar(ARITHMETIC), lambda t: lark.Lark(ARITHMETIC).parse(t) is not None)):
+        for output in text_llm.generate(["x", "a longer prompt"], params, constraint=constraint):
+            assert len(output.outputs) == num_beams
+            for completion in output.outputs:
+                assert completion.finish_reason == "stop", completion.text
+                assert valid(completion.text), completion.text
+    assert_idle(text_llm)
+
+
+def test_one_beam_under_a_constraint_is_constrained_greedy(tmp_path):
+    build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())
+    llm = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="16MiB", block_size=8, enable_forced_tokens=False)
+    constraint = JsonSchema(SCHEMA)
+    greedy = llm.generate(["x", "y z"], SamplingParams(max_tokens=60), constraint=constraint)
+    beams = llm.generate(["x", "y z"], SamplingParams(max_tokens=60, num_beams=1), constraint=constraint)
+    assert [o.token_ids for o in beams] == [o.token_ids for o in greedy]
+
+
+def test_stream_pieces_join_to_the_final_text(text_llm):
+    for params in (SamplingParams(max_tokens=40, stop=["e", "an"], temperature=1.0, seed=4),
+                   SamplingParams(max_tokens=40, temperature=1.0, seed=5),
+                   SamplingParams(max_tokens=60, constraint=JsonSchema(SCHEMA))):
+        final = text_llm.generate(["the story"], params)[0]
+        pieces = list(text_llm.stream("the story", params))
+        assert "".join(pieces) == final.text
+        assert all(pieces)
+    assert_idle(text_llm)
+
+
+def test_outputs_carry_deltas_that_join_to_the_text(text_llm):
+    engine = text_llm.engine
+    params = SamplingParams(max_tokens=30, n=2, temperature=1.0, seed=8, stop=["th"])
+    request_id = engine.add_request("once upon", params)
+    joined: dict[int, str] = {0: "", 1: ""}
+    while engine.has_unfinished:
+        for output in engine.step():
+            for completion in output.outputs:
+                joined[completion.index] += completion.delta
+    assert joined == {c.index: c.text for c in output.outputs}
+    assert output.request_id == request_id and output.finished
+
+
+def test_a_failed_stream_raises_and_frees_its_blocks(text_llm):
+    with pytest.raises(RuntimeError, match="matcher state corrupted"):
+        list(text_llm.stream("x", SamplingParams(max_tokens=12, constraint=FailingSpec())))
+    assert_idle(text_llm)
+    stream = text_llm.stream("x", SamplingParams(max_tokens=30, ignore_eos=True))
+    next(stream)
+    stream.close()                                       # a consumer that stops early
+    assert_idle(text_llm)

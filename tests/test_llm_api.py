@@ -1,0 +1,90 @@
+"""The public surface a user meets first: `leapgen.LLM`, `generate`, `stream`, `chat_prompt`, and operations
+settings (threads, the KV cache's default size)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import leapgen
+from checkpoints import build_checkpoint_for_tokenizer
+from leapgen import Regex, SamplingParams
+from leapgen.engine.llm_engine import CPU_KV_CACHE_CAP
+from leapgen.engine.model_runner import cache_block_bytes
+from tokenizers_util import byte_level_bpe
+
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("api")
+    build_checkpoint_for_tokenizer(directory, byte_level_bpe())
+    return directory
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return leapgen.LLM(model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8)
+
+
+def test_generate_one_call_equals_llm_generate(llm):
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    batch = llm.generate(["hello there", "x"], params)
+    one = leapgen.generate(llm, "hello there", max_tokens=6, ignore_eos=True)
+    assert one.token_ids == batch[0].token_ids and one.text == batch[0].text
+    assert llm.generate("hello there", params)[0].token_ids == batch[0].token_ids     # a single string is a batch of 1
+    with pytest.raises(ValueError, match="either params or SamplingParams keywords"):
+        leapgen.generate(llm, "x", params, max_tokens=3)
+
+
+def test_stream_of_one_prompt_and_its_constraint(llm):
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=11)
+    assert "".join(llm.stream("abc", params)) == llm.generate(["abc"], params)[0].text
+    digits = "".join(llm.stream("abc", SamplingParams(max_tokens=12), constraint=Regex(r"[0-9]{3}")))
+    assert len(digits) == 3 and digits.isdigit()
+
+
+def test_chat_prompt_uses_the_template_and_refuses_without_one(llm):
+    with pytest.raises(ValueError, match="no chat template"):
+        llm.chat_prompt("hi")
+    llm.tokenizer.chat_template = CHAT_TEMPLATE
+    try:
+        assert llm.chat_prompt("hi", system="be brief") == "<system>be brief\n<user>hi\n<assistant>"
+        assert llm.chat_prompt("hi") == "<user>hi\n<assistant>"
+    finally:
+        llm.tokenizer.chat_template = None
+
+
+def test_the_empty_regex_means_empty_output(llm):
+    output = llm.generate(["anything"], SamplingParams(max_tokens=5), constraint=Regex(""))[0]
+    assert output.text == "" and output.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty", "length_penalty"])
+def test_non_finite_floats_are_refused(field):
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=f"SamplingParams.{field} must be a finite number"):
+            SamplingParams(**{field: value})
+
+
+def test_threads_set_torchs_thread_count(model_dir):
+    before = torch.get_num_threads()
+    try:
+        leapgen.LLM(model_dir, dtype="float32", kv_cache_memory="1MiB", threads=1)
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError, match="threads must be an int >= 1"):
+            leapgen.LLM(model_dir, threads=0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_cpu_kv_cache_is_sized_from_the_model(model_dir):
+    small = leapgen.LLM(model_dir, dtype="float32", max_num_seqs=2, block_size=8)
+    engine = small.engine
+    block_bytes = cache_block_bytes(engine.loaded, 8)
+    full_context = 2 * engine.loaded.max_model_len * block_bytes // 8
+    assert engine.block_manager.num_blocks == full_context // block_bytes      # two sequences at full context
+    wide = leapgen.LLM(model_dir, dtype="float32", max_num_seqs=2048, block_size=8).engine
+    assert wide.block_manager.num_blocks * block_bytes <= CPU_KV_CACHE_CAP      # a modest cap, not every sequence
