@@ -51,6 +51,9 @@ def step_bitmask(states: Sequence[ConstraintState | None], vocab_size: int
             buffer[row] = 0
             try:
                 state.matcher.fill_bitmask(buffer[row])
+                if not buffer[row].any():
+                    raise ValueError("the constraint allows no token here: no token of this vocabulary "
+                                     "continues the text so far")
             except Exception as exc:
                 buffer[row] = -1
                 errors[row] = exc

@@ -123,6 +123,9 @@ class LLMEngine:
         checked = check_request(prompt, params or SamplingParams(), self.tokenizer, self.limits)
         if checked.params.constraint is not None:
             checked.constraint = self.compile(checked.params.constraint)
+            if not len(checked.constraint.matcher().allowed_token_ids()):
+                raise RequestError("constraint: no token of this model's vocabulary can start an output that "
+                                   "matches it (the vocabulary cannot spell it)")
         return checked
 
     def compile(self, spec: ConstraintSpec) -> TokenConstraint:

@@ -224,7 +224,9 @@ class Matcher:
             data = data[:cut]
         if not data:
             return []
-        ids = self.grammar.vocabulary.encode(data)
+        ids = self.grammar.vocabulary.spell(data)
+        if ids is None:      # the forced text only starts tokens (a word-level vocabulary): let the mask choose
+            return []
         return ids if finished else ids[:-1]
 
 

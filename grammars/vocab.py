@@ -55,6 +55,10 @@ class Trie:
         return len(self.byte)
 
 
+class UnspellableError(ValueError):
+    """Bytes that no sequence of whole tokens of the vocabulary spells."""
+
+
 @dataclass(eq=False)
 class Vocabulary:
     """Token bytes, special-token text, eos ids and the byte trie of the tokens that have bytes.
@@ -121,6 +125,14 @@ class Vocabulary:
                 return list(ids[1:])
         return self._greedy(data)
 
+    def spell(self, data: bytes) -> list[int] | None:
+        """Like `encode`, but None when no sequence of whole tokens spells `data` (e.g. forced text that
+        is only the start of every token that could continue it)."""
+        try:
+            return self.encode(data)
+        except UnspellableError:
+            return None
+
     def _greedy(self, data: bytes) -> list[int]:
         out, pos = [], 0
         while pos < len(data):
@@ -131,8 +143,9 @@ class Vocabulary:
                     pos += n
                     break
             else:
-                raise ValueError(f"byte {data[pos]:#x} at offset {pos} has no token in this vocabulary")
+                raise UnspellableError(f"byte {data[pos]:#x} at offset {pos} has no token in this vocabulary")
         return out
+
 
 
 def _decoder_kind(tokenizer) -> str:

@@ -276,3 +276,16 @@ def test_a_failed_stream_raises_and_frees_its_blocks(text_llm):
     next(stream)
     stream.close()                                       # a consumer that stops early
     assert_idle(text_llm)
+
+
+def test_forced_text_that_only_starts_tokens_is_left_to_the_mask(plain_llm):
+    # the word-level test vocabulary has w10..w19 but no "w" or "w1": the forced "w1" cannot be jumped
+    output = plain_llm.generate(["w3"], SamplingParams(max_tokens=8), constraint=Regex("(w1[0-9]){2}"))[0]
+    assert output.finish_reason == "stop" and re.fullmatch("(w1[0-9]){2}", output.text), output.error
+    assert_idle(plain_llm)
+
+
+def test_a_constraint_the_vocabulary_cannot_spell_is_refused_up_front(plain_llm):
+    with pytest.raises(RequestError, match=r"prompts\[0\]: constraint: no token of this model's vocabulary"):
+        plain_llm.generate(["w3"], SamplingParams(max_tokens=8), constraint=Regex("xyz"))
+    assert_idle(plain_llm)
