@@ -32,15 +32,46 @@ beam's KV blocks from `step.parents[j]` and append `step.token_ids[j]`; when `be
 result is `beams.best(params.n)`.  Constraints for `transformers.generate`: `GrammarLogitsProcessor`.
 """
 
-from leapgen.decoding.batch import SamplingBatch, SamplingRow
-from leapgen.decoding.beam_search import BeamSearch, BeamStep, Hypothesis
-from leapgen.decoding.bitmask import allocate_token_bitmask, apply_token_bitmask_
-from leapgen.decoding.detokenizer import IncrementalDetokenizer
-from leapgen.decoding.hf_interop import GrammarLogitsProcessor
-from leapgen.decoding.pipeline import BatchLogitsProcessor, LogitsPipeline, default_processors
-from leapgen.decoding.sampler import PromptLogprobs, Sampler, SamplerOutput, prompt_logprobs, request_generator
-from leapgen.decoding.sampling_params import SamplingParams
-from leapgen.decoding.stop import StopChecker
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leapgen.decoding.batch import SamplingBatch, SamplingRow
+    from leapgen.decoding.beam_search import BeamSearch, BeamStep, Hypothesis
+    from leapgen.decoding.bitmask import allocate_token_bitmask, apply_token_bitmask_
+    from leapgen.decoding.detokenizer import IncrementalDetokenizer
+    from leapgen.decoding.hf_interop import GrammarLogitsProcessor
+    from leapgen.decoding.pipeline import BatchLogitsProcessor, LogitsPipeline, default_processors
+    from leapgen.decoding.sampler import PromptLogprobs, Sampler, SamplerOutput, prompt_logprobs, request_generator
+    from leapgen.decoding.sampling_params import SamplingParams
+    from leapgen.decoding.stop import StopChecker
+
+# Importing a submodule (`leapgen.decoding.sampling_params`) runs this file first: the torch-heavy
+# modules are imported only when one of their names is looked up here, so SamplingParams stays light.
+_LAZY = {
+    "SamplingBatch": "batch", "SamplingRow": "batch",
+    "BeamSearch": "beam_search", "BeamStep": "beam_search", "Hypothesis": "beam_search",
+    "allocate_token_bitmask": "bitmask", "apply_token_bitmask_": "bitmask",
+    "IncrementalDetokenizer": "detokenizer",
+    "GrammarLogitsProcessor": "hf_interop",
+    "BatchLogitsProcessor": "pipeline", "LogitsPipeline": "pipeline", "default_processors": "pipeline",
+    "PromptLogprobs": "sampler", "Sampler": "sampler", "SamplerOutput": "sampler", "prompt_logprobs": "sampler",
+    "request_generator": "sampler",
+    "SamplingParams": "sampling_params",
+    "StopChecker": "stop",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'leapgen.decoding' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"leapgen.decoding.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BatchLogitsProcessor", "BeamSearch", "BeamStep", "GrammarLogitsProcessor", "Hypothesis",

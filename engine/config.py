@@ -252,3 +252,37 @@ def resolve_dtype(dtype: str | torch.dtype, raw_config: dict[str, Any] | None = 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be 'auto', one of {sorted(_DTYPES)} or a torch dtype, got {dtype!r}")
     return _DTYPES[dtype]
+
+
+# Device kinds leapgen's kernels cover: Triton on CUDA, the torch reference elsewhere (MPS runs the reference).
+SUPPORTED_DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """A torch device leapgen can run on; 'auto' picks CUDA when available.  A bad or unavailable device
+    raises ValueError naming it (torch's own error for a bad string is a RuntimeError without the choices)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a valid device ({exc}); use 'auto', 'cpu', 'cuda', 'cuda:N' "
+                         f"or 'mps'") from None
+    if resolved.type not in SUPPORTED_DEVICE_TYPES:
+        raise ValueError(f"device {device!r}: leapgen runs on {', '.join(SUPPORTED_DEVICE_TYPES)}, not "
+                         f"{resolved.type!r}")
+    if resolved.type == "cuda":
+        _check_cuda_device(device, resolved)
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available on this machine; use device='cpu'")
+    return resolved
+
+
+def _check_cuda_device(device: str | torch.device, resolved: torch.device) -> None:
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available (no GPU visible, or this torch build has no "
+                         f"CUDA support); use device='cpu' or 'auto'")
+    count = torch.cuda.device_count()
+    if resolved.index is not None and resolved.index >= count:
+        raise ValueError(f"device {device!r}: only {count} CUDA device(s) are visible "
+                         f"({', '.join(f'cuda:{i}' for i in range(count))})")

@@ -37,24 +37,29 @@ class ConstraintState:
         return self.matcher.forced_tokens()[:room]
 
 
-def step_bitmask(states: Sequence[ConstraintState | None], vocab_size: int
+def step_bitmask(rows: Sequence[ConstraintState | np.ndarray | None], vocab_size: int
                  ) -> tuple[torch.Tensor | None, dict[int, Exception]]:
-    """The step's `[rows, ceil(vocab/32)]` int32 allowed-token words: all ones on unconstrained rows,
-    the matcher's mask on constrained ones (ids past the matcher's vocabulary stay disallowed);
-    None when no row is constrained.  A matcher that fails leaves its row open and is reported by row."""
+    """The step's `[rows, ceil(vocab/32)]` int32 allowed-token words: all ones on unconstrained rows, the
+    matcher's mask on constrained ones, a precomputed mask (a speculative draft's row) as given; ids past the
+    matcher's vocabulary stay disallowed; None when no row is constrained.  A matcher that fails, or allows
+    nothing, leaves its row open and is reported by row."""
     errors: dict[int, Exception] = {}
-    if all(state is None for state in states):
+    if all(row is None for row in rows):
         return None, errors
-    buffer = np.full((len(states), bitmask_words(vocab_size)), -1, dtype=np.int32)
-    for row, state in enumerate(states):
-        if state is not None:
-            buffer[row] = 0
-            try:
-                state.matcher.fill_bitmask(buffer[row])
-                if not buffer[row].any():
-                    raise ValueError("the constraint allows no token here: no token of this vocabulary "
-                                     "continues the text so far")
-            except Exception as exc:
-                buffer[row] = -1
-                errors[row] = exc
+    buffer = np.full((len(rows), bitmask_words(vocab_size)), -1, dtype=np.int32)
+    for index, row in enumerate(rows):
+        if row is None:
+            continue
+        buffer[index] = 0
+        try:
+            if isinstance(row, np.ndarray):
+                buffer[index, :len(row)] = row
+            else:
+                row.matcher.fill_bitmask(buffer[index])
+            if not buffer[index].any():
+                raise ValueError("the constraint allows no token here: no token of this vocabulary "
+                                 "continues the text so far")
+        except Exception as exc:
+            buffer[index] = -1
+            errors[index] = exc
     return torch.from_numpy(buffer), errors

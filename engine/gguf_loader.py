@@ -7,6 +7,9 @@ HF model.  The result is written as config.json + model.safetensors
 (float32, the dequantised values unrounded) + tokenizer files under
 `$LEAPGEN_CACHE/gguf/<key>/` (default `~/.cache/leapgen`), keyed by the file's path, size and
 mtime; later loads read that directory like any other checkpoint.
+
+torch and transformers are imported inside the conversion only: the cache paths (`cache_root`, also
+used by `default_model` to keep the default model's GGUF file) are computable without them.
 """
 
 from __future__ import annotations
@@ -16,11 +19,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 CACHE_ENV = "LEAPGEN_CACHE"
 _DONE_MARKER = ".complete"
@@ -73,6 +71,11 @@ def convert_gguf(gguf_path: str | Path) -> Path:
 
 def _write_checkpoint(path: Path, out: Path) -> None:
     """config.json, generation_config.json, model.safetensors and tokenizer files for one GGUF file."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
     folder, name = str(path.parent), path.name
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)

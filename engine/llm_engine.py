@@ -1,16 +1,19 @@
 """The step loop: admit requests, run scheduled steps, sample, detect stops, report outputs.
 
 One `step()` = schedule -> forward -> commit computed tokens -> sample the sequences that
-reached the end of their tokens -> stop checks -> finished requests leave the batch.
+reached the end of their tokens (verifying their speculative drafts) -> stop checks -> finished
+requests leave the batch -> draft the next tokens of the speculating ones.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence as Seq, TypeVar
 
+import numpy as np
 import torch
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
@@ -18,6 +21,8 @@ from leapgen.decoding.constraint import ConstraintSpec, TokenConstraint
 from leapgen.decoding.detokenizer import IncrementalDetokenizer
 from leapgen.decoding.sampler import Sampler, SamplerOutput, prompt_logprobs, request_generator
 from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.decoding.speculative import (DraftRequest, NgramProposer, Proposer, SpeculativeConfig,
+                                          accepted_length, constrain_draft)
 from leapgen.decoding.stop import StopChecker
 from leapgen.engine.admission import CheckedRequest, EngineLimits, RequestError, check_request
 from leapgen.engine.beams import advance_beams
@@ -55,6 +60,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     enable_forced_tokens: bool = True            # constraints: append forced continuations without sampling
+    speculative: SpeculativeConfig | None = None  # draft tokens by prompt lookup or a draft model
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -102,6 +108,8 @@ class LLMEngine:
         self.sampler = Sampler(seed=seed, device=loaded.device)
         self.vocabulary = vocabulary_for(loaded.tokenizer, size=loaded.vocab_size, eos_ids=loaded.eos_token_ids)
         self.limits = EngineLimits(loaded.vocab_size, loaded.max_model_len, self.block_manager.capacity_tokens)
+        self.proposer = self._proposer(config.speculative)
+        self._to_propose: list[tuple[EngineRequest, SequenceState]] = []   # accepted a token this step
         self.requests: dict[int, EngineRequest] = {}
         self._owner: dict[int, tuple[EngineRequest, SequenceState]] = {}      # seq_id -> its request and state
         self._compiled: dict[tuple, TokenConstraint] = {}
@@ -116,11 +124,27 @@ class LLMEngine:
         """True while some request is waiting or running."""
         return self.scheduler.has_unfinished
 
+    def _proposer(self, speculative: SpeculativeConfig | None) -> Proposer | None:
+        if speculative is None:
+            return None
+        if isinstance(self.runner, FallbackRunner):
+            raise ValueError("speculative decoding needs leapgen's own model code; this model runs through the "
+                             "transformers fallback, which cannot roll back its cache")
+        if speculative.method == "ngram":
+            return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
+        from leapgen.engine.draft_model import DraftModelProposer
+
+        return DraftModelProposer.load(speculative.model, self.loaded, self.config.block_size,
+                                       speculative.num_speculative_tokens)
+
     # --- admission ---------------------------------------------------------------------------------
 
     def check(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> CheckedRequest:
         """Encode and check a request and compile its constraint, queueing nothing; errors say what is wrong."""
         checked = check_request(prompt, params or SamplingParams(), self.tokenizer, self.limits)
+        if self.proposer is not None and checked.params.speculative and checked.params.num_beams > 1:
+            raise RequestError("beam search does not speculate: set SamplingParams(speculative=False) for beam "
+                               "requests on a speculating engine")
         if checked.params.constraint is not None:
             checked.constraint = self.compile(checked.params.constraint)
             if not len(checked.constraint.matcher().allowed_token_ids()):
@@ -183,13 +207,16 @@ class LLMEngine:
             request.clear_deltas()
         self._advanced = {}
         out = self.scheduler.schedule()
+        for seq in out.preempted:                # recomputed later without its draft
+            self._owner[seq.seq_id][1].drop_draft()
         if out.is_empty:
             return []
-        want_all = frozenset(seq.seq_id for seq, _ in out.scheduled
-                             if self._owner[seq.seq_id][0].output.prompt_logprobs is not None
-                             and seq.num_computed_tokens < seq.num_prompt_tokens)
+        prompt_rows = frozenset(seq.seq_id for seq, _ in out.scheduled
+                                if self._owner[seq.seq_id][0].output.prompt_logprobs is not None
+                                and seq.num_computed_tokens < seq.num_prompt_tokens)
+        draft_rows = frozenset(seq.seq_id for seq, _ in out.scheduled if self._owner[seq.seq_id][1].draft)
         try:
-            step_logits = self.runner.execute(out, want_all)
+            step_logits = self.runner.execute(out, prompt_rows | draft_rows)
         except Exception as exc:                 # the step's requests fail; the engine stays usable
             for seq, _ in out.scheduled:
                 if seq.seq_id in self._owner:
@@ -197,13 +224,17 @@ class LLMEngine:
             return self._outputs()
         self.scheduler.commit(out)
         self.num_steps += 1
-        ready = self._fork_samples(self._ready_rows(out, step_logits, want_all))
+        for request in {id(self._owner[s.seq_id][0]): self._owner[s.seq_id][0] for s, _ in out.scheduled}.values():
+            request.output.metrics.forward_passes += 1
+        ready = self._fork_samples(self._ready_rows(out, step_logits, prompt_rows))
         self._sample_plain([entry for entry in ready if entry[0].params.num_beams == 1])
         self._advance_beams([entry for entry in ready if entry[0].params.num_beams > 1])
+        self._propose()
         return self._outputs()
 
-    def _ready_rows(self, out: SchedulerOutput, step_logits: StepLogits, want_all: frozenset[int]) -> list[_Entry]:
-        """The sequences whose next token is due, with their logits row; prompt logprobs collected on the way."""
+    def _ready_rows(self, out: SchedulerOutput, step_logits: StepLogits, prompt_rows: frozenset[int]) -> list[_Entry]:
+        """The sequences whose next token is due, with their logits rows (one, or one per draft token and one
+        more); prompt logprobs collected on the way."""
         ready = []
         for seq, _ in out.scheduled:
             rows = step_logits.rows.get(seq.seq_id)
@@ -211,10 +242,17 @@ class LLMEngine:
                 continue
             request, state = self._owner[seq.seq_id]
             logits = step_logits.logits[rows]
-            if seq.seq_id in want_all and not self._guarded(request, self._collect_prompt_logits, request, seq, logits):
+            if seq.seq_id in prompt_rows and not self._guarded(request, self._collect_prompt_logits, request, seq,
+                                                               logits):
                 continue
-            if seq.num_uncomputed == 0:
-                ready.append((request, state, logits[-1]))
+            if state.draft:
+                state.pending_rows.append(logits)
+                if seq.num_uncomputed == 0:     # the whole draft is computed: its rows are the last ones
+                    logits = torch.cat(state.pending_rows)[-(len(state.draft) + 1):]
+                    state.pending_rows = []
+                    ready.append((request, state, logits))
+            elif seq.num_uncomputed == 0:
+                ready.append((request, state, logits[-1:]))
         return ready
 
     def _fork_samples(self, ready: list[_Entry]) -> list[_Entry]:
@@ -229,32 +267,88 @@ class LLMEngine:
 
     def _sample_plain(self, entries: list[_Entry]) -> None:
         for group, (sampled, row_errors) in self._compute_isolated(entries, self._draw):
-            for row, ((request, state, _), token) in enumerate(zip(group, sampled.token_ids.tolist())):
-                if row in row_errors:
-                    self._fail(request, row_errors[row])
+            tokens, first = sampled.token_ids.tolist(), 0
+            for request, state, rows in group:
+                span = range(first, first + len(rows))
+                first = span.stop
+                error = next((row_errors[row] for row in span if row in row_errors), None)
+                if error is not None:
+                    self._fail(request, error)
                 elif not request.finished:      # a sibling sample may have failed it this step
-                    self._guarded(request, self._accept, request, state, token, sampled, row)
+                    self._guarded(request, self._accept, request, state, tokens[span.start:span.stop], sampled,
+                                  span.start)
 
     def _draw(self, entries: list[_Entry]) -> tuple[SamplerOutput, dict[int, Exception]]:
         logits, batch = self._batch(entries)
         return self.sampler(logits, batch), batch.row_errors
 
-    def _accept(self, request: EngineRequest, state: SequenceState, token: int, sampled: SamplerOutput,
-                row: int) -> None:
-        if state.completion.logprobs is not None:
-            state.record_logprob(_token_logprob(sampled, row, token, state.seq.params.logprobs))
-        state.append(token)
+    def _accept(self, request: EngineRequest, state: SequenceState, sampled_tokens: list[int], sampled: SamplerOutput,
+                first_row: int) -> None:
+        """Take the tokens sampled at a sequence's rows: its draft's longest matching prefix and the first
+        token sampled past it (the one row of a sequence without a draft); rejected draft tokens leave the
+        sequence and the KV cache."""
+        metrics = request.output.metrics
+        accepted = accepted_length(state.draft, sampled_tokens)
+        if state.draft:
+            metrics.drafted_tokens += len(state.draft)
+            metrics.accepted_tokens += accepted
+            self.block_manager.truncate(state.seq, state.seq.num_tokens - len(state.draft) + accepted)
+            state.draft, state.draft_masks = [], None
+        if metrics.time_to_first_token is None:
+            metrics.time_to_first_token = time.perf_counter() - request.arrival
+        for i, token in enumerate(sampled_tokens[:accepted + 1]):
+            if state.completion.logprobs is not None:
+                state.record_logprob(_token_logprob(sampled, first_row + i, token, state.seq.params.logprobs))
+            if i < accepted:
+                state.accept(token)             # a verified draft token: already in the sequence and the cache
+            else:
+                state.append(token)
+            if state.finished:
+                break
         self._advanced[request.request_id] = request
         if state.constraint is not None and not state.finished and self.config.enable_forced_tokens:
             room = state.seq.params.max_tokens - state.seq.num_output_tokens
             for forced in state.constraint.jump(self.vocabulary.eos_ids, room):
                 state.append(forced)
                 self.num_forced_tokens += 1
+                metrics.forced_tokens += 1
                 if state.finished:
                     break
         if state.finished:
             self._retire(state, state.stop.finish_reason)
             self._maybe_finish(request)
+        elif self.proposer is not None and state.seq.params.speculative:
+            self._to_propose.append((request, state))
+
+    def _propose(self) -> None:
+        """Draft the next tokens of every speculating sequence that accepted tokens this step, in one batch."""
+        batch, self._to_propose = self._to_propose, []
+        spec = self.config.speculative
+        wanted = []
+        for request, state in batch:
+            room = state.seq.params.max_tokens - state.seq.num_output_tokens - 1   # the step also adds one token
+            if not request.finished and not state.seq.is_finished and room >= 1:
+                wanted.append((request, state, DraftRequest(state.seq.seq_id, state.seq.token_ids,
+                                                            min(spec.num_speculative_tokens, room))))
+        if not wanted:
+            return
+        try:
+            drafts = self.proposer.propose([draft_request for _, _, draft_request in wanted])
+        except Exception as exc:                 # the proposer failed for the batch: so do its requests
+            for request, _, _ in wanted:
+                self._fail(request, exc)
+            return
+        for (request, state, _), draft in zip(wanted, drafts):
+            if draft:
+                self._guarded(request, self._set_draft, state, draft)
+
+    def _set_draft(self, state: SequenceState, draft: list[int]) -> None:
+        masks = None
+        if state.constraint is not None:         # cut at the first token the constraint rejects
+            draft, masks = constrain_draft(state.constraint.matcher, draft, self.vocabulary.mask_words,
+                                           self.vocabulary.eos_ids)
+        if draft:
+            state.set_draft(draft, masks)
 
     def _advance_beams(self, entries: list[_Entry]) -> None:
         """Beam rows get processed log-probs; each request steps once all its live beams have theirs."""
@@ -277,10 +371,19 @@ class LLMEngine:
         return self.sampler.pipeline(logits, batch).log_softmax(dim=-1), batch.row_errors
 
     def _batch(self, entries: list[_Entry]) -> tuple[torch.Tensor, SamplingBatch]:
-        logits = torch.stack([row for _, _, row in entries])
-        rows = [SamplingRow(s.seq.params, s.seq.prompt_token_ids, s.seq.output_token_ids, s.generator)
-                for _, s, _ in entries]
-        bitmask, mask_errors = step_bitmask([s.constraint for _, s, _ in entries], logits.shape[-1])
+        """The step's logits rows and what the processors need for each: a drafted sequence's row i sees its
+        output plus the first i draft tokens, and the constraint's mask after them."""
+        logits = torch.cat([rows for _, _, rows in entries])
+        rows: list[SamplingRow] = []
+        masks: list[ConstraintState | np.ndarray | None] = []
+        for _, state, entry_rows in entries:
+            seq = state.seq
+            output = seq.output_token_ids
+            accepted = len(output) - len(state.draft)
+            for i in range(len(entry_rows)):
+                rows.append(SamplingRow(seq.params, seq.prompt_token_ids, output[:accepted + i], state.generator))
+                masks.append(state.draft_masks[i] if state.draft_masks is not None else state.constraint)
+        bitmask, mask_errors = step_bitmask(masks, logits.shape[-1])
         batch = SamplingBatch.build(rows, logits.shape[-1], self.vocabulary.eos_ids, logits.device, bitmask)
         batch.row_errors.update(mask_errors)
         return logits, batch
@@ -345,12 +448,14 @@ class LLMEngine:
         else:
             finished = len(request.samples) == request.params.n and all(s.finished for s in request.samples)
         if finished:
-            request.output.finished = True
+            request.finish()
             self.requests.pop(request.request_id, None)
 
     def _retire(self, state: SequenceState, reason: str) -> None:
         self.scheduler.finish(state.seq, reason)
         self._owner.pop(state.seq.seq_id, None)
+        if self.proposer is not None:
+            self.proposer.release(state.seq.seq_id)
         if isinstance(self.runner, FallbackRunner):
             self.runner.release(state.seq)
 
@@ -416,7 +521,7 @@ class LLMEngine:
                              finished=True, error=str(error))
 
 
-_Entry = tuple[EngineRequest, SequenceState, torch.Tensor]   # a sequence due for a token, with its logits row
+_Entry = tuple[EngineRequest, SequenceState, torch.Tensor]   # a sequence due for tokens, with its [rows, V] logits
 T = TypeVar("T")
 
 

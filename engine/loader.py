@@ -4,6 +4,10 @@ Weights stream from safetensors straight into parameters of the target dtype and
 module is built on the meta device, given uninitialised storage, and each checkpoint tensor is
 copied into place (one tensor at a time; no full float32 copy of the model ever exists).
 Architectures outside leapgen's own model code run through `FallbackModel` (slower).
+
+Every failure a user can cause (a missing or malformed file, a damaged safetensors file, a device
+this machine lacks) raises a ValueError or OSError subclass whose one-line message names the file,
+field or device, so the CLI and scripts can print it instead of a library traceback.
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from leapgen.engine.config import (ConfigError, ModelConfig, UnsupportedConfigError, eos_token_ids, read_json,
-                                   resolve_dtype)
+                                   resolve_device, resolve_dtype)
 from leapgen.engine.fallback import FallbackModel
 from leapgen.engine.models import MODEL_CLASSES
 from leapgen.engine.models.layers import MergedLinear
@@ -69,7 +73,12 @@ class LoadedModel:
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu",
                *, allow_fallback: bool = True) -> LoadedModel:
-    """Load a local HF checkpoint directory or a `.gguf` file onto `device` in `dtype` ('auto': the checkpoint's)."""
+    """Load a local HF checkpoint directory or a `.gguf` file onto `device` in `dtype` ('auto': the checkpoint's).
+
+    `device` is 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'; it is checked before any file is read, so a
+    typo or a machine without a GPU fails at once with a ValueError rather than after a GGUF conversion.
+    """
+    torch_device = resolve_device(device)
     path = Path(path).expanduser()
     if path.suffix == ".gguf" and not path.is_dir():
         from leapgen.engine.gguf_loader import convert_gguf
@@ -77,7 +86,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
     directory = _checkpoint_dir(path)
     raw = read_json(directory / "config.json")
     generation = _read_generation_config(directory)
-    torch_dtype, torch_device = resolve_dtype(dtype, raw), torch.device(device)
+    torch_dtype = resolve_dtype(dtype, raw)
     _check_model_type(raw, directory / "config.json")
     try:
         config = ModelConfig.from_dict(raw, str(directory / "config.json"), generation)
@@ -117,14 +126,14 @@ def load_safetensors_weights(model: nn.Module, directory: Path) -> None:
     loaded: set[str] = set()
     unexpected: list[str] = []
     for file, names in _weight_files(directory).items():
-        with safe_open(file, framework="pt", device="cpu") as handle:
+        with _open_safetensors(file) as handle:
             for name in names if names is not None else handle.keys():
                 target = targets.get(name)
                 if target is None:
                     if not (name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight")):
                         unexpected.append(name)
                     continue
-                tensor = handle.get_tensor(name)
+                tensor = _read_tensor(handle, file, name)
                 if tensor.shape != target.shape:
                     raise CheckpointError(f"{file}: tensor '{name}' has shape {tuple(tensor.shape)}, the config "
                                           f"implies {tuple(target.shape)}")
@@ -138,6 +147,24 @@ def load_safetensors_weights(model: nn.Module, directory: Path) -> None:
     if unexpected:
         warnings.warn(f"{directory}: ignored {len(unexpected)} checkpoint tensor(s) the model does not use, "
                       f"e.g. {unexpected[0]}", stacklevel=3)
+
+
+def _open_safetensors(file: Path):
+    """`safe_open(file)`; a truncated or corrupted file (safetensors checks the header and that the data
+    covers every tensor) becomes a CheckpointError naming it instead of safetensors' own exception."""
+    try:
+        return safe_open(file, framework="pt", device="cpu")
+    except SafetensorError as exc:
+        raise CheckpointError(f"{file}: not a readable safetensors file (truncated or corrupted): {exc}") from None
+
+
+def _read_tensor(handle, file: Path, name: str) -> torch.Tensor:
+    """One tensor from an open safetensors file; a name the file lacks (a stale shard index) or a tensor
+    that cannot be decoded raises CheckpointError naming the file and the tensor."""
+    try:
+        return handle.get_tensor(name)
+    except SafetensorError as exc:
+        raise CheckpointError(f"{file}: cannot read tensor '{name}': {exc}") from None
 
 
 def _checkpoint_targets(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -30,6 +30,24 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """What a request cost: forward passes it took part in, tokens drafted and accepted by speculation,
+    tokens appended by forced-token jumps, and times in seconds since it was added."""
+
+    forward_passes: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    forced_tokens: int = 0
+    time_to_first_token: float | None = None
+    total_time: float | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (None when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+
+@dataclass
 class RequestOutput:
     """A request's result.  `text`, `token_ids` and `finish_reason` are those of the first (best) completion.
 
@@ -44,6 +62,7 @@ class RequestOutput:
     finished: bool = False
     prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property
     def text(self) -> str:

@@ -7,8 +7,10 @@ stream of deltas always joins to the final text.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from leapgen.decoding.beam_search import BeamSearch
@@ -29,13 +31,32 @@ class SequenceState:
     stop: StopChecker | None                     # None for a running beam: beams decide their own end
     generator: torch.Generator | None
     constraint: ConstraintState | None = None
+    draft: list[int] = field(default_factory=list)              # speculative tokens at the end of `seq`, unverified
+    draft_masks: np.ndarray | None = None                       # [len(draft) + 1, words] allowed tokens per row
+    pending_rows: list[torch.Tensor] = field(default_factory=list)   # logits of a draft computed over several steps
 
     def append(self, token: int) -> None:
         """One more output token: the sequence, its constraint state, its stop checks and its output."""
         self.seq.append_token(token)
+        self.accept(token)
+
+    def accept(self, token: int) -> None:
+        """Account for a token already at the end of the sequence (a verified draft token): constraint,
+        stop checks and output."""
         if self.constraint is not None:
             self.constraint.advance(token)
         self.record(token)
+
+    def set_draft(self, draft: list[int], masks: np.ndarray | None) -> None:
+        """Append speculative tokens for the next step to verify."""
+        self.seq.append_tokens(draft)
+        self.draft, self.draft_masks = draft, masks
+
+    def drop_draft(self) -> None:
+        """Forget the draft (the sequence was preempted: its tokens will be recomputed without it)."""
+        if self.draft:
+            del self.seq.token_ids[len(self.seq.token_ids) - len(self.draft):]
+        self.draft, self.draft_masks, self.pending_rows = [], None, []
 
     def record(self, token: int) -> None:
         """Account for a token already in the sequence in the stop checks and the output (forks replay
@@ -74,6 +95,7 @@ class EngineRequest:
     beams: BeamSearch | None = None
     beam_rows: dict[int, torch.Tensor] = field(default_factory=dict)   # log-probs of beams waiting for siblings
     prompt_rows: list[torch.Tensor] = field(default_factory=list)       # prompt logits gathered chunk by chunk
+    arrival: float = field(default_factory=time.perf_counter)
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -99,4 +121,9 @@ class EngineRequest:
         for completion in self.output.outputs:
             if completion.finish_reason is None:
                 completion.finish_reason = "error"
+        self.finish()
+
+    def finish(self) -> None:
+        """Mark the output finished and stamp its total time."""
         self.output.finished = True
+        self.output.metrics.total_time = time.perf_counter() - self.arrival

