@@ -83,11 +83,14 @@ class Proposer(Protocol):
 
 @dataclass(frozen=True)
 class DraftRequest:
-    """One sequence to draft for: its id, every token so far (prompt + accepted output), how many to guess."""
+    """One sequence to draft for: its id, every token so far (prompt + accepted output), how many to guess,
+    and its constraint's matcher (a proposer that scores tokens may keep its guesses inside the constraint;
+    it must leave the matcher where it found it)."""
 
     seq_id: int
     token_ids: Sequence[int]
     k: int
+    matcher: TokenMatcher | None = None
 
 
 class NgramProposer:

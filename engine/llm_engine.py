@@ -135,7 +135,7 @@ class LLMEngine:
         from leapgen.engine.draft_model import DraftModelProposer
 
         return DraftModelProposer.load(speculative.model, self.loaded, self.config.block_size,
-                                       speculative.num_speculative_tokens)
+                                       self.block_manager.num_blocks)
 
     # --- admission ---------------------------------------------------------------------------------
 
@@ -328,8 +328,9 @@ class LLMEngine:
         for request, state in batch:
             room = state.seq.params.max_tokens - state.seq.num_output_tokens - 1   # the step also adds one token
             if not request.finished and not state.seq.is_finished and room >= 1:
+                matcher = state.constraint.matcher if state.constraint is not None else None
                 wanted.append((request, state, DraftRequest(state.seq.seq_id, state.seq.token_ids,
-                                                            min(spec.num_speculative_tokens, room))))
+                                                            min(spec.num_speculative_tokens, room), matcher)))
         if not wanted:
             return
         try:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:   # static analysers and IDEs see the real names
     from leapgen.constraints import Grammar, JsonSchema, Regex
     from leapgen.decoding.sampling_params import SamplingParams
-    from leapgen.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+    from leapgen.decoding.speculative import SpeculativeConfig
+    from leapgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
     from leapgen.llm import LLM, generate
 
 # Public name -> the module defining it, imported when the name is first looked up.
@@ -29,10 +30,12 @@ _LAZY = {
     "RequestOutput": "leapgen.engine.outputs",
     "CompletionOutput": "leapgen.engine.outputs",
     "TokenLogprob": "leapgen.engine.outputs",
+    "RequestMetrics": "leapgen.engine.outputs",
+    "SpeculativeConfig": "leapgen.decoding.speculative",
 }
 
 __all__ = ["LLM", "SamplingParams", "generate", "JsonSchema", "Regex", "Grammar", "RequestOutput", "CompletionOutput",
-           "TokenLogprob"]
+           "TokenLogprob", "RequestMetrics", "SpeculativeConfig"]
 __version__ = "0.1.0"
 
 

@@ -12,6 +12,7 @@ import torch
 
 from leapgen.constraints import Constraint, as_constraint
 from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.engine.default_model import default_model_path
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
 from leapgen.engine.loader import load_model
@@ -21,18 +22,25 @@ Prompt = str | Sequence[int]
 
 
 class LLM:
-    """A loaded model plus its engine.  `LLM()` with no path loads the embedded SmolLM2-135M-Instruct."""
+    """A loaded model plus its engine.  `LLM()` with no path loads the embedded SmolLM2-135M-Instruct.
+
+    `speculative` (vLLM's keys): `{"method": "ngram", "num_speculative_tokens": 8}` drafts by prompt lookup,
+    `{"method": "draft", "model": PATH, "num_speculative_tokens": 4}` with a smaller model; outputs are
+    the same as without (greedy: token for token; sampling: in distribution).
+    """
 
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                  kv_cache_memory: int | str | None = None, block_size: int = 16, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 enable_forced_tokens: bool = True, seed: int | None = None, threads: int | None = None) -> None:
+                 enable_forced_tokens: bool = True, seed: int | None = None, threads: int | None = None,
+                 speculative: SpeculativeConfig | dict[str, Any] | None = None) -> None:
         set_threads(threads)
+        speculative = SpeculativeConfig.parse(speculative)       # a bad config fails before the model loads
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         path = default_model_path() if model is None else Path(model)
         config = EngineConfig(kv_cache_memory, block_size, max_num_seqs, max_num_batched_tokens,
-                              enable_prefix_caching, enable_forced_tokens)
+                              enable_prefix_caching, enable_forced_tokens, speculative)
         self.engine = LLMEngine(load_model(path, dtype, device), config, seed=seed)
         self.path = path
 

@@ -54,11 +54,13 @@ def build_checkpoint(directory, name: str):
     return hf
 
 
-def build_checkpoint_for_tokenizer(directory, tokenizer, seed: int = 0, padding: int = 0):
+def build_checkpoint_for_tokenizer(directory, tokenizer, seed: int = 0, padding: int = 0, layers: int | None = None):
     """A tiny random Llama sized to `tokenizer`'s vocabulary (plus `padding` embedding rows the tokenizer
-    lacks, as checkpoints padded to a multiple of 64 have), saved with it (for constraint tests)."""
+    lacks, as checkpoints padded to a multiple of 64 have), saved with it (for constraint tests);
+    `layers` overrides the depth (a smaller draft model)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(**{**SMALL, "vocab_size": len(tokenizer) + padding, "max_position_embeddings": 2048, "bos_token_id": None,
+    depth = {"num_hidden_layers": layers} if layers is not None else {}
+    config = LlamaConfig(**{**SMALL, **depth, "vocab_size": len(tokenizer) + padding, "max_position_embeddings": 2048, "bos_token_id": None,
                             "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.eos_token_id})
     hf = AutoModelForCausalLM.from_config(config).eval()
     hf.save_pretrained(directory)

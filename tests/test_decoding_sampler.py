@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -12,15 +11,10 @@ from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWa
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
 from leapgen.decoding.sampler import Sampler, prompt_logprobs, request_generator
 from leapgen.decoding.sampling_params import SamplingParams
+from stats_util import chi_square_critical
 
 VOCAB = 12
 DRAWS = 20000
-Z_999 = 3.090232  # standard normal quantile at 0.999
-
-
-def chi_square_critical(df: int) -> float:
-    """Upper 0.1% point of chi-square(df), Wilson-Hilferty approximation (accurate to ~1% for df >= 3)."""
-    return df * (1 - 2 / (9 * df) + Z_999 * math.sqrt(2 / (9 * df))) ** 3
 
 
 def draw(params: SamplingParams, logits: torch.Tensor, seed: int) -> np.ndarray:

@@ -1,0 +1,144 @@
+"""A draft model for speculative decoding: a smaller model with its own paged KV cache that guesses the
+next k tokens of every speculating sequence, greedily, as one batch per drafted position.
+
+It mirrors each target sequence with a sequence of its own.  Before drafting, the mirror is cut back to
+the longest prefix it shares with the target's tokens (its rejected guesses leave its cache, as the
+target's do) and extended with the tokens the target accepted since; one forward pass computes those,
+and k - 1 more passes of one token each produce the rest of the draft.  Under a constraint the draft
+model's choice is masked by the request's matcher, walked along the draft and rolled back, so its
+guesses stay inside the constraint and are worth verifying.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence as Seq
+
+import numpy as np
+import torch
+
+from leapgen.decoding.bitmask import apply_token_bitmask_, bitmask_words
+from leapgen.decoding.constraint import TokenMatcher
+from leapgen.decoding.speculative import DraftRequest
+from leapgen.engine.block_manager import BlockManager
+from leapgen.engine.loader import LoadedModel, load_model
+from leapgen.engine.model_runner import PagedModelRunner
+from leapgen.engine.scheduler import SchedulerOutput
+from leapgen.engine.sequence import Sequence
+
+
+class DraftModelProposer:
+    """Proposes with a draft model that shares the target's tokenizer (see the module docstring)."""
+
+    def __init__(self, draft: LoadedModel, num_blocks: int, block_size: int, vocab_limit: int, mask_vocab: int
+                 ) -> None:
+        self.draft = draft
+        self.runner = PagedModelRunner(draft, num_blocks, block_size)
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
+        self.vocab_limit = vocab_limit           # ids at or past it (padding) are never proposed
+        self.mask_vocab = mask_vocab             # the width of the constraint's bitmask (the target's logits)
+        self.mirrors: dict[int, Sequence] = {}
+
+    @classmethod
+    def load(cls, path: str | Path, target: LoadedModel, block_size: int, num_blocks: int) -> DraftModelProposer:
+        """Load the draft at `path` like the target (dtype, device) with room for as many tokens as the target's
+        cache; ValueError when it does not share the target's tokenizer or cannot roll back its cache."""
+        draft = load_model(path, target.dtype, target.device)
+        if draft.is_fallback:
+            raise ValueError(f"speculative.model {path}: its architecture runs through the transformers fallback, "
+                             "which cannot roll back its cache; use a Llama/Mistral/Qwen-family draft")
+        if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+            raise ValueError(f"speculative.model {path}: its tokenizer ({len(draft.tokenizer)} tokens) differs from "
+                             f"the target's ({len(target.tokenizer)} tokens); a draft must share the vocabulary")
+        return cls(draft, num_blocks, block_size, min(len(target.tokenizer), draft.vocab_size, target.vocab_size),
+                   target.vocab_size)
+
+    def propose(self, requests: Seq[DraftRequest]) -> list[list[int]]:
+        """See `decoding.speculative.Proposer.propose`."""
+        drafts: dict[int, list[int]] = {r.seq_id: [] for r in requests}
+        matchers = {r.seq_id: r.matcher for r in requests if r.matcher is not None}
+        try:
+            self._draft(requests, drafts, matchers)
+        finally:                                 # leave every matcher where the engine had it
+            for seq_id, matcher in matchers.items():
+                matcher.rollback(len(drafts[seq_id]))
+        return [drafts[r.seq_id] for r in requests]
+
+    def _draft(self, requests: Seq[DraftRequest], drafts: dict[int, list[int]],
+               matchers: dict[int, TokenMatcher]) -> None:
+        active = [(self._sync(r), r.k) for r in requests if len(r.token_ids) + r.k <= self.draft.max_model_len]
+        active = [(mirror, k) for mirror, k in active if mirror is not None]
+        while active:
+            active = [(mirror, k) for mirror, k in active if self._reserve(mirror)]
+            if not active:
+                break
+            step = SchedulerOutput([(mirror, mirror.num_uncomputed) for mirror, _ in active])
+            step.is_decode = all(n == 1 and mirror.num_computed_tokens > 0 for mirror, n in step.scheduled)
+            logits = self.runner.execute(step)
+            for mirror, n in step.scheduled:
+                mirror.num_computed_tokens += n
+                self.block_manager.commit(mirror)
+            still = []
+            for mirror, k in active:
+                token = self._choose(logits.logits[logits.rows[mirror.seq_id]][-1], matchers.get(mirror.seq_id))
+                if token is None:                  # a padding id, or the constraint allows nothing: stop here
+                    continue
+                mirror.append_token(token)
+                drafts[mirror.seq_id].append(token)
+                matcher = matchers.get(mirror.seq_id)
+                if matcher is not None:
+                    matcher.advance(token)
+                if len(drafts[mirror.seq_id]) < k and not (matcher is not None and matcher.is_finished()):
+                    still.append((mirror, k))
+            active = still
+
+    def _choose(self, logits: torch.Tensor, matcher: TokenMatcher | None) -> int | None:
+        """The draft's greedy token, inside the constraint when there is one."""
+        logits = logits[:self.vocab_limit]
+        if matcher is not None:
+            mask = np.zeros((1, bitmask_words(self.mask_vocab)), dtype=np.int32)
+            matcher.fill_bitmask(mask[0])
+            logits = apply_token_bitmask_(logits[None].clone(), mask)[0]
+        token = int(logits.argmax())
+        return token if logits[token] > -float("inf") else None
+
+    def release(self, seq_id: int) -> None:
+        """Free the mirror of a finished sequence."""
+        mirror = self.mirrors.pop(seq_id, None)
+        if mirror is not None:
+            self.block_manager.free(mirror)
+
+    def _sync(self, request: DraftRequest) -> Sequence | None:
+        """The mirror of `request`'s sequence holding exactly its tokens (the shared prefix kept in cache)."""
+        tokens = list(request.token_ids)
+        mirror = self.mirrors.get(request.seq_id)
+        if mirror is None:
+            # a one-token "prompt", so the mirror can be cut back anywhere past the first token
+            mirror = self.mirrors[request.seq_id] = Sequence(request.seq_id, tokens[:1])
+            mirror.append_tokens(tokens[1:])
+            return mirror
+        shared = _shared_prefix(mirror.token_ids, tokens)
+        self.block_manager.truncate(mirror, max(shared, 1))
+        mirror.append_tokens(tokens[mirror.num_tokens:])
+        return mirror
+
+    def _reserve(self, mirror: Sequence) -> bool:
+        """Cache slots for the mirror's uncomputed tokens; False (no more drafting for it) when the draft's
+        cache is full."""
+        manager = self.block_manager
+        if not mirror.block_table:
+            if not manager.can_allocate(mirror):
+                return False
+            manager.allocate(mirror)
+            return True
+        if not manager.can_append(mirror, mirror.num_uncomputed):
+            return False
+        self.runner.copy_blocks(manager.append_slots(mirror, mirror.num_uncomputed))
+        return True
+
+
+def _shared_prefix(a: Seq[int], b: Seq[int]) -> int:
+    same = torch.tensor(a[:len(b)]) == torch.tensor(b[:len(a)])
+    mismatches = (~same).nonzero()
+    return int(mismatches[0]) if len(mismatches) else int(same.numel())
+

@@ -1,0 +1,244 @@
+"""Speculative decoding (prompt lookup and a draft model) changes how many forward passes a request takes,
+never what it generates: greedy outputs equal plain decoding and transformers token for token, sampled
+outputs follow the same distribution, and every KV block (the target's and the draft's) is freed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+import leapgen
+from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
+from leapgen import JsonSchema, SamplingParams
+from leapgen.engine import llm_engine
+from leapgen.engine.admission import RequestError
+from leapgen.engine.draft_model import DraftModelProposer
+from stats_util import chi_square_critical, homogeneity_statistic
+from tokenizers_util import byte_level_bpe
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "city": {"type": "string", "maxLength": 8},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["name", "city", "age"],
+    "additionalProperties": False,
+}
+PROMPTS = ["the cat sat on the mat, the cat sat on the", "abc abc abc abc abc", "x",
+           "one two three four one two three four one two", "name: Ada; city: Rome; name: Ada; city:"]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """A byte-level BPE target, a one-layer draft on the same tokenizer, and the target's transformers model."""
+    tokenizer = byte_level_bpe()
+    target, draft = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft")
+    hf = build_checkpoint_for_tokenizer(target, tokenizer)
+    build_checkpoint_for_tokenizer(draft, tokenizer, seed=1, layers=1)
+    return target, draft, hf
+
+
+def make_llm(directory, speculative=None, **options):
+    return leapgen.LLM(directory, dtype="float32", kv_cache_memory=options.pop("kv_cache_memory", "16MiB"),
+                       block_size=8, speculative=speculative, **options)
+
+
+def configs(dirs) -> dict[str, dict]:
+    target, draft, _ = dirs
+    return {"ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3},
+            "draft": {"method": "draft", "model": str(draft), "num_speculative_tokens": 3},
+            "draft-is-target": {"method": "draft", "model": str(target), "num_speculative_tokens": 4}}
+
+
+@pytest.fixture(scope="module")
+def plain(dirs):
+    return make_llm(dirs[0])
+
+
+@pytest.fixture(scope="module", params=["ngram", "draft", "draft-is-target"])
+def speculating(request, dirs):
+    return make_llm(dirs[0], configs(dirs)[request.param])
+
+
+def assert_idle(llm) -> None:
+    engine = llm.engine
+    assert not engine.has_unfinished and not engine.requests
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    draft_cache = getattr(engine.proposer, "block_manager", None)
+    if draft_cache is not None:
+        assert draft_cache.num_free_blocks == draft_cache.num_blocks and not engine.proposer.mirrors
+
+
+GREEDY_CASES = {
+    "plain": SamplingParams(max_tokens=40),
+    "stops-penalties-logprobs": SamplingParams(max_tokens=40, repetition_penalty=1.3, frequency_penalty=0.5,
+                                               stop=["e t", "c a"], min_tokens=3, logprobs=2),
+    "json-schema": SamplingParams(max_tokens=80, constraint=JsonSchema(SCHEMA, {"whitespace": "compact"})),
+}
+
+
+@pytest.mark.parametrize("case", list(GREEDY_CASES))
+def test_greedy_outputs_equal_plain_decoding(plain, speculating, case):
+    params = GREEDY_CASES[case]
+    expected = plain.generate(PROMPTS, params)
+    outputs = speculating.generate(PROMPTS, params)
+    for want, got in zip(expected, outputs):
+        assert got.token_ids == want.token_ids and got.text == want.text
+        assert got.finish_reason == want.finish_reason and got.outputs[0].stop_reason == want.outputs[0].stop_reason
+        if params.logprobs:
+            assert [lp.token_id for lp in got.outputs[0].logprobs] == got.token_ids
+            assert np.allclose([lp.logprob for lp in got.outputs[0].logprobs],
+                               [lp.logprob for lp in want.outputs[0].logprobs], atol=1e-4)
+        if params.constraint is not None:
+            jsonschema.validate(json.loads(got.text), SCHEMA)
+    drafted = sum(o.metrics.drafted_tokens for o in outputs)
+    assert drafted > 0 and sum(o.metrics.accepted_tokens for o in outputs) <= drafted
+    assert_idle(speculating)
+
+
+def test_greedy_equals_transformers(dirs, speculating):
+    hf = dirs[2]
+    tokenizer = speculating.tokenizer
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        reference = hf.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)[0, ids.shape[1]:]
+        ours = speculating.generate([prompt], SamplingParams(max_tokens=24, min_tokens=24))[0]
+        assert ours.token_ids == reference.tolist()
+
+
+def test_a_draft_equal_to_the_target_accepts_every_token(dirs):
+    llm = make_llm(dirs[0], configs(dirs)["draft-is-target"])
+    for output in llm.generate(PROMPTS, SamplingParams(max_tokens=30)):
+        metrics = output.metrics
+        assert metrics.drafted_tokens > 0 and metrics.accepted_tokens == metrics.drafted_tokens
+        assert metrics.forward_passes < len(output.token_ids) / 2       # k + 1 tokens per pass
+    assert_idle(llm)
+
+
+def test_the_draft_model_stays_inside_the_constraint(dirs, plain):
+    """Masked by the grammar, a draft equal to the target never guesses wrong under a schema either."""
+    llm = make_llm(dirs[0], configs(dirs)["draft-is-target"])
+    params = GREEDY_CASES["json-schema"]
+    for want, got in zip(plain.generate(PROMPTS, params), llm.generate(PROMPTS, params)):
+        assert got.token_ids == want.token_ids
+        assert got.metrics.accepted_tokens == got.metrics.drafted_tokens > 0
+        assert got.metrics.forward_passes < want.metrics.forward_passes
+    assert_idle(llm)
+
+
+def test_preempted_drafts_are_recomputed_without_them(dirs, plain):
+    """A cache too small for the batch: sequences holding drafts are preempted, and outputs stay the same."""
+    llm = make_llm(dirs[0], configs(dirs)["ngram"], kv_cache_memory="96KiB", max_num_seqs=8)
+    prompts = PROMPTS * 4
+    params = SamplingParams(max_tokens=40)
+    outputs = llm.generate(prompts, params)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain.generate(prompts, params)]
+    assert_idle(llm)
+
+
+def test_seeded_sampling_is_reproducible_and_n_samples_speculate(dirs):
+    llm = make_llm(dirs[0], configs(dirs)["ngram"])
+    params = SamplingParams(max_tokens=30, temperature=0.7, top_k=5, seed=7, n=3)
+    first = llm.generate(PROMPTS, params)
+    again = llm.generate(PROMPTS, params)
+    assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
+    assert sum(o.metrics.accepted_tokens for o in first) > 0
+    assert_idle(llm)
+
+
+def test_a_request_can_turn_speculation_off(dirs):
+    llm = make_llm(dirs[0], configs(dirs)["ngram"])
+    output = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=20, speculative=False))[0]
+    assert output.metrics.drafted_tokens == 0 and output.metrics.forward_passes == 20
+
+
+def joint_counts(llm, prompt, params) -> Counter:
+    """Counts of the first three sampled tokens over the request's `n` samples."""
+    output = llm.generate([prompt], params)[0]
+    return Counter(tuple(c.token_ids[:3]) for c in output.outputs)
+
+
+SAMPLING = SamplingParams(max_tokens=3, min_tokens=3, temperature=1.0, top_k=3, n=2500, seed=11)
+# Every token of the word-level vocabulary once: prompt lookup always finds the last token and drafts.
+LOOKUP_PROMPT = [int(t) for t in np.random.default_rng(0).permutation(np.arange(3, 96))]
+
+
+@pytest.fixture(params=["ngram", "draft-is-target"])
+def sampling_pair(request, tmp_path):
+    """(plain, speculating) engines on a word-level tiny model: prompt lookup drafts every step (mostly
+    rejected); a draft equal to the target drafts its argmax (accepted or rejected about equally)."""
+    build_checkpoint(tmp_path, "llama")
+    speculative = {"method": "ngram", "num_speculative_tokens": 2} if request.param == "ngram" else \
+        {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2}
+    return make_llm(tmp_path, kv_cache_memory="64MiB"), make_llm(tmp_path, speculative, kv_cache_memory="64MiB")
+
+
+def test_speculative_sampling_follows_the_plain_distribution(sampling_pair):
+    """Chi-square homogeneity of the joint (t1, t2, t3) over 2,500 samples each, top-3 of a tiny model."""
+    plain, speculating = sampling_pair
+    statistic, df, metrics = compare(plain, speculating)
+    assert metrics.drafted_tokens >= SAMPLING.n // 4    # most samples drafted (a full draft cache drafts less)
+    if isinstance(speculating.engine.proposer, DraftModelProposer):      # its argmax guesses: both branches ran
+        assert 0.2 < metrics.acceptance_rate < 0.8, metrics
+    assert statistic < chi_square_critical(df), (statistic, df)
+    assert_idle(speculating)
+
+
+def test_the_distribution_check_catches_a_broken_acceptance_rule(sampling_pair, monkeypatch):
+    plain, speculating = sampling_pair
+    monkeypatch.setattr(llm_engine, "accepted_length", lambda draft, sampled: len(draft))   # accepts every guess
+    statistic, df, _ = compare(plain, speculating)
+    assert statistic > chi_square_critical(df), (statistic, df)
+
+
+def compare(plain, speculating):
+    """Homogeneity statistic and degrees of freedom of plain vs speculative samples, and the speculative
+    request's metrics."""
+    a = joint_counts(plain, LOOKUP_PROMPT, SAMPLING)
+    output = speculating.generate([LOOKUP_PROMPT], dataclasses.replace(SAMPLING, seed=12))[0]
+    b = Counter(tuple(c.token_ids[:3]) for c in output.outputs)
+    cells = sorted(set(a) | set(b))
+    statistic, df = homogeneity_statistic(np.array([a[c] for c in cells], float),
+                                          np.array([b[c] for c in cells], float))
+    return statistic, df, output.metrics
+
+
+def test_bad_configurations_are_refused_before_any_work(dirs, tmp_path):
+    target = dirs[0]
+    cases = [({"method": "medusa", "num_speculative_tokens": 2}, "method must be 'ngram' or 'draft'"),
+             ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an int >= 1"),
+             ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, r"unknown key\(s\) \['lookahead'\]"),
+             ({"method": "draft", "num_speculative_tokens": 2}, "speculative.model is required"),
+             ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, "must not exceed")]
+    for config, message in cases:
+        with pytest.raises(ValueError, match=message):
+            make_llm(target, config)
+    build_checkpoint(tmp_path, "llama")              # a word-level vocabulary, not the target's
+    with pytest.raises(ValueError, match="tokenizer .* differs from the target's"):
+        make_llm(target, {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2})
+
+
+def test_beams_are_refused_clearly_unless_the_request_opts_out(dirs):
+    llm = make_llm(dirs[0], configs(dirs)["ngram"])
+    with pytest.raises(RequestError, match="beam search does not speculate"):
+        llm.generate(["x"], SamplingParams(max_tokens=5, num_beams=2))
+    output = llm.generate(["x"], SamplingParams(max_tokens=5, num_beams=2, speculative=False))[0]
+    assert len(output.token_ids) > 0
+    assert_idle(llm)
+
+
+def test_ngram_lookup_takes_the_longest_most_recent_match():
+    from leapgen.decoding.speculative import ngram_draft
+
+    tokens = np.array([1, 2, 3, 9, 9, 2, 3, 7, 8, 1, 2, 3])
+    assert ngram_draft(tokens, 3, 1, 3) == [9, 9, 2]           # "1 2 3" matched at 0 beats "2 3" at 5
+    assert ngram_draft(tokens, 3, 1, 2) == [7, 8, 1]           # the latest "2 3"
+    assert ngram_draft(np.array([4, 5, 6]), 3, 1, 3) == []
+    assert ngram_draft(np.array([4, 4, 4, 4]), 5, 1, 2) == [4]  # never reads past the end
+    assert torch.tensor(ngram_draft(tokens, 0, 1, 3)).numel() == 0
