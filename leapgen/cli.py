@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
 import sys
 import time
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from leapgen.decoding.sampling_params import SamplingParams
 
@@ -36,26 +37,43 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
+def _at_least_one(parse: Callable[[str], int], text: str, expected: str) -> int:
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _at_least_one(int, text, "an int >= 1")
 
 
 def _memory_size(text: str) -> str:
     from leapgen.engine.llm_engine import parse_memory
 
-    try:
-        size = parse_memory(text)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of bytes or a size like '512MiB', got {text!r}")
+    _at_least_one(parse_memory, text, "a positive number of bytes or a size like '512MiB'")
     return text
+
+
+def _speculative_method(text: str) -> dict:
+    if text == "ngram":
+        return {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    if text.startswith("draft:") and len(text) > len("draft:"):
+        return {"method": "draft", "model": text[len("draft:"):]}
+    raise argparse.ArgumentTypeError(f"expected 'ngram' or 'draft:PATH', got {text!r}")
+
+
+def _speculative(args: argparse.Namespace) -> dict | None:
+    """The LLM's speculative config from --speculative and --num-speculative-tokens."""
+    if args.speculative is None:
+        if args.num_speculative_tokens is not None:
+            raise CliError("--num-speculative-tokens needs --speculative")
+        return None
+    default_k = 8 if args.speculative["method"] == "ngram" else 4
+    return {**args.speculative, "num_speculative_tokens": args.num_speculative_tokens or default_k}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,7 +114,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="CPU threads for torch (default: the cores this process may use)")
     gen.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
                      help="KV cache size in bytes or like '512MiB' (default: chosen from the device's memory)")
-    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    gen.add_argument("--speculative", metavar="METHOD", type=_speculative_method,
+                     help="speculative decoding: 'ngram' (prompt lookup) or 'draft:PATH' (a draft model sharing the "
+                          "tokenizer); outputs stay the same, only faster")
+    gen.add_argument("--num-speculative-tokens", type=_positive_int, metavar="K",
+                     help="tokens drafted per step (default: 8 for ngram, 4 for a draft model)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (with its metrics)")
     gen.add_argument("--stream", action="store_true", help="print text as it is produced (one prompt)")
     return parser
 
@@ -236,7 +259,7 @@ def _load(args: argparse.Namespace):
 
     try:
         return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                   kv_cache_memory=args.kv_cache_memory)
+                   kv_cache_memory=args.kv_cache_memory, speculative=_speculative(args))
     except _BUG_TYPES:
         raise
     except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)
@@ -270,6 +293,7 @@ def _prepare(args: argparse.Namespace) -> tuple[SamplingParams, str | None, Any]
         except ValueError as exc:
             raise CliError(f"--stop: {exc}") from None
     _check_inputs(args)
+    _speculative(args)
     if args.stream and len(args.prompt) != 1:
         raise CliError("--stream takes exactly one --prompt")
     params = _params(args)
@@ -307,6 +331,7 @@ def _print_outputs(args: argparse.Namespace, outputs: list) -> None:
                 record["outputs"] = [_completion(c) for c in out.outputs]
             if out.error is not None:
                 record["error"] = out.error
+            record["metrics"] = dataclasses.asdict(out.metrics)
             print(json.dumps(record, ensure_ascii=False))
         elif out.error is None:      # a failed request's partial text would pass for an answer
             for completion in out.outputs:

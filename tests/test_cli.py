@@ -241,3 +241,26 @@ def test_max_tokens_past_the_context_is_one_line(model_dir, capsys):
     code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "100000")
     line = error_line(code, err)
     assert "prompts[0]" in line and "max_tokens (100000)" in line and "256" in line
+
+
+def test_speculative_flags_keep_the_output_and_report_metrics(model_dir, capsys):
+    base = ["--model", model_dir, "--prompt", "w3 w4 w5 w3 w4 w5 w3 w4", "--max-tokens", "12", "--ignore-eos", "--json"]
+    code, plain, err = run(capsys, *base)
+    assert code == 0, err
+    code, fast, err = run(capsys, *base, "--speculative", "ngram", "--num-speculative-tokens", "3")
+    assert code == 0, err
+    plain, fast = json.loads(plain), json.loads(fast)
+    assert fast["token_ids"] == plain["token_ids"] and plain["metrics"]["drafted_tokens"] == 0
+    code, draft, err = run(capsys, *base, "--speculative", f"draft:{model_dir}")   # the model drafts for itself
+    assert code == 0, err
+    draft = json.loads(draft)
+    assert draft["token_ids"] == plain["token_ids"]
+    assert draft["metrics"]["accepted_tokens"] == draft["metrics"]["drafted_tokens"] > 0
+
+
+def test_bad_speculative_flags_are_one_line(model_dir, capsys):
+    for argv, flag in ((["--speculative", "medusa"], "--speculative"), (["--speculative", "draft:"], "--speculative"),
+                       (["--num-speculative-tokens", "3"], "--num-speculative-tokens"),
+                       (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens")):
+        code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", *argv)
+        assert flag in error_line(code, err), err
