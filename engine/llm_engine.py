@@ -147,16 +147,18 @@ class LLMEngine:
                                "requests on a speculating engine")
         if checked.params.constraint is not None:
             checked.constraint = self.compile(checked.params.constraint)
-            if not len(checked.constraint.matcher().allowed_token_ids()):
-                raise RequestError("constraint: no token of this model's vocabulary can start an output that "
-                                   "matches it (the vocabulary cannot spell it)")
         return checked
 
     def compile(self, spec: ConstraintSpec) -> TokenConstraint:
-        """`spec` compiled for this model's vocabulary, once per spec."""
+        """`spec` compiled for this model's vocabulary, once per spec; RequestError when no token of the
+        vocabulary can even start an output inside it."""
         key = spec.key()
         if key not in self._compiled:
-            self._compiled[key] = spec.compile(self.vocabulary)
+            compiled = spec.compile(self.vocabulary)
+            if not len(compiled.matcher().allowed_token_ids()):
+                raise RequestError("constraint: no token of this model's vocabulary can start an output that "
+                                   "matches it (the vocabulary cannot spell it)")
+            self._compiled[key] = compiled
         return self._compiled[key]
 
     def add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> int:
