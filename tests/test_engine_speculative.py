@@ -240,3 +240,11 @@ def test_ngram_lookup_takes_the_longest_most_recent_match():
     assert ngram_draft(np.array([4, 5, 6]), 3, 1, 3) == []
     assert ngram_draft(np.array([4, 4, 4, 4]), 5, 1, 2) == [4]  # never reads past the end
     assert ngram_draft(tokens, 0, 1, 3) == []
+
+
+def test_streaming_a_speculating_request_joins_to_the_plain_text(plain, speculating):
+    """Several tokens may be accepted in one step; the streamed deltas still join to the plain output."""
+    for params in (SamplingParams(max_tokens=40, stop=["e t"]), GREEDY_CASES["json-schema"]):
+        pieces = list(speculating.stream(PROMPTS[0], params))
+        assert all(pieces) and "".join(pieces) == plain.generate([PROMPTS[0]], params)[0].text
+    assert_idle(speculating)
