@@ -11,7 +11,7 @@ import itertools
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence as Seq, TypeVar
+from typing import Any, Callable, Iterator, Literal, Sequence as Seq, TypeVar
 
 import numpy as np
 import torch
@@ -486,6 +486,18 @@ class LLMEngine:
         `prompts[i]`, or with `on_error="return"` comes back with finish_reason "error" while the
         rest run.  A request that fails while running always comes back that way.
         """
+        results: dict[int, RequestOutput] = {}
+        for index, output in self.iter_generate(prompts, params, on_error):
+            results[index] = output
+            if progress is not None:
+                progress(len(results), len(prompts))
+        return [results[i] for i in range(len(prompts))]
+
+    def iter_generate(self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+                      on_error: Literal["raise", "return"] = "raise") -> Iterator[tuple[int, RequestOutput]]:
+        """Like `generate`, but yields `(prompt index, output)` as each request finishes (refused ones
+        first), so a pipeline can write results while the rest run.  Closing the iterator early aborts
+        the requests still running."""
         if on_error not in ("raise", "return"):
             raise ValueError(f"on_error must be 'raise' or 'return', got {on_error!r}")
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -501,21 +513,20 @@ class LLMEngine:
                     raise error from None
                 checked.append(self._refused(prompt, error))
         pending: dict[int, int] = {}             # request id -> prompt index
-        results: dict[int, RequestOutput] = {i: c for i, c in enumerate(checked) if isinstance(c, RequestOutput)}
         try:
+            for index, request in enumerate(checked):
+                if isinstance(request, RequestOutput):
+                    yield index, request
             for index, request in enumerate(checked):
                 if isinstance(request, CheckedRequest):
                     pending[self.add_request(request)] = index
             while pending and self.has_unfinished:
                 for output in self.step():
                     if output.finished and output.request_id in pending:
-                        results[pending.pop(output.request_id)] = output
-                        if progress is not None:
-                            progress(len(results), len(prompts))
+                        yield pending.pop(output.request_id), output
         finally:                                 # an interrupted call leaves nothing running
             for request_id in pending:
                 self.abort(request_id)
-        return [results[i] for i in range(len(prompts))]
 
     def _refused(self, prompt: object, error: Exception) -> RequestOutput:
         text = prompt if isinstance(prompt, str) else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -27,6 +28,7 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     score: float | None = None                # beam search: the length-normalised score it was ranked by
     delta: str = ""                           # text added by the engine's latest step (streaming)
+    parsed: Any = None                        # a pydantic-model constraint: the text validated into the model
 
 
 @dataclass

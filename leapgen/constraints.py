@@ -6,8 +6,12 @@ imported on first use so that `import leapgen` stays light.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from leapgen.decoding.constraint import ConstraintSpec
@@ -87,3 +91,48 @@ def as_constraint(value: Any) -> ConstraintSpec | None:
 
 def _is_pydantic_model(value: Any) -> bool:
     return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))
+
+
+def load_schema(source: str) -> dict | type:
+    """The schema a command-line argument names: `module:Model` or `path/to/file.py:Model` (a pydantic model
+    class), else the path of a JSON Schema file.  ValueError says what is wrong with it."""
+    module_name, colon, attribute = source.rpartition(":")
+    if colon and module_name and attribute.isidentifier() and not Path(source).exists():
+        model = getattr(_import_module(module_name), attribute, None)
+        if model is None:
+            raise ValueError(f"{source}: module {module_name!r} has no attribute {attribute!r}")
+        if not _is_pydantic_model(model):
+            raise ValueError(f"{source}: {attribute} is not a pydantic model class")
+        return model
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{source}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{source}: not UTF-8 text") from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{source}: JSON nested too deeply to read") from None
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError(f"{source}: a JSON Schema is an object or a boolean, not {type(schema).__name__}")
+    return schema
+
+
+def _import_module(name: str) -> ModuleType:
+    """`name` as a module: a dotted import name, or the path of a .py file."""
+    if name.endswith(".py"):
+        path = Path(name)
+        if not path.is_file():
+            raise ValueError(f"{name}: no such file")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {name!r}: {exc}") from None
+

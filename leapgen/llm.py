@@ -65,6 +65,16 @@ class LLM:
         report = _progress_bar if progress is True else (progress or None)
         return self.engine.generate(batch, params_list, progress=report, on_error=on_error)
 
+    def generate_iter(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                      *, constraint: Constraint | type | None = None,
+                      on_error: Literal["raise", "return"] = "raise") -> Iterator[tuple[int, RequestOutput]]:
+        """Like `generate`, but yields `(prompt index, output)` as each prompt finishes, in finishing order
+        (all prompts share one continuously batched run); closing the iterator aborts the rest."""
+        batch = list(prompts)
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(batch)
+        params_list = [_with_constraint(p, constraint) for p in params_list]
+        return self.engine.iter_generate(batch, params_list, on_error=on_error)
+
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
                constraint: Constraint | type | None = None) -> Iterator[str]:
         """Yield the text of one prompt as it is produced; the pieces join to the final `text`.
