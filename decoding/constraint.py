@@ -23,6 +23,13 @@ class TokenMatcher(Protocol):
     def forced_tokens(self) -> list[int]:
         """Ids of the only possible continuation; [] when there is a choice."""
 
+    def is_token_allowed(self, token_id: int) -> bool:
+        """The exact test for one token: under a token budget the mask may still offer a token after
+        which the output could no longer complete in time; this refuses it."""
+
+    def completion_tokens(self) -> list[int] | None:
+        """The fewest tokens that complete the output from here ([] when complete; None if unknown)."""
+
     def advance(self, token_id: int) -> None:
         """Consume one token; raises ValueError when it is not allowed."""
 
@@ -36,8 +43,9 @@ class TokenMatcher(Protocol):
 class TokenConstraint(Protocol):
     """A constraint compiled for one vocabulary."""
 
-    def matcher(self) -> TokenMatcher:
-        """A fresh matcher at the start of the output."""
+    def matcher(self, max_tokens: int | None = None) -> TokenMatcher:
+        """A fresh matcher at the start of the output; with `max_tokens`, one whose output always
+        completes within that many tokens."""
 
 
 @runtime_checkable

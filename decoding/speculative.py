@@ -135,7 +135,7 @@ def constrain_draft(matcher: TokenMatcher, draft: list[int], words: int, eos_ids
     try:
         for i, token in enumerate(draft):
             matcher.fill_bitmask(masks[i])
-            if not masks[i, token >> 5] >> (token & 31) & 1:
+            if not matcher.is_token_allowed(token):
                 break
             matcher.advance(token)
             advanced += 1

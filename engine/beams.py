@@ -30,7 +30,8 @@ def advance_beams(request: EngineRequest, eos_token_ids: Sequence[int], fork: Fo
         request.beams = BeamSearch(params.num_beams, params.max_tokens,
                                    () if params.ignore_eos else eos_token_ids, params.length_penalty,
                                    params.early_stopping, complete_only=request.constraint is not None)
-    step = request.beams.step(torch.stack([request.beam_rows.pop(s.seq.seq_id) for s in live]))
+    rows = torch.stack([request.beam_rows.pop(s.seq.seq_id) for s in live])
+    step = request.beams.step(_within_budget(rows, live, request.beams.candidates_per_step))
     # Fork before appending: several new beams may continue the same parent.
     children: list[SequenceState] = []
     taken: set[int] = set()
@@ -51,6 +52,23 @@ def advance_beams(request: EngineRequest, eos_token_ids: Sequence[int], fork: Fo
     eos = set(eos_token_ids)
     request.output.outputs = [_completion(i, h, eos, decode) for i, h in enumerate(request.beams.best(params.n))]
     return True
+
+
+def _within_budget(log_probs: torch.Tensor, live: list[SequenceState], width: int) -> torch.Tensor:
+    """Drop the candidates after which a constrained beam could no longer close within its token budget
+    (the mask lets them through until closing begins).  The search picks among each row's best `width`,
+    so only those are checked, again after each drop."""
+    for row, state in zip(log_probs, live):
+        if state.constraint is None:
+            continue
+        while True:
+            best = row.topk(min(width, row.numel()))
+            refused = [t for v, t in zip(best.values.tolist(), best.indices.tolist())
+                       if v > float("-inf") and not state.constraint.matcher.is_token_allowed(t)]
+            if not refused:
+                break
+            row[refused] = float("-inf")
+    return log_probs
 
 
 def _completion(index: int, hypothesis: Hypothesis, eos: set[int], decode: Callable[[list[int]], str]

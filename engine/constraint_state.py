@@ -14,19 +14,29 @@ from leapgen.decoding.constraint import TokenConstraint, TokenMatcher
 class ConstraintState:
     """One sequence's position inside its request's constraint."""
 
-    def __init__(self, constraint: TokenConstraint, output_ids: Iterable[int] = ()) -> None:
+    def __init__(self, constraint: TokenConstraint, output_ids: Iterable[int] = (),
+                 max_tokens: int | None = None) -> None:
         self.constraint = constraint
-        self.matcher: TokenMatcher = constraint.matcher()
+        self.max_tokens = max_tokens
+        self.matcher: TokenMatcher = constraint.matcher(max_tokens)
         for token in output_ids:             # a fork starts where its parent's text is
             self.matcher.advance(token)
 
     def fork(self, output_ids: Iterable[int]) -> "ConstraintState":
         """A state for a sequence forked with `output_ids` already generated."""
-        return ConstraintState(self.constraint, output_ids)
+        return ConstraintState(self.constraint, output_ids, self.max_tokens)
 
     def advance(self, token_id: int) -> None:
         """Consume a generated token (ValueError when the constraint does not allow it)."""
         self.matcher.advance(token_id)
+
+    def admissible(self, token_id: int) -> int:
+        """`token_id` if the constraint takes it; else (a sampled token after which the output could not
+        close within its budget) the first token of a shortest completion, which always can."""
+        if self.matcher.is_token_allowed(token_id):
+            return token_id
+        closing = self.matcher.completion_tokens()
+        return closing[0] if closing else token_id
 
     def jump(self, eos_token_ids: Sequence[int], room: int) -> list[int]:
         """Tokens to append without sampling: eos when the text is complete, else the forced continuation

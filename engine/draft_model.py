@@ -100,7 +100,9 @@ class DraftModelProposer:
             matcher.fill_bitmask(mask[0])
             logits = apply_token_bitmask_(logits[None].clone(), mask)[0]
         token = int(logits.argmax())
-        return token if logits[token] > -float("inf") else None
+        if logits[token] == -float("inf") or (matcher is not None and not matcher.is_token_allowed(token)):
+            return None                          # nothing allowed, or the token would leave too little budget
+        return token
 
     def release(self, seq_id: int) -> None:
         """Free the mirror of a finished sequence."""

@@ -113,6 +113,7 @@ class LLMEngine:
         self.requests: dict[int, EngineRequest] = {}
         self._owner: dict[int, tuple[EngineRequest, SequenceState]] = {}      # seq_id -> its request and state
         self._compiled: dict[tuple, TokenConstraint] = {}
+        self._shortest: dict[tuple, int | None] = {}     # tokens of the shortest output, per constraint
         self._advanced: dict[int, EngineRequest] = {}    # requests whose outputs the current step returns
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
@@ -147,7 +148,19 @@ class LLMEngine:
                                "requests on a speculating engine")
         if checked.params.constraint is not None:
             checked.constraint = self.compile(checked.params.constraint)
+            shortest = self._shortest_output(checked.params.constraint)
+            if shortest is not None and shortest > checked.params.max_tokens:
+                raise RequestError(f"max_tokens={checked.params.max_tokens} is too small for the constraint: its "
+                                   f"shortest output takes {shortest} tokens")
         return checked
+
+    def _shortest_output(self, spec: ConstraintSpec) -> int | None:
+        """Tokens in the shortest output `spec` allows (None when the vocabulary cannot tell), once per spec."""
+        key = spec.key()
+        if key not in self._shortest:
+            closing = self.compile(spec).matcher().completion_tokens()
+            self._shortest[key] = None if closing is None else len(closing)
+        return self._shortest[key]
 
     def compile(self, spec: ConstraintSpec) -> TokenConstraint:
         """`spec` compiled for this model's vocabulary, once per spec; RequestError when no token of the
@@ -171,7 +184,8 @@ class LLMEngine:
         request = EngineRequest(request_id, params, output, checked.constraint)
         seq = Sequence(next(self._seq_ids), checked.prompt_token_ids, params)
         self.scheduler.add(seq)
-        self._new_state(request, seq, constraint=ConstraintState(checked.constraint) if checked.constraint else None)
+        constraint = ConstraintState(checked.constraint, max_tokens=params.max_tokens) if checked.constraint else None
+        self._new_state(request, seq, constraint=constraint)
         self.requests[request_id] = request
         return request_id
 
@@ -299,6 +313,8 @@ class LLMEngine:
         if metrics.time_to_first_token is None:
             metrics.time_to_first_token = time.perf_counter() - request.arrival
         for i, token in enumerate(sampled_tokens[:accepted + 1]):
+            if i == accepted and state.constraint is not None:    # closes in time if the sample would not
+                token = state.constraint.admissible(token)
             if state.completion.logprobs is not None:
                 state.record_logprob(_token_logprob(sampled, first_row + i, token, state.seq.params.logprobs))
             if i < accepted:

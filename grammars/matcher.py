@@ -14,6 +14,7 @@ import numpy as np
 
 from . import ir
 from .automaton import Automaton, compile_automaton
+from .completion import UNREACHABLE, Completions
 from .errors import GrammarError
 from .token_masks import StackArena, TokenMasks
 from .vocab import Vocabulary, as_vocabulary
@@ -35,15 +36,20 @@ class CompiledGrammar:
         self._mask_cache: dict[State, np.ndarray] = {}
         self._ids_cache: dict[State, np.ndarray] = {}
         self._out_bytes: dict[int, np.ndarray] = {}
+        self._completions: Completions | None = None
+        self._completion_cache: dict[State, bytes | None] = {}
+        self._completion_ids: dict[State, list[int] | None] = {}
+        self._completion_lengths: dict[State, int] = {}
 
     @classmethod
     def from_ir(cls, grammar: ir.Grammar, tokenizer: Any) -> "CompiledGrammar":
         """Compile an IR grammar for an HF tokenizer or a Vocabulary."""
         return cls(compile_automaton(grammar), as_vocabulary(tokenizer))
 
-    def matcher(self) -> "Matcher":
-        """A fresh per-sequence matcher at the start of the text."""
-        return Matcher(self)
+    def matcher(self, max_tokens: int | None = None) -> "Matcher":
+        """A fresh per-sequence matcher at the start of the text; with `max_tokens`, its output always
+        completes within that many tokens (see `Matcher`)."""
+        return Matcher(self, max_tokens)
 
     # --- parser steps (bytes) ---------------------------------------------------------------
 
@@ -100,6 +106,49 @@ class CompiledGrammar:
             hit = self._out_bytes[g] = np.flatnonzero(self.automaton.trans[g] >= 0)
         return hit
 
+    # --- shortest completions (token budgets) ------------------------------------------------
+
+    def completion(self, state: State) -> bytes | None:
+        """The bytes of a shortest completion of `state` (b"" when complete; cached per state)."""
+        if state not in self._completion_cache:
+            if self._completions is None:
+                self._completions = Completions(self.automaton, self.stacks)
+            if len(self._completion_cache) >= _MASK_CACHE_LIMIT:
+                self._completion_cache.clear()
+                self._completion_ids.clear()
+            self._completion_cache[state] = self._completions.shortest(state)
+        return self._completion_cache[state]
+
+    def completion_ids(self, state: State) -> list[int] | None:
+        """A shortest completion of `state` canonically tokenized; None when the vocabulary cannot spell it."""
+        if state not in self._completion_ids:
+            data = self.completion(state)
+            self._completion_ids[state] = None if data is None else self.vocabulary.spell(data)
+        return self._completion_ids[state]
+
+    def completion_length(self, state: State) -> int | None:
+        """The length in bytes of a shortest completion of `state`, None if there is none (cached)."""
+        hit = self._completion_lengths.get(state)
+        if hit is None:
+            if self._completions is None:
+                self._completions = Completions(self.automaton, self.stacks)
+            if len(self._completion_lengths) >= _MASK_CACHE_LIMIT:
+                self._completion_lengths.clear()
+            cost = min((self._completions.cost(config) for config in state), default=UNREACHABLE)
+            hit = self._completion_lengths[state] = cost if cost < UNREACHABLE else -1
+        return hit if hit >= 0 else None
+
+    def fits(self, state: State, budget: int) -> bool:
+        """Whether some completion of `state` takes at most `budget` tokens (a token holds at least one
+        byte, so a short enough completion in bytes needs no tokenizing)."""
+        length = self.completion_length(state)
+        if length is None:
+            return False
+        if length <= budget:
+            return True
+        ids = self.completion_ids(state)
+        return ids is None or len(ids) <= budget    # unspellable: no bound can be promised, so none is kept
+
     # --- token masks ---------------------------------------------------------------------------
 
     def mask(self, state: State) -> np.ndarray:
@@ -129,21 +178,64 @@ class CompiledGrammar:
 
 
 class Matcher:
-    """Per-sequence constraint state: masks, forced tokens, advance and rollback."""
+    """Per-sequence constraint state: masks, forced tokens, advance and rollback.
 
-    def __init__(self, grammar: CompiledGrammar):
+    With a token budget (`max_tokens`) the output always completes within it: a token is allowed only
+    if a shortest completion still fits after it, and once the budget left comes down to the tokens of
+    a shortest completion, that completion is the only way on (forced, one token at a time).  The
+    masks stay the grammar's until then, so `is_token_allowed` is the exact test for a sampled token;
+    the mask equals it from the moment closing begins.
+    """
+
+    def __init__(self, grammar: CompiledGrammar, max_tokens: int | None = None):
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
+            raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
         self.grammar = grammar
+        self.max_tokens = max_tokens
         self._states: list[State] = [grammar.initial]
         self._ended = False
+        self._plan: tuple[int, list[int]] | None = None     # (position it starts at, closing token ids)
 
     @property
     def _state(self) -> State:
         return self._states[-1]
 
+    @property
+    def _position(self) -> int:
+        """Tokens consumed so far."""
+        return len(self._states) - 1
+
+    def _closing(self) -> list[int] | None:
+        """The rest of the closing plan when the budget left only fits a shortest completion, else None."""
+        if self.max_tokens is None or self._ended:
+            return None
+        if self._plan is not None and self._plan[0] <= self._position:
+            return self._plan[1][self._position - self._plan[0]:]
+        left = self.max_tokens - self._position
+        length = self.grammar.completion_length(self._state)
+        if length is None or left > length:
+            return None
+        ids = self.grammar.completion_ids(self._state)
+        if ids is None or left > len(ids):
+            return None
+        self._plan = (self._position, ids)
+        return ids
+
+    def completion_tokens(self) -> list[int] | None:
+        """The fewest tokens that complete the text from here (the closing plan once closing began);
+        [] when complete, None when the vocabulary cannot spell a completion."""
+        if self._ended:
+            return []
+        plan = self._closing()
+        return plan if plan is not None else self.grammar.completion_ids(self._state)
+
     def allowed_token_ids(self) -> np.ndarray:
         """Sorted ids of the tokens allowed next (EOS exactly when the text so far is complete)."""
         if self._ended:
             return np.zeros(0, np.int64)
+        plan = self._closing()
+        if plan is not None:
+            return np.flatnonzero(np.unpackbits(self._plan_mask(plan).view(np.uint8), bitorder="little"))
         return self.grammar.allowed_ids(self._state)
 
     def fill_bitmask(self, buffer: np.ndarray) -> None:
@@ -151,31 +243,56 @@ class Matcher:
         words = self.grammar.vocabulary.mask_words
         if buffer.dtype != np.int32 or buffer.ndim != 1 or len(buffer) < words:
             raise ValueError(f"fill_bitmask needs a 1-D int32 buffer of at least {words} words")
+        plan = None if self._ended else self._closing()
         if self._ended:
             buffer[:words] = 0
+        elif plan is not None:
+            buffer[:words] = self._plan_mask(plan).view(np.int32)
         else:
             buffer[:words] = self.grammar.mask(self._state).view(np.int32)
 
+    def _plan_mask(self, plan: list[int]) -> np.ndarray:
+        """Closing: the plan's next token; with nothing left to close, eos where the grammar allows it."""
+        if not plan:
+            bits = self.grammar.mask(self._state).copy()
+            eos = np.zeros_like(bits)
+            for token in self.grammar.vocabulary.eos_ids:
+                eos[token >> 5] |= np.uint32(1 << (token & 31))
+            return bits & eos
+        bits = np.zeros(self.grammar.vocabulary.mask_words, np.uint32)
+        bits[plan[0] >> 5] = np.uint32(1 << (plan[0] & 31))
+        return bits
+
     def is_token_allowed(self, token_id: int) -> bool:
-        """Whether `token_id` may come next."""
+        """Whether `token_id` may come next (under a budget: and the text can still complete after it)."""
+        return self._next(int(token_id)) is not None
+
+    def _next(self, token_id: int) -> State | None:
+        """The state after `token_id` (the current one for eos), None when it is not allowed."""
         if self._ended or not 0 <= token_id < self.grammar.vocabulary.size:
-            return False
-        bits = self.grammar.mask(self._state)
-        return bool(bits[token_id >> 5] >> np.uint32(token_id & 31) & 1)
+            return None
+        g = self.grammar
+        if not g.mask(self._state)[token_id >> 5] >> np.uint32(token_id & 31) & 1:
+            return None
+        if token_id in g.vocabulary.eos_ids:
+            return self._state
+        plan = self._closing()
+        if plan is not None and (not plan or token_id != plan[0]):
+            return None
+        nxt = g.step(self._state, g.vocabulary.token_bytes[token_id])
+        if nxt is None:  # the mask allowed it, so this is an internal inconsistency
+            raise GrammarError(f"token {token_id} was allowed but cannot be consumed")
+        if self.max_tokens is not None and plan is None and not g.fits(nxt, self.max_tokens - self._position - 1):
+            return None
+        return nxt
 
     def advance(self, token_id: int) -> None:
         """Consume one token; raises ValueError if it is not allowed."""
         token_id = int(token_id)
-        if not self.is_token_allowed(token_id):
+        nxt = self._next(token_id)
+        if nxt is None:
             raise ValueError(f"token {token_id} is not allowed by the constraint here")
-        g = self.grammar
-        if token_id in g.vocabulary.eos_ids:
-            self._states.append(self._state)
-            self._ended = True
-            return
-        nxt = g.step(self._state, g.vocabulary.token_bytes[token_id])
-        if nxt is None:  # the mask allowed it, so this is an internal inconsistency
-            raise GrammarError(f"token {token_id} was allowed but cannot be consumed")
+        self._ended = token_id in self.grammar.vocabulary.eos_ids
         self._states.append(nxt)
 
     def rollback(self, n: int) -> None:
@@ -185,6 +302,8 @@ class Matcher:
         if n:
             del self._states[-n:]
             self._ended = False
+            if self._plan is not None and self._plan[0] > self._position:
+                self._plan = None
 
     def is_finished(self) -> bool:
         """True when EOS was consumed, or the text is complete and nothing but EOS can follow."""
@@ -209,7 +328,11 @@ class Matcher:
 
     def forced_tokens(self) -> list[int]:
         """Token ids of the only possible continuation, canonically tokenized; the last token is
-        held back unless the text ends there, since it could merge with what follows."""
+        held back unless the text ends there, since it could merge with what follows.  Closing under
+        a budget, the whole rest of the closing plan."""
+        plan = self._closing()
+        if plan is not None:
+            return list(plan)
         data = self.forced_bytes()
         if not data:
             return []
@@ -227,7 +350,19 @@ class Matcher:
         ids = self.grammar.vocabulary.spell(data)
         if ids is None:      # the forced text only starts tokens (a word-level vocabulary): let the mask choose
             return []
-        return ids if finished else ids[:-1]
+        return self._within_budget(ids if finished else ids[:-1])
+
+    def _within_budget(self, ids: list[int]) -> list[int]:
+        """The leading forced tokens after which the text can still complete within the budget."""
+        if self.max_tokens is None:
+            return ids
+        state, left = self._state, self.max_tokens - self._position
+        for i, token in enumerate(ids):
+            state = self.grammar.step(state, self.grammar.vocabulary.token_bytes[token])
+            left -= 1
+            if state is None or not self.grammar.fits(state, left):
+                return ids[:i]
+        return ids
 
 
 def _utf8_whole(data: bytes) -> bool:

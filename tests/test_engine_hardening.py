@@ -171,8 +171,8 @@ class FailingSpec:
         compiled = Regex("[a-z ]{1,40}").compile(vocabulary)
 
         class Compiled:
-            def matcher(self):
-                return FailingMatcher(compiled.matcher())
+            def matcher(self, max_tokens=None):
+                return FailingMatcher(compiled.matcher(max_tokens))
 
         return Compiled()
 
