@@ -195,6 +195,7 @@ class Matcher:
         self._states: list[State] = [grammar.initial]
         self._ended = False
         self._plan: tuple[int, list[int]] | None = None     # (position it starts at, closing token ids)
+        self._peek: tuple[tuple, State | None] | None = None
 
     @property
     def _state(self) -> State:
@@ -268,7 +269,14 @@ class Matcher:
         return self._next(int(token_id)) is not None
 
     def _next(self, token_id: int) -> State | None:
-        """The state after `token_id` (the current one for eos), None when it is not allowed."""
+        """The state after `token_id` (the current one for eos), None when it is not allowed; the last
+        answer is kept, since a token is usually checked just before it is consumed."""
+        key = (len(self._states), self._state, token_id)
+        if self._peek is None or self._peek[0] != key:
+            self._peek = (key, self._successor(token_id))
+        return self._peek[1]
+
+    def _successor(self, token_id: int) -> State | None:
         if self._ended or not 0 <= token_id < self.grammar.vocabulary.size:
             return None
         g = self.grammar
