@@ -510,39 +510,51 @@ class LLMEngine:
         return [results[i] for i in range(len(prompts))]
 
     def iter_generate(self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
-                      on_error: Literal["raise", "return"] = "raise") -> Iterator[tuple[int, RequestOutput]]:
-        """Like `generate`, but yields `(prompt index, output)` as each request finishes (refused ones
-        first), so a pipeline can write results while the rest run.  Closing the iterator early aborts
-        the requests still running."""
+                      on_error: Literal["raise", "return"] = "raise", max_pending: int | None = None
+                      ) -> Iterator[tuple[int, RequestOutput]]:
+        """Like `generate`, but yields `(prompt index, output)` as each request finishes, so a pipeline can
+        write results while the rest run.  With `max_pending`, prompts are checked and queued as room
+        frees up, at most that many at a time (a long input starts at once and memory stays bounded; a bad
+        prompt is then met when its turn comes).  Closing the iterator early aborts what still runs."""
         if on_error not in ("raise", "return"):
             raise ValueError(f"on_error must be 'raise' or 'return', got {on_error!r}")
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        checked: list[CheckedRequest | RequestOutput] = []
-        for index, (prompt, sampling) in enumerate(zip(prompts, params_list)):
-            try:
-                checked.append(self.check(prompt, sampling))
-            except (ValueError, TypeError) as exc:
-                error = RequestError(str(exc), index)
-                if on_error == "raise":
-                    raise error from None
-                checked.append(self._refused(prompt, error))
+        window = len(prompts) if max_pending is None else max(1, max_pending)
+        checked = [self._checked(index, prompt, sampling, on_error)
+                   for index, (prompt, sampling) in enumerate(zip(prompts, params_list))] if max_pending is None else None
         pending: dict[int, int] = {}             # request id -> prompt index
+        queued = 0
         try:
-            for index, request in enumerate(checked):
-                if isinstance(request, RequestOutput):
-                    yield index, request
-            for index, request in enumerate(checked):
-                if isinstance(request, CheckedRequest):
-                    pending[self.add_request(request)] = index
-            while pending and self.has_unfinished:
+            while queued < len(prompts) or pending:
+                while queued < len(prompts) and len(pending) < window:
+                    request = checked[queued] if checked is not None else \
+                        self._checked(queued, prompts[queued], params_list[queued], on_error)
+                    if isinstance(request, RequestOutput):
+                        yield queued, request
+                    else:
+                        pending[self.add_request(request)] = queued
+                    queued += 1
+                if not self.has_unfinished:
+                    break
                 for output in self.step():
                     if output.finished and output.request_id in pending:
                         yield pending.pop(output.request_id), output
         finally:                                 # an interrupted call leaves nothing running
             for request_id in pending:
                 self.abort(request_id)
+
+    def _checked(self, index: int, prompt: str | Seq[int], params: SamplingParams | None,
+                 on_error: Literal["raise", "return"]) -> CheckedRequest | RequestOutput:
+        """The checked request, or (on_error="return") its refusal as a finished output."""
+        try:
+            return self.check(prompt, params)
+        except (ValueError, TypeError) as exc:
+            error = RequestError(str(exc), index)
+            if on_error == "raise":
+                raise error from None
+            return self._refused(prompt, error)
 
     def _refused(self, prompt: object, error: Exception) -> RequestOutput:
         text = prompt if isinstance(prompt, str) else None

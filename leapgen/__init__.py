@@ -13,10 +13,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:   # static analysers and IDEs see the real names
-    from leapgen.constraints import Grammar, JsonSchema, Regex
+    from leapgen.constraints import Grammar, JsonSchema, Regex, from_response_format
     from leapgen.decoding.sampling_params import SamplingParams
     from leapgen.decoding.speculative import SpeculativeConfig
     from leapgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+    from leapgen.extraction import extract
     from leapgen.llm import LLM, generate
 
 # Public name -> the module defining it, imported when the name is first looked up.
@@ -27,15 +28,17 @@ _LAZY = {
     "JsonSchema": "leapgen.constraints",
     "Regex": "leapgen.constraints",
     "Grammar": "leapgen.constraints",
+    "from_response_format": "leapgen.constraints",
     "RequestOutput": "leapgen.engine.outputs",
     "CompletionOutput": "leapgen.engine.outputs",
     "TokenLogprob": "leapgen.engine.outputs",
     "RequestMetrics": "leapgen.engine.outputs",
     "SpeculativeConfig": "leapgen.decoding.speculative",
+    "extract": "leapgen.extraction",
 }
 
 __all__ = ["LLM", "SamplingParams", "generate", "JsonSchema", "Regex", "Grammar", "RequestOutput", "CompletionOutput",
-           "TokenLogprob", "RequestMetrics", "SpeculativeConfig"]
+           "TokenLogprob", "RequestMetrics", "SpeculativeConfig", "from_response_format", "extract"]
 __version__ = "0.1.0"
 
 

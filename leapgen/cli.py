@@ -105,7 +105,13 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--length-penalty", type=_finite_float, default=1.0)
     gen.add_argument("--early-stopping", choices=["true", "false", "never"], default="false")
     constraint = gen.add_mutually_exclusive_group()
-    constraint.add_argument("--json-schema", metavar="FILE", help="constrain output to this JSON schema file")
+    constraint.add_argument("--schema", metavar="FILE|module:Model",
+                            help="constrain output to this JSON schema file or pydantic model class "
+                                 "('pkg.module:Model' or 'path/to/file.py:Model')")
+    constraint.add_argument("--json-schema", metavar="FILE", help="the same as --schema")
+    constraint.add_argument("--response-format", metavar="JSON_OR_FILE",
+                            help="constrain output as OpenAI's response_format does, given inline "
+                                 "('{\"type\": \"json_object\"}') or as a JSON file")
     constraint.add_argument("--regex", help="constrain output to match this regex ('' means empty output)")
     constraint.add_argument("--grammar", metavar="FILE", help="constrain output to this lark grammar file")
     gen.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
@@ -121,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="tokens drafted per step (default: 8 for ngram, 4 for a draft model)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (with its metrics)")
     gen.add_argument("--stream", action="store_true", help="print text as it is produced (one prompt)")
+    _add_extract_parser(commands)
     return parser
 
 
@@ -226,21 +233,54 @@ def _read_text(flag: str, path: str) -> str:
 
 
 def _read_json(flag: str, path: str) -> Any:
-    text = _read_text(flag, path)
+    return _parse_json(f"{flag} {path}", _read_text(flag, path))
+
+
+def _parse_json(where: str, text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CliError(f"{flag} {path}: not valid JSON ({exc})") from None
+        raise CliError(f"{where}: not valid JSON ({exc})") from None
     except RecursionError:
-        raise CliError(f"{flag} {path}: JSON nested too deeply to read") from None
+        raise CliError(f"{where}: JSON nested too deeply to read") from None
+
+
+def _schema(flag: str, source: str) -> Any:
+    """--schema's spec: a JSON Schema file, or a pydantic model class named `module:Model` or `file.py:Model`."""
+    from leapgen.constraints import JsonSchema, load_schema
+
+    if ":" not in source:            # surely a file: read it with the messages every file flag gives
+        return JsonSchema(_read_json(flag, source))
+    try:
+        return JsonSchema(load_schema(source))
+    except ValueError as exc:        # load_schema's messages start with the source
+        raise CliError(f"{flag} {exc}") from None
+    except Exception as exc:         # the user's module failed while it was imported (SyntaxError, ...)
+        raise CliError(f"{flag} {source}: importing it failed: {_describe(exc)}") from None
+
+
+def _response_format(text: str) -> tuple[str, Any]:
+    """--response-format's spec, from inline JSON or a JSON file, with the flag (and file) that gave it."""
+    from leapgen.constraints import from_response_format
+
+    inline = text.lstrip().startswith("{")
+    where = "--response-format" if inline else f"--response-format {text}"
+    value = _parse_json(where, text) if inline else _read_json("--response-format", text)
+    try:
+        return where, from_response_format(value)
+    except ValueError as exc:
+        raise CliError(f"{where}: {exc}") from None
 
 
 def _constraint(args: argparse.Namespace) -> tuple[str, Any] | tuple[None, None]:
     """The constraint spec and the flag that gave it; `is not None`, since `--regex ''` means empty output."""
-    from leapgen.constraints import Grammar, JsonSchema, Regex
+    from leapgen.constraints import Grammar, Regex
 
-    if args.json_schema is not None:
-        return f"--json-schema {args.json_schema}", JsonSchema(_read_json("--json-schema", args.json_schema))
+    for flag, source in (("--schema", args.schema), ("--json-schema", args.json_schema)):
+        if source is not None:
+            return f"{flag} {source}", _schema(flag, source)
+    if args.response_format is not None:
+        return _response_format(args.response_format)
     if args.regex is not None:
         return "--regex", Regex(args.regex)
     if args.grammar is not None:
@@ -254,12 +294,12 @@ def _constraint(args: argparse.Namespace) -> tuple[str, Any] | tuple[None, None]
 _BUG_TYPES = (AttributeError, NameError, AssertionError)
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, **options: Any):
     from leapgen.llm import LLM
 
     try:
         return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                   kv_cache_memory=args.kv_cache_memory, speculative=_speculative(args))
+                   kv_cache_memory=args.kv_cache_memory, speculative=_speculative(args), **options)
     except _BUG_TYPES:
         raise
     except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)
@@ -372,6 +412,110 @@ def _completion(completion) -> dict:
     return record
 
 
+# --- leapgen extract ------------------------------------------------------------------------------------
+
+_EXTRACT_DESCRIPTION = """Extract one JSON object per input record into OUT.jsonl, one line per record:
+{"id", "status": "ok"|"error", "data", "error", "finish_reason", "usage": {"prompt_tokens", "completion_tokens",
+"forced_tokens", "forward_passes"}, "latency_s", "time_to_first_token_s"}.  Lines are appended as records
+finish; running the same command again skips the ids already in OUT (resume after a crash)."""
+
+
+def _positive_float(text: str) -> float:
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _add_extract_parser(commands: Any) -> None:
+    from leapgen.extraction import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_WHITESPACE, WHITESPACES
+
+    ext = commands.add_parser("extract", help="extract one JSON object per record of a file into a .jsonl file",
+                              description=_EXTRACT_DESCRIPTION)
+    ext.add_argument("input", metavar="INPUT", help="a .jsonl file (one object a line), a .csv file or a folder "
+                                                    "of .txt files")
+    ext.add_argument("--schema", required=True, metavar="FILE|module:Model",
+                     help="a JSON Schema file or a pydantic model class ('pkg.module:Model' or 'file.py:Model')")
+    ext.add_argument("--output", "-o", required=True, metavar="OUT.jsonl",
+                     help="appended to; ids already in it are skipped")
+    ext.add_argument("--template", metavar="FILE|TEXT",
+                     help="the prompt, as a file or the text itself: the record's fields as {placeholders} and "
+                          "{schema} (default: an instruction with the schema, then the record's text)")
+    ext.add_argument("--id-field", help="the field holding each record's id (default: 'id' when the records "
+                                        "have one, else the line number; a folder's ids are its file names)")
+    ext.add_argument("--text-field", default="text", help="the field the default template extracts from")
+    ext.add_argument("--model", help="HF checkpoint directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    ext.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
+                     help=f"records generated together, continuously batched (default {DEFAULT_BATCH_SIZE})")
+    ext.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_MAX_TOKENS)
+    ext.add_argument("--whitespace", choices=WHITESPACES, default=DEFAULT_WHITESPACE,
+                     help="the whitespace the JSON is written with")
+    ext.add_argument("--speculative", metavar="METHOD", type=_speculative_method,
+                     help="'ngram' (prompt lookup: drafts copied from the record) or 'draft:PATH'")
+    ext.add_argument("--num-speculative-tokens", type=_positive_int, metavar="K")
+    ext.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
+    ext.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    ext.add_argument("--threads", type=_positive_int, help="CPU threads for torch")
+    ext.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE")
+    ext.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
+    ray = ext.add_argument_group("Ray Data (pip install 'leapgen[ray]')")
+    ray.add_argument("--ray", action="store_true", help="run on Ray Data, one model per actor")
+    ray.add_argument("--workers", type=_positive_int, help="actors (default 2)")
+    ray.add_argument("--ray-address", metavar="ADDRESS", help="an existing Ray cluster (default: start a local one)")
+    ray.add_argument("--cpus-per-worker", type=_positive_float,
+                     help="CPUs each actor asks for (default: a share of the cluster's, or 1 on --ray-address)")
+    ray.add_argument("--gpus-per-worker", type=_positive_float, help="GPUs each actor asks for")
+
+
+def _ray_options(args: argparse.Namespace) -> dict[str, float]:
+    """Each actor's Ray resources; the Ray flags need --ray."""
+    given = [flag for flag, value in (("--workers", args.workers), ("--ray-address", args.ray_address),
+                                      ("--cpus-per-worker", args.cpus_per_worker),
+                                      ("--gpus-per-worker", args.gpus_per_worker)) if value is not None]
+    if given and not args.ray:
+        raise CliError(f"{given[0]} needs --ray")
+    options = {"num_cpus": args.cpus_per_worker, "num_gpus": args.gpus_per_worker}
+    if args.ray_address is not None:
+        options["num_cpus"] = options["num_cpus"] or 1.0      # a share of an unknown cluster means nothing
+    return {key: value for key, value in options.items() if value is not None}
+
+
+def _extract(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import leapgen.extraction as pipeline
+
+    _check_device(args.device)
+    _check_dtype(args.dtype)
+    speculative = _speculative(args)
+    ray_options = _ray_options(args)
+    template = Path(args.template) if args.template is not None and Path(args.template).is_file() else args.template
+    plan = pipeline.prepare(args.input, args.schema, args.output, template=template, id_field=args.id_field,
+                            text_field=args.text_field, whitespace=args.whitespace, max_tokens=args.max_tokens)
+    try:
+        if args.ray:
+            from leapgen.extraction_ray import run_on_ray
+
+            llm_options = dict(dtype=args.dtype, device=args.device, kv_cache_memory=args.kv_cache_memory,
+                               speculative=speculative, max_num_seqs=args.batch_size)
+            if args.threads is not None:
+                llm_options["threads"] = args.threads
+            summary = run_on_ray(plan, args.model, workers=args.workers or 2, address=args.ray_address,
+                                 llm_options=llm_options, ray_options=ray_options, progress=not args.quiet)
+        else:
+            llm = None
+            if plan.pending:             # a finished job loads no model
+                llm = _load(args, max_num_seqs=args.batch_size)
+                _compile(llm, f"--schema {args.schema}", plan.job.constraint())
+            summary = pipeline.run(llm, plan, progress=not args.quiet)
+    except KeyboardInterrupt:
+        _print_error(f"interrupted; the lines in {args.output} are kept: run the same command again to resume")
+        return 130
+    if not args.quiet:
+        print(summary, file=sys.stderr)
+    return 0
+
+
 def _print_error(message: object) -> None:
     """One line on stderr, whatever the message holds (lark's multi-line errors, undecodable argv text)."""
     line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
@@ -382,7 +526,8 @@ def _print_error(message: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `leapgen` command; bad input exits with status 2 and one `leapgen: error:` line."""
     try:
-        return _generate(_parser().parse_args(argv))
+        args = _parser().parse_args(argv)
+        return _extract(args) if args.command == "extract" else _generate(args)
     except (ValueError, OSError) as exc:    # CliError, and what the engine refuses (RequestError)
         _print_error(exc)
         return 2

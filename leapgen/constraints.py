@@ -37,12 +37,21 @@ class JsonSchema:
                         f"got {type(self.schema).__name__}")
 
     def key(self) -> tuple:
-        return ("json", json.dumps(self.as_dict(), sort_keys=True), json.dumps(self.options, sort_keys=True))
+        options = self._compiler_options()
+        return ("json", json.dumps(self.as_dict(), sort_keys=True), json.dumps(options, sort_keys=True))
 
     def compile(self, vocabulary):
         from leapgen.grammars import compile_json_schema
 
-        return compile_json_schema(self.as_dict(), vocabulary, **self.options)
+        return compile_json_schema(self.as_dict(), vocabulary, **self._compiler_options())
+
+    def _compiler_options(self) -> dict[str, Any]:
+        """`options`, where a pydantic model also forbids undeclared keys: pydantic would drop them, so
+        generating them only wastes tokens (a model with `extra="allow"` says so in its schema, which wins).
+        The key holds these, so `JsonSchema(Model)` never shares a compiled grammar with its bare dict."""
+        if _is_pydantic_model(self.schema):
+            return {"additional_properties": False, **self.options}
+        return self.options
 
 
 @dataclass(frozen=True)
@@ -89,8 +98,81 @@ def as_constraint(value: Any) -> ConstraintSpec | None:
                     f"class, got {type(value).__name__}")
 
 
+def pydantic_model(spec: Any) -> type | None:
+    """The pydantic model class a constraint validates into (a model class or `JsonSchema(Model)`), else None."""
+    schema = spec.schema if isinstance(spec, JsonSchema) else spec
+    return schema if _is_pydantic_model(schema) else None
+
+
 def _is_pydantic_model(value: Any) -> bool:
     return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))
+
+
+_RESPONSE_FORMAT_TYPES = ("json_schema", "json_object", "text")
+_JSON_SCHEMA_FIELDS = ("name", "schema", "strict", "description")
+
+
+def from_response_format(value: Any) -> ConstraintSpec | None:
+    """The constraint an OpenAI-style `response_format` asks for: `{"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}, "strict": bool}}` (strict: no undeclared properties), `{"type": "json_object"}`
+    (any JSON object), `{"type": "text"}` or None (free text, so no constraint: None), or a pydantic model class.
+    ValueError names the field that is wrong (`response_format.json_schema.schema: required`)."""
+    if value is None or _is_pydantic_model(value):
+        return as_constraint(value)
+    if not isinstance(value, dict):
+        raise ValueError(f"response_format: expected an object like {{'type': 'json_schema', ...}} or a pydantic "
+                         f"model class, got {type(value).__name__}")
+    kind = _required(value, "type", "response_format")
+    if kind not in _RESPONSE_FORMAT_TYPES:
+        raise ValueError(f"response_format.type: expected 'json_schema', 'json_object' or 'text', got {kind!r}")
+    _refuse_unknown_keys(value, ("type", "json_schema") if kind == "json_schema" else ("type",), "response_format")
+    if kind == "json_object":
+        return JsonSchema({"type": "object"})
+    if kind == "json_schema":
+        return _json_schema_format(_required(value, "json_schema", "response_format"))
+    return None
+
+
+def _json_schema_format(spec: Any) -> JsonSchema:
+    """The spec of `response_format.json_schema`, checked field by field as OpenAI's API does."""
+    where = "response_format.json_schema"
+    _expect_type(spec, dict, "an object", where)
+    _refuse_unknown_keys(spec, _JSON_SCHEMA_FIELDS, where)
+    name = _required(spec, "name", where)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}.name: expected a non-empty string, got {name!r}")
+    schema = _required(spec, "schema", where)
+    _expect_type(schema, dict, "an object (a JSON Schema)", f"{where}.schema")
+    _expect_type(spec.get("description", ""), str, "a string", f"{where}.description")
+    strict = spec.get("strict")
+    if strict is not None:                        # OpenAI takes null for its default, false
+        _expect_type(strict, bool, "true or false", f"{where}.strict")
+    return JsonSchema(schema, options={"additional_properties": False} if strict else {})
+
+
+def _required(obj: dict, key: str, where: str) -> Any:
+    if key not in obj:
+        raise ValueError(f"{where}.{key}: required")
+    return obj[key]
+
+
+def _expect_type(value: Any, expected: type, description: str, where: str) -> None:
+    if not isinstance(value, expected):
+        raise ValueError(f"{where}: expected {description}, got {_json_type_name(value)}")
+
+
+def _json_type_name(value: Any) -> str:
+    """A value as a JSON reader would name it (the user wrote JSON, not Python)."""
+    names = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+             dict: "object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _refuse_unknown_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
+    unknown = [key for key in obj if key not in allowed]
+    if unknown:
+        raise ValueError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))} (expected {', '.join(map(repr, allowed))})")
 
 
 def load_schema(source: str) -> dict | type:

@@ -6,11 +6,12 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Generator, Iterator, Literal, Sequence
 
 import torch
+from jinja2 import TemplateError
 
-from leapgen.constraints import Constraint, as_constraint
+from leapgen.constraints import Constraint, as_constraint, from_response_format, pydantic_model
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.engine.default_model import default_model_path
@@ -19,6 +20,9 @@ from leapgen.engine.loader import load_model
 from leapgen.engine.outputs import RequestOutput
 
 Prompt = str | Sequence[int]
+Message = dict[str, str]                      # OpenAI-style: {"role": "system"|"user"|"assistant", "content": str}
+ResponseFormat = dict[str, Any] | type        # OpenAI-style response_format, or a pydantic model class
+_ROLES = ("system", "user", "assistant")
 
 
 class LLM:
@@ -49,39 +53,57 @@ class LLM:
         """The model's HF tokenizer."""
         return self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, constraint: Constraint | type | None = None, on_error: Literal["raise", "return"] = "raise",
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 constraint: Constraint | type | None = None, response_format: ResponseFormat | None = None,
+                 on_error: Literal["raise", "return"] = "raise",
                  progress: bool | Callable[[int, int], None] = False) -> list[RequestOutput]:
         """Generate for one prompt or a batch (strings or token-id lists); one output per prompt, in order.
 
         Each request's constraint is `params.constraint`; `constraint` (`leapgen.JsonSchema`, `Regex`,
-        `Grammar` or a pydantic model class) is the shorthand that puts one on every prompt.  A bad
-        prompt raises RequestError naming `prompts[i]` before anything runs, or with
-        `on_error="return"` comes back with finish_reason "error" while the rest run.
+        `Grammar` or a pydantic model class) or OpenAI's `response_format` is the shorthand that puts one
+        on every prompt.  Under a pydantic model each finished completion's `parsed` is the model instance
+        (None where the text does not validate).  A bad prompt raises RequestError naming `prompts[i]`
+        before anything runs, or with `on_error="return"` comes back with finish_reason "error" while the
+        rest run.
         """
         batch = _as_batch(prompts)
-        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(batch)
-        params_list = [_with_constraint(p, constraint) for p in params_list]
+        params_list = _params_list(params, len(batch), constraint, response_format)
         report = _progress_bar if progress is True else (progress or None)
-        return self.engine.generate(batch, params_list, progress=report, on_error=on_error)
+        outputs = self.engine.generate(batch, params_list, progress=report, on_error=on_error)
+        return [_with_parsed(output, p) for output, p in zip(outputs, params_list)]
 
     def generate_iter(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                      *, constraint: Constraint | type | None = None,
-                      on_error: Literal["raise", "return"] = "raise") -> Iterator[tuple[int, RequestOutput]]:
+                      *, constraint: Constraint | type | None = None, response_format: ResponseFormat | None = None,
+                      on_error: Literal["raise", "return"] = "raise", max_pending: int | None = None
+                      ) -> Iterator[tuple[int, RequestOutput]]:
         """Like `generate`, but yields `(prompt index, output)` as each prompt finishes, in finishing order
-        (all prompts share one continuously batched run); closing the iterator aborts the rest."""
+        (all prompts share one continuously batched run); closing the iterator aborts the rest.  With
+        `max_pending`, prompts are checked and queued as room frees up, at most that many at a time."""
         batch = list(prompts)
-        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(batch)
-        params_list = [_with_constraint(p, constraint) for p in params_list]
-        return self.engine.iter_generate(batch, params_list, on_error=on_error)
+        params_list = _params_list(params, len(batch), constraint, response_format)
+        outputs = self.engine.iter_generate(batch, params_list, on_error=on_error, max_pending=max_pending)
+        return _iter_with_parsed(outputs, params_list)
+
+    def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
+             params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             constraint: Constraint | type | None = None, response_format: ResponseFormat | None = None,
+             on_error: Literal["raise", "return"] = "raise") -> list[RequestOutput]:
+        """Answer one conversation (OpenAI-style `[{"role": "user", "content": "..."}, ...]`) or a list of
+        them, each rendered by the model's chat template up to the assistant's turn; otherwise as `generate`."""
+        prompts = [self._render_chat(where, conversation) for where, conversation in _conversations(messages)]
+        return self.generate(prompts, params, constraint=constraint, response_format=response_format,
+                             on_error=on_error)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
-               constraint: Constraint | type | None = None) -> Iterator[str]:
+               constraint: Constraint | type | None = None,
+               response_format: ResponseFormat | None = None) -> Iterator[str]:
         """Yield the text of one prompt as it is produced; the pieces join to the final `text`.
 
         A request that fails while running raises RuntimeError with its error after the text so far.
         """
-        request_id = self.engine.add_request(prompt, _with_constraint(params, constraint))
+        spec = _one_constraint(constraint, response_format)
+        request_id = self.engine.add_request(prompt, _with_constraint(params, spec))
         try:
             while self.engine.has_unfinished:
                 for output in self.engine.step():
@@ -98,15 +120,22 @@ class LLM:
 
     def chat_prompt(self, message: str, system: str | None = None) -> str:
         """`message` wrapped in the model's chat template, ready for the assistant's answer."""
-        template = getattr(self.tokenizer, "chat_template", None)
-        if not template:
-            raise ValueError(f"the tokenizer of {self.path} has no chat template; pass a plain prompt instead")
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._render_chat("message", messages)
+
+    def _render_chat(self, where: str, messages: list[Message]) -> str:
+        """`messages` in the model's chat template, ready for the assistant's answer; `where` names them in errors."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"the tokenizer of {self.path} has no chat template; pass a plain prompt instead")
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:      # templates refuse what they cannot render (roles out of turn, ...)
+            raise ValueError(f"{where}: the model's chat template refused them: {exc}") from None
 
 
 def generate(model: LLM | str | Path | None, prompt: Prompt, params: SamplingParams | None = None, *,
-             constraint: Constraint | None = None, **sampling: Any) -> RequestOutput:
+             constraint: Constraint | type | None = None, response_format: ResponseFormat | None = None,
+             **sampling: Any) -> RequestOutput:
     """One call: load `model` (a path, an `LLM`, or None for the default model) and generate for one prompt.
 
     Keyword arguments not given as `params` are SamplingParams fields: `generate(None, "Hi", max_tokens=20)`.
@@ -114,7 +143,8 @@ def generate(model: LLM | str | Path | None, prompt: Prompt, params: SamplingPar
     if params is not None and sampling:
         raise ValueError(f"pass either params or SamplingParams keywords, not both (got {sorted(sampling)})")
     llm = model if isinstance(model, LLM) else LLM(model)
-    return llm.generate([prompt], params or SamplingParams(**sampling), constraint=constraint)[0]
+    return llm.generate([prompt], params or SamplingParams(**sampling), constraint=constraint,
+                        response_format=response_format)[0]
 
 
 def set_threads(threads: int | None) -> int:
@@ -129,6 +159,80 @@ def set_threads(threads: int | None) -> int:
         raise ValueError(f"threads must be an int >= 1, got {threads!r}")
     torch.set_num_threads(threads)
     return threads
+
+
+def _params_list(params: SamplingParams | Sequence[SamplingParams] | None, count: int,
+                 constraint: Constraint | type | None, response_format: ResponseFormat | None) -> list[SamplingParams]:
+    """One SamplingParams per prompt (`params` is one for all or one each), carrying its constraint as a spec."""
+    spec = _one_constraint(constraint, response_format)
+    params_list = list(params) if isinstance(params, (list, tuple)) else [params] * count
+    return [_with_constraint(p, spec) for p in params_list]
+
+
+def _one_constraint(constraint: Constraint | type | None,
+                    response_format: ResponseFormat | None) -> Constraint | type | None:
+    """`constraint`, or the one `response_format` asks for: two spellings of one setting, so not both."""
+    if response_format is None:
+        return constraint
+    if constraint is not None:
+        raise ValueError("pass either constraint= or response_format=, not both")
+    return from_response_format(response_format)
+
+
+def _with_parsed(output: RequestOutput, params: SamplingParams) -> RequestOutput:
+    """`output` with each finished completion under a pydantic-model constraint validated into the model
+    (`parsed`), or left None where it does not validate (cut off by max_tokens, a validator the schema
+    cannot express): a result to inspect, not a reason to lose the batch."""
+    model = pydantic_model(params.constraint)
+    if model is None:
+        return output
+    for completion in output.outputs:
+        if completion.finish_reason not in (None, "error"):
+            try:
+                completion.parsed = model.model_validate_json(completion.text)
+            except ValueError:           # pydantic's ValidationError is a ValueError
+                completion.parsed = None
+    return output
+
+
+def _iter_with_parsed(outputs: Generator[tuple[int, RequestOutput], None, None],
+                      params_list: list[SamplingParams]) -> Iterator[tuple[int, RequestOutput]]:
+    """The engine's `(index, output)` pairs, each output with `parsed` filled in."""
+    try:
+        for index, output in outputs:
+            yield index, _with_parsed(output, params_list[index])
+    finally:
+        outputs.close()                  # closing this iterator aborts the requests still running, as the engine's does
+
+
+def _conversations(messages: Any) -> list[tuple[str, list[Message]]]:
+    """`messages` as a batch of checked conversations, each with its place for errors (`messages[1]`):
+    one conversation (a list of messages) or a list of them."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("messages: expected a non-empty list of messages ({'role': ..., 'content': ...}) "
+                         "or of conversations")
+    if all(isinstance(conversation, (list, tuple)) for conversation in messages):
+        named = [(f"messages[{i}]", conversation) for i, conversation in enumerate(messages)]
+    else:
+        named = [("messages", messages)]
+    return [(where, _checked_conversation(where, conversation)) for where, conversation in named]
+
+
+def _checked_conversation(where: str, conversation: Sequence[Any]) -> list[Message]:
+    if not conversation:
+        raise ValueError(f"{where}: a conversation needs at least one message")
+    for i, message in enumerate(conversation):
+        at = f"{where}[{i}]"
+        if not isinstance(message, dict):
+            raise ValueError(f"{at}: expected a message {{'role': ..., 'content': ...}}, got {type(message).__name__}")
+        for key in ("role", "content"):
+            if key not in message:
+                raise ValueError(f"{at}.{key}: required")
+        if message["role"] not in _ROLES:
+            raise ValueError(f"{at}.role: expected 'system', 'user' or 'assistant', got {message['role']!r}")
+        if not isinstance(message["content"], str):
+            raise ValueError(f"{at}.content: expected a string, got {type(message['content']).__name__}")
+    return list(conversation)
 
 
 def _with_constraint(params: SamplingParams | None, constraint: Constraint | type | None) -> SamplingParams:

@@ -88,3 +88,17 @@ def test_cpu_kv_cache_is_sized_from_the_model(model_dir):
     assert engine.block_manager.num_blocks == full_context // block_bytes      # two sequences at full context
     wide = leapgen.LLM(model_dir, dtype="float32", max_num_seqs=2048, block_size=8).engine
     assert wide.block_manager.num_blocks * block_bytes <= CPU_KV_CACHE_CAP      # a modest cap, not every sequence
+
+
+def test_generate_iter_yields_as_requests_finish_and_bounds_what_is_queued(llm):
+    prompts = [f"prompt number {i}" for i in range(7)] + [[10 ** 9]]          # the last one is refused
+    params = [SamplingParams(max_tokens=3 + i) for i in range(8)]
+    expected = llm.generate(prompts, params, on_error="return")
+    seen, most_queued = {}, 0
+    for index, output in llm.generate_iter(prompts, params, on_error="return", max_pending=3):
+        most_queued = max(most_queued, len(llm.engine.requests))
+        seen[index] = output
+    assert most_queued <= 3 and sorted(seen) == list(range(8))
+    assert [seen[i].token_ids for i in range(7)] == [o.token_ids for o in expected[:7]]
+    assert seen[7].finish_reason == "error" and "prompts[7]" in seen[7].error
+    assert not llm.engine.has_unfinished

@@ -1,0 +1,311 @@
+"""The extraction pipeline (`leapgen extract`, `leapgen.extract(...)`): records -> prompts -> JSON-constrained
+generation -> one output line per record, resumable.
+
+Each output line is `{"id", "status": "ok"|"error", "data", "error", "finish_reason", "usage": {"prompt_tokens",
+"completion_tokens", "forced_tokens", "forward_passes"[, "drafted_tokens", "accepted_tokens"]}, "latency_s",
+"time_to_first_token_s"}`: `data` is the parsed object when it parses and validates against the schema
+(status "ok"), else null with the reason in `error`.  A record that cannot run (too long for the context)
+gets its error line and the others go on.  Running the same command again skips the ids already in the
+output; the output does not record the schema or model it was made with, so resume with the same ones.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+from leapgen.constraints import JsonSchema, load_schema
+from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.extraction_io import OutputWriter, Record, read_finished, read_records
+
+if TYPE_CHECKING:
+    from leapgen.engine.outputs import RequestOutput
+    from leapgen.llm import LLM
+
+DEFAULT_WHITESPACE = "compact"      # one place: a benchmark will choose between "compact", "dumps" and "flexible"
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_BATCH_SIZE = 32
+WHITESPACES = ("compact", "dumps", "flexible")
+DEFAULT_TEMPLATE = ("Extract the information in the text below as one JSON object that matches this JSON Schema:\n"
+                    "{schema}\n\nText:\n{text}")
+# Ray: records per map_batches batch, times the batch size (each batch drains its last requests before the
+# actor takes the next, so batches much larger than the engine's batch keep that tail small).
+WINDOW_BATCHES = 16
+
+
+# --- prompts ----------------------------------------------------------------------------------------------
+
+def extraction_prompt(tokenizer: Any, record: dict, schema: dict, template: str | None = None, *,
+                      text_field: str = "text") -> str:
+    """The prompt for one record: `template` (default: an instruction with the schema, then the record's
+    `text_field`) with the record's fields as {placeholders} and `{schema}` as compact JSON, in the
+    tokenizer's chat template as the user's message when it has one, else as plain text."""
+    schema_text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if template is None:
+        content = DEFAULT_TEMPLATE.format(schema=schema_text, text=_as_text(record[text_field]))
+    else:
+        content = template.format_map({**{k: _as_text(v) for k, v in record.items()}, "schema": schema_text})
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)
+    return content
+
+
+def template_fields(template: str) -> set[str]:
+    """The record fields `template` uses ({schema} is the schema, not a field); ValueError for a bad template."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"template: {exc} (write {{{{ and }}}} for literal braces)") from None
+    for name in names:
+        if not name or name.isdigit() or re.search(r"[.\[]", name):
+            raise ValueError(f"template: placeholder {{{name}}} must be a record field's plain name, like {{text}}")
+    return set(names) - {"schema"}
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+# --- the job, checked before any work ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExtractJob:
+    """How every record runs; plain data, so Ray actors run the same job as the local loop."""
+
+    schema: dict
+    template: str | None
+    text_field: str
+    whitespace: str
+    sampling: dict[str, Any]             # SamplingParams fields (max_tokens, ...), greedy unless they say otherwise
+
+    def constraint(self) -> JsonSchema:
+        # additional_properties=False: an extraction must not invent keys the schema did not ask for
+        return JsonSchema(self.schema, options={"whitespace": self.whitespace, "additional_properties": False})
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(**{"temperature": 0.0, **self.sampling, "constraint": self.constraint()})
+
+    def prompt(self, tokenizer: Any, record: Record) -> str:
+        return extraction_prompt(tokenizer, record.fields, self.schema, self.template, text_field=self.text_field)
+
+
+@dataclass
+class ExtractPlan:
+    """A checked job: the records still to run (those not yet in `output`) and how many were skipped."""
+
+    job: ExtractJob
+    pending: list[Record]
+    skipped: int
+    output: Path
+
+
+def prepare(input: str | Path, schema: dict | type | str | Path, output: str | Path, *,
+            template: str | Path | None = None, id_field: str | None = None, text_field: str = "text",
+            whitespace: str = DEFAULT_WHITESPACE, **sampling: Any) -> ExtractPlan:
+    """Read and check everything that needs no model (input records, schema, template, sampling fields, the
+    output so far); ValueError names the file and line, the schema or the field that is wrong."""
+    if whitespace not in WHITESPACES:
+        raise ValueError(f"whitespace: expected one of {', '.join(WHITESPACES)}, got {whitespace!r}")
+    job = ExtractJob(_schema_dict(schema), _template_text(template), text_field, whitespace, sampling)
+    job.params()                         # a bad sampling field fails here, naming it
+    records = read_records(input, id_field, text_field)
+    needed = {text_field} if job.template is None else template_fields(job.template)
+    for record in records:
+        missing = sorted(name for name in needed if record.fields.get(name) is None)
+        if missing:
+            raise ValueError(f"{record.where}: no {missing[0]!r} field (the template uses it)")
+    finished = read_finished(output)
+    pending = [record for record in records if record.id not in finished]
+    return ExtractPlan(job, pending, len(records) - len(pending), Path(output))
+
+
+def _schema_dict(schema: dict | type | str | Path) -> dict:
+    if isinstance(schema, (str, Path)):
+        try:
+            schema = load_schema(str(schema))
+        except ValueError as exc:
+            raise ValueError(f"schema {exc}") from None
+    if isinstance(schema, type):         # a pydantic model class (load_schema has checked that)
+        schema = schema.model_json_schema()
+    if not isinstance(schema, dict):
+        raise ValueError(f"schema: expected a JSON Schema object, got {type(schema).__name__}")
+    return schema
+
+
+def _template_text(template: str | Path | None) -> str | None:
+    if isinstance(template, Path):
+        try:
+            template = template.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"template {template}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    if template is not None:
+        template_fields(template)
+    return template
+
+
+def check_schema(llm: LLM, job: ExtractJob) -> None:
+    """Compile the job's schema for the model now, so a bad or unsupported one fails before any record runs
+    (the message names the keyword and its JSON pointer)."""
+    try:
+        llm.engine.compile(job.constraint())
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ValueError(f"schema: {exc}") from None
+
+
+# --- running records ---------------------------------------------------------------------------------------
+
+def run_records(llm: LLM, records: Sequence[Record], job: ExtractJob) -> Iterator[dict[str, Any]]:
+    """The output line of each record, as it finishes (all of them continuously batched together)."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(job.schema)(job.schema)
+    speculating = llm.engine.config.speculative is not None
+    prompts = [job.prompt(llm.tokenizer, record) for record in records]
+    # queued as room frees up: the first lines come at once, and the batch never drains between records
+    outputs = llm.generate_iter(prompts, job.params(), on_error="return", max_pending=2 * llm.engine.config.max_num_seqs)
+    for index, output in outputs:
+        yield output_line(records[index].id, output, validator, speculating)
+
+
+def output_line(record_id: Any, output: RequestOutput, validator: Any, speculating: bool) -> dict[str, Any]:
+    """One record's output line: its data when the text parses and validates, else the reason it failed."""
+    data, error = _checked_data(output, validator)
+    metrics = output.metrics
+    usage = {"prompt_tokens": len(output.prompt_token_ids), "completion_tokens": len(output.token_ids),
+             "forced_tokens": metrics.forced_tokens, "forward_passes": metrics.forward_passes}
+    if speculating:
+        usage.update(drafted_tokens=metrics.drafted_tokens, accepted_tokens=metrics.accepted_tokens)
+    return {"id": record_id, "status": "ok" if error is None else "error", "data": data, "error": error,
+            "finish_reason": output.finish_reason, "usage": usage, "latency_s": _rounded(metrics.total_time),
+            "time_to_first_token_s": _rounded(metrics.time_to_first_token)}
+
+
+def _checked_data(output: RequestOutput, validator: Any) -> tuple[Any, str | None]:
+    import jsonschema
+
+    if output.error is not None:         # drop the engine's "prompts[i]: " (a window's index): the id says which
+        return None, re.sub(r"^prompts\[\d+\]: ", "", output.error)
+    try:        # closing under the token budget makes a "length" output complete JSON too
+        data = json.loads(output.text)
+    except ValueError as exc:
+        return None, f"not valid JSON: {exc}"
+    problem = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if problem is not None:
+        return None, f"does not match the schema at /{'/'.join(map(str, problem.absolute_path))}: {problem.message}"
+    return data, None
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)
+
+
+# --- writing, progress and the summary -----------------------------------------------------------------
+
+@dataclass
+class ExtractSummary:
+    """What a run did: records ok / error / skipped (already in the output), tokens and wall time."""
+
+    output: Path
+    ok: int = 0
+    error: int = 0
+    skipped: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+    repaired_bytes: int = 0              # a torn last line cut off the output before this run appended
+
+    @property
+    def records_per_s(self) -> float:
+        return (self.ok + self.error) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s else 0.0
+
+    def add(self, line: dict[str, Any]) -> None:
+        if line["status"] == "ok":
+            self.ok += 1
+        else:
+            self.error += 1
+        self.prompt_tokens += line["usage"]["prompt_tokens"]
+        self.completion_tokens += line["usage"]["completion_tokens"]
+
+    def __str__(self) -> str:
+        repaired = f"; cut a torn last line ({self.repaired_bytes} bytes)" if self.repaired_bytes else ""
+        return (f"[leapgen] extract: {self.ok} ok, {self.error} error, {self.skipped} skipped (already in "
+                f"{self.output}){repaired}; {self.completion_tokens} tokens generated in {self.wall_s:.1f}s "
+                f"({self.tokens_per_s:.1f} tok/s, {self.records_per_s:.2f} records/s)")
+
+
+def write_lines(lines: Iterable[dict[str, Any]], plan: ExtractPlan, progress: bool = True) -> ExtractSummary:
+    """Append `lines` to the plan's output as they come, with a progress bar on stderr (when it is a
+    terminal and `progress`); the one writer of both the local loop and the Ray driver."""
+    from tqdm import tqdm
+
+    summary = ExtractSummary(plan.output, skipped=plan.skipped)
+    started = time.perf_counter()
+    bar = tqdm(total=len(plan.pending), unit="rec", file=sys.stderr, dynamic_ncols=True,
+               disable=not progress or not sys.stderr.isatty())
+    with OutputWriter(plan.output) as writer, bar:
+        summary.repaired_bytes = writer.repaired_bytes
+        for line in lines:
+            if not writer.write(line):
+                continue                 # written meanwhile (by a retried Ray task): never twice
+            summary.add(line)
+            summary.wall_s = time.perf_counter() - started
+            bar.update(1)
+            bar.set_postfix({"ok": summary.ok, "error": summary.error, "tok/s": f"{summary.tokens_per_s:.0f}"},
+                            refresh=False)
+    summary.wall_s = time.perf_counter() - started
+    return summary
+
+
+def run(llm: LLM | None, plan: ExtractPlan, progress: bool = True) -> ExtractSummary:
+    """Run the plan's pending records on `llm` in this process (None is fine when nothing is pending)."""
+    if not plan.pending:
+        return write_lines([], plan, progress)
+    return write_lines(run_records(llm, plan.pending, plan.job), plan, progress)
+
+
+# --- the one-call entry point ------------------------------------------------------------------------------
+
+def extract(input: str | Path, schema: dict | type | str | Path, output: str | Path, *,
+            model: LLM | str | Path | None = None, template: str | Path | None = None, id_field: str | None = None,
+            text_field: str = "text", batch_size: int = DEFAULT_BATCH_SIZE, max_tokens: int = DEFAULT_MAX_TOKENS,
+            whitespace: str = DEFAULT_WHITESPACE, speculative: dict[str, Any] | None = None, progress: bool = True,
+            llm_options: dict[str, Any] | None = None, ray: bool = False, workers: int = 2,
+            ray_address: str | None = None, ray_options: dict[str, Any] | None = None,
+            **sampling: Any) -> ExtractSummary:
+    """Extract one JSON object per record of `input` (.jsonl, .csv or a folder of .txt files) into `output`
+    (.jsonl, one line per record, appended; ids already there are skipped, so a rerun resumes).
+
+    `schema`: a dict, a pydantic model class, a JSON Schema file or "module:Model".  `template`: the prompt
+    with the record's fields as {placeholders} (a Path: read from the file).  `model`: an LLM, a path, or
+    None for the embedded default; `batch_size`, `speculative` and `llm_options` (LLM keywords: threads,
+    device, dtype, ...) apply where this call loads it.  Other keywords are SamplingParams fields (greedy
+    by default).  `ray=True` runs on Ray Data with `workers` actors (`ray_address`: an existing cluster;
+    `ray_options`: each actor's resources, e.g. {"num_gpus": 1}).
+    Every bad input raises ValueError before any record runs.
+    """
+    plan = prepare(input, schema, output, template=template, id_field=id_field, text_field=text_field,
+                   whitespace=whitespace, max_tokens=max_tokens, **sampling)
+    llm_options = {"max_num_seqs": batch_size, "speculative": speculative, **(llm_options or {})}
+    if ray:
+        from leapgen.extraction_ray import run_on_ray
+
+        return run_on_ray(plan, model, workers=workers, address=ray_address, llm_options=llm_options,
+                          ray_options=ray_options, progress=progress)
+    if not plan.pending:
+        return run(None, plan, progress)
+    from leapgen.llm import LLM
+
+    llm = model if isinstance(model, LLM) else LLM(model, **llm_options)
+    check_schema(llm, plan.job)
+    return run(llm, plan, progress)

@@ -1,0 +1,258 @@
+"""Files of the extraction pipeline: input records with their ids, and the append-only output of finished ones.
+
+Inputs are a .jsonl file (one object a line), a .csv file (a header row, then one record a row) or a
+folder of .txt files (one record a file).  Every error names the file and line, and all of them come
+before any work starts.
+
+The output holds one JSON line per finished record.  Lines are written whole, one `write` each, so a
+crash leaves at most a torn last line, which the next run cuts off; the ids already there are skipped,
+and an id is never written twice.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:                  # Windows: no advisory locks; one writer at a time is then up to the user
+    fcntl = None
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+RecordId = str | int
+
+
+class InputError(ValueError):
+    """Input that cannot run: the message names the file (and line) and what is wrong."""
+
+
+class OutputError(ValueError):
+    """An output file that cannot be resumed or written: the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One input record: its id, its fields (template placeholders) and where it was read (`file:line`)."""
+
+    id: RecordId
+    fields: dict[str, Any]
+    where: str
+
+
+def read_records(path: str | Path, id_field: str | None = None, text_field: str = "text") -> list[Record]:
+    """The records of a .jsonl file, a .csv file or a folder of .txt files, with unique ids.
+
+    `id_field` names the field holding each record's id; None: the "id" field when the records have one,
+    else the line number (.jsonl, .csv: the line a row starts on) or the file name (folder, whose
+    records hold each file's text in `text_field`).
+    """
+    path = Path(path)
+    if path.is_dir():
+        if id_field is not None:
+            raise InputError(f"{path}: a folder's records are its .txt files and their ids the file names; "
+                             f"id_field ({id_field!r}) does not apply")
+        records = _read_folder(path, text_field)
+    elif not path.exists():
+        raise InputError(f"{path}: no such file or folder")
+    elif path.suffix.lower() in JSONL_SUFFIXES:
+        records = _with_ids(path, _read_jsonl(path), id_field)
+    elif path.suffix.lower() == ".csv":
+        records = _with_ids(path, _read_csv(path), id_field)
+    else:
+        raise InputError(f"{path}: expected a .jsonl file, a .csv file or a folder of .txt files")
+    _refuse_duplicates(records)
+    return records
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) for every non-blank line."""
+    rows = []
+    for number, line in enumerate(_read_text(path).split("\n"), 1):   # not splitlines: JSON may hold U+2028
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise InputError(f"{path}:{number}: JSON nested too deeply to read") from None
+        if not isinstance(value, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object, got {_json_type(value)}")
+        rows.append((number, value))
+    return rows
+
+
+def _read_csv(path: Path) -> list[tuple[int, dict]]:
+    """(line the row starts on, its fields) for every row after the header; empty cells are missing fields."""
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise InputError(f"{path}: empty; expected a header row naming the columns") from None
+    except csv.Error as exc:
+        raise InputError(f"{path}:{reader.line_num}: {exc}") from None
+    rows, start = [], reader.line_num + 1
+    try:
+        for cells in reader:
+            if any(cells):
+                rows.append((start, {name: cell for name, cell in zip(header, cells) if cell != ""}))
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        raise InputError(f"{path}:{reader.line_num}: {exc}") from None
+    return rows
+
+
+def _read_folder(path: Path, text_field: str) -> list[Record]:
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".txt" and p.is_file())
+    if not files:
+        raise InputError(f"{path}: no .txt files in this folder")
+    return [Record(file.name, {text_field: _read_text(file)}, str(file)) for file in files]
+
+
+def _with_ids(path: Path, rows: list[tuple[int, dict]], id_field: str | None) -> list[Record]:
+    field = id_field if id_field is not None else ("id" if any("id" in fields for _, fields in rows) else None)
+    return [Record(_record_id(fields, field, number, f"{path}:{number}"), fields, f"{path}:{number}")
+            for number, fields in rows]
+
+
+def _record_id(fields: dict, field: str | None, number: int, where: str) -> RecordId:
+    if field is None:
+        return number
+    if field not in fields:
+        raise InputError(f"{where}: no {field!r} field (the id field)")
+    value = fields[field]
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise InputError(f"{where}: the id field {field!r} must be a non-empty string or an integer, got {value!r}")
+    return value
+
+
+def _refuse_duplicates(records: list[Record]) -> None:
+    first: dict[RecordId, str] = {}
+    for record in records:
+        if record.id in first:
+            raise InputError(f"{record.where}: duplicate id {record.id!r} (first at {first[record.id]})")
+        first[record.id] = record.where
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")     # -sig: spreadsheets write a byte-order mark
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _json_type(value: Any) -> str:
+    names = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+             list: "an array"}
+    return names.get(type(value), type(value).__name__)
+
+
+def read_finished(path: str | Path) -> set[RecordId]:
+    """The ids already in an output file (none when it does not exist yet); a torn last line does not count.
+    OutputError when it cannot be read, or its folder does not exist."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise OutputError(f"{path}: no folder {path.parent} to write it in")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return set()
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    return _ids_in(path, data[:data.rfind(b"\n") + 1])
+
+
+def _ids_in(path: Path, whole_lines: bytes) -> set[RecordId]:
+    ids: set[RecordId] = set()
+    for number, line in enumerate(whole_lines.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:             # not JSON, or not UTF-8
+            value = None
+        record_id = value.get("id") if isinstance(value, dict) else None
+        if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
+            raise OutputError(f"{path}:{number}: not a line of leapgen extract's output (a JSON object with an "
+                              f"\"id\"); refusing to append to it, choose another output file")
+        ids.add(record_id)
+    return ids
+
+
+class OutputWriter:
+    """Appends output lines to a file, locked against a second writer.
+
+    Opening cuts off a torn last line (a crash mid-write) and reads the ids already written; `write`
+    skips those, so no id is written twice.  Each line is one write, flushed at once (a killed process
+    loses no finished line); fsync runs every `sync_every` lines or `sync_seconds`, and on close, so a
+    power cut loses at most that much, which the next run redoes.
+    """
+
+    def __init__(self, path: str | Path, sync_every: int = 64, sync_seconds: float = 1.0) -> None:
+        self.path = Path(path)
+        self.sync_every, self.sync_seconds = sync_every, sync_seconds
+        self.finished: set[RecordId] = set()
+        self.repaired_bytes = 0          # length of the torn last line cut off on opening
+        self._file = None
+        self._unsynced, self._synced_at = 0, time.monotonic()
+
+    def __enter__(self) -> OutputWriter:
+        try:
+            self._file = open(self.path, "a+b")
+        except OSError as exc:
+            raise OutputError(f"{self.path}: cannot write it ({exc.strerror or exc})") from None
+        try:
+            self._lock()
+            self._file.seek(0)
+            data = self._file.read()
+            whole = data.rfind(b"\n") + 1
+            self.finished = _ids_in(self.path, data[:whole])
+            if whole < len(data):
+                self._file.truncate(whole)
+                self.repaired_bytes = len(data) - whole
+                self.sync()
+        except BaseException:
+            self._file.close()
+            raise
+        return self
+
+    def _lock(self) -> None:
+        if fcntl is None:
+            return
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(f"{self.path}: another run is writing to it; wait for it or choose another "
+                              f"output file") from None
+
+    def write(self, line: dict[str, Any]) -> bool:
+        """Append one output line (a dict with an "id"); False, writing nothing, when its id is there already."""
+        if line["id"] in self.finished:
+            return False
+        self._file.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+        self._file.flush()
+        self.finished.add(line["id"])
+        self._unsynced += 1
+        if self._unsynced >= self.sync_every or time.monotonic() - self._synced_at >= self.sync_seconds:
+            self.sync()
+        return True
+
+    def sync(self) -> None:
+        """Make what was written durable (fsync)."""
+        os.fsync(self._file.fileno())
+        self._unsynced, self._synced_at = 0, time.monotonic()
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.sync()
+        finally:
+            self._file.close()           # closing releases the lock
