@@ -128,6 +128,13 @@ def at_most(bound: Decimal, strict: bool = False) -> str:
     return _alt(["-" + _UNSIGNED, _magnitude_le(bound, strict)])
 
 
+def digit_cap(int_digits: int | None, frac_digits: int) -> str:
+    """JSON numbers with at most `int_digits` digits before the point (None: any number) and at most
+    `frac_digits` after it and in the exponent; intersected with a number terminal, it ends runaway digits."""
+    whole = "[0-9]*" if int_digits is None else f"[0-9]{{0,{int_digits - 1}}}"
+    return rf"-?(?:0|[1-9]{whole})(?:\.[0-9]{{1,{frac_digits}}})?(?:[eE][+-]?[0-9]{{1,{frac_digits}}})?"
+
+
 def multiple_of_regex(k: Decimal, integral: bool, max_alternatives: int = 200) -> str | None:
     """Numbers that are multiples of k, when that is a regular language this module can write exactly.
 

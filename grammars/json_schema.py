@@ -19,21 +19,22 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Grammar, Lit, Ref, Terminal
-from .json_numbers import DECIMAL, INTEGER_VALUE, NUMBER, at_least, at_most, multiple_of_regex
-from .json_schema_ir import (EMPTY, NEVER, choice, json_equal, literal, number_literal_regex, optional,
-                             punctuation, repeat, seq)
+from .json_numbers import DECIMAL, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
+from .json_schema_ir import (EMPTY, NEVER, choice, grammar_size, inlined_size, json_equal, literal,
+                             number_literal_regex, optional, punctuation, repeat, seq)
 from .json_schema_objects import build_object
 from .json_schema_refs import RefResolver, escape_token
 from .matcher import CompiledGrammar
-from .json_strings import FORMATS, format_regex, pattern_regex, regex_escape, string_regex
+from .json_strings import FORMATS, capped_length, format_pattern, pattern_regex, regex_escape, string_regex
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
+Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
 
 # Keywords that validate and that this front end cannot enforce exactly in any form.
 _UNSUPPORTED = ("contains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
@@ -50,6 +51,14 @@ _MAX_DISTRIBUTED_BRANCHES = 64
 MAX_SUBSCHEMA_DEPTH = 64  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 2 * MAX_SUBSCHEMA_DEPTH + 1  # properties/anyOf spend two JSON levels per subschema
 MAX_SUBSCHEMAS = 20_000
+# A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
+# outgrow the automaton's budget for one terminal.
+MAX_LENGTH_CAP = 1000
+# Automaton nodes the item cap may add: the automaton writes a capped array's items out one by one, so
+# caps multiply down nested arrays and with every place a rule is inlined.  One capped array may take this
+# many (inner arrays are capped first, outer ones past it stay uncapped), and if all of them together grow
+# the grammar by more, the schema keeps no item cap.
+_MAX_ITEM_CAP_NODES = 20_000
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,15 @@ class JsonSchemaOptions:
     strict_formats: raise on formats leapgen does not know instead of treating
     them as annotations (as draft 2020-12 does by default).
     check_schema: also validate the schema against its metaschema (costs ~1 ms).
+
+    Caps against runaway values (None: off), each applied only where the schema sets no bound of its own
+    and never below what the schema requires, so every instance within the caps stays reachable:
+    max_string_length: characters of a string (keys and pattern/format strings too) without maxLength,
+    at least its minLength; a pattern or format is capped only where intersecting it is affordable.
+    max_items: items of an array without maxItems, at least minItems and the prefixItems count; an
+    array whose capped automaton would be too large (capped arrays nested deep) stays uncapped.
+    max_number_digits: digits before the point of a number without both minimum and maximum, at least
+    what its bound needs, and digits after the point and in the exponent of any number.
     """
 
     whitespace: str = "flexible"
@@ -70,6 +88,23 @@ class JsonSchemaOptions:
     max_indent: int = 20
     strict_formats: bool = False
     check_schema: bool = False
+    max_string_length: int | None = None
+    max_items: int | None = None
+    max_number_digits: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_cap("max_string_length", self.max_string_length, MAX_LENGTH_CAP)
+        _check_cap("max_items", self.max_items, None)
+        _check_cap("max_number_digits", self.max_number_digits, MAX_LENGTH_CAP)
+
+
+def _check_cap(name: str, value: Any, ceiling: int | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"JSON schema option {name} must be an int >= 1 or None, not {value!r}")
+    if ceiling is not None and value > ceiling:
+        raise ValueError(f"JSON schema option {name} must be at most {ceiling}, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -149,6 +184,7 @@ class SchemaCompiler:
         self._nesting = 0
         self._compiled = 0
         self._names: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}  # inlined_size of each rule
         self._validator = None
         self.why_never: list[str] = []
 
@@ -288,11 +324,12 @@ class SchemaCompiler:
         if "any_value" not in self.rules:
             pu = self.punct
             value = Ref("any_value")
-            member = seq(Terminal(string_regex()), pu.colon, value)
+            string = self.string_terminal([], [])
+            member = seq(string, pu.colon, value)
             self.rules["any_value"] = choice([
-                Lit("null"), Lit("true"), Lit("false"), Terminal(NUMBER), Terminal(string_regex()),
+                Lit("null"), Lit("true"), Lit("false"), self._number([], False, []), string,
                 choice([pu.obj_empty, seq(pu.obj_open, member, repeat(seq(pu.comma, member)), pu.obj_close)]),
-                choice([pu.arr_empty, seq(pu.arr_open, value, repeat(seq(pu.comma, value)), pu.arr_close)]),
+                self._sequence([], value, 0, self._item_cap(0, [], value), "any_value"),
             ])
         return Ref("any_value")
 
@@ -549,6 +586,9 @@ class SchemaCompiler:
             also.append(regex)
             integral = integral or k == k.to_integral_value()
         main = INTEGER_VALUE if integral else (DECIMAL if also else NUMBER)
+        if self.options.max_number_digits is not None:
+            bounds = [b[0] for b in (lo, hi) if b is not None]
+            also.append(self._digit_cap(bounds, [k for k, _ in multiples], whole_open=len(bounds) < 2))
         exclude = tuple(number_literal_regex(v) for v in excluded if _is_number(v))
         if ("non-integer",) in excluded:
             if integral:
@@ -557,10 +597,27 @@ class SchemaCompiler:
             exclude += (INTEGER_VALUE,)
         return Terminal(main, tuple(also), exclude)
 
-    def string_terminal(self, parts: list[Part], excluded: list[str]) -> Expr:
-        """The quoted-string terminal for the string keywords of `parts` (also used for property names)."""
+    def _digit_cap(self, bounds: list[Decimal], multiples: list[Decimal], whole_open: bool) -> str:
+        """The max_number_digits regex for a number with these bounds and multipleOf steps; the integer part
+        is capped only where the bounds leave it open (`whole_open`).  The caps keep room for the first allowed
+        value past each bound (at most one step away, the step being a multiple of every multipleOf) and for
+        one more fraction digit than the schema's own numbers have, so a value between two exclusive bounds
+        always remains."""
+        cap = self.options.max_number_digits
+        step = Decimal(1)
+        for k in multiples:
+            step *= max(k, Decimal(1))
+        edge = max((abs(b) for b in bounds), default=Decimal(0)) + step
+        int_digits = max(cap, len(str(int(edge)))) if whole_open else None
+        frac = max((max(0, -d.normalize().as_tuple().exponent) for d in bounds + multiples), default=-1)
+        return digit_cap(int_digits, max(cap, frac + 1))
+
+    def string_terminal(self, parts: list[Part], excluded: list[str], key_patterns: Patterns = (),
+                        other_key_patterns: Patterns = ()) -> Expr:
+        """The quoted-string terminal for the string keywords of `parts`, none of the `excluded` values; for
+        property names also matching every pattern of `key_patterns` and none of `other_key_patterns`."""
         lo, hi = 0, None
-        also: list[str] = []
+        patterns = list(key_patterns)
         for p in parts:
             n = _count(p, "minLength")
             lo = max(lo, n) if n is not None else lo
@@ -568,18 +625,22 @@ class SchemaCompiler:
             hi = n if hi is None else (min(hi, n) if n is not None else hi)
             if p.has("pattern"):
                 _expect(isinstance(p.get("pattern"), str), "pattern must be a string", p.at("pattern"))
-                also.append(pattern_regex(p.get("pattern"), p.at("pattern")))
+                patterns.append((p.get("pattern"), p.at("pattern")))
             fmt = p.get("format")
             if fmt in FORMATS:
-                also.append(format_regex(fmt))
+                patterns.append((format_pattern(fmt), ""))
             elif fmt is not None and self.options.strict_formats:
                 raise UnsupportedSchemaError(f"format {fmt!r} is not supported", p.at("format"))
         if hi is not None and lo > hi:
             return self.never(f"minLength {lo} is above maxLength {hi}", parts[0].pointer if parts else "")
-        exclude = tuple(regex_escape(json.dumps(v, ensure_ascii=False)) for v in excluded)
+        also = tuple(pattern_regex(*pattern) for pattern in patterns)
+        exclude = tuple(regex_escape(json.dumps(v, ensure_ascii=False)) for v in excluded) + tuple(
+            pattern_regex(*pattern) for pattern in other_key_patterns)
+        if hi is None and self.options.max_string_length is not None:
+            hi = capped_length(self.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)
         if lo == 0 and hi is None and also:
-            return Terminal(also[0], tuple(also[1:]), exclude)
-        return Terminal(string_regex(lo, hi), tuple(also), exclude)
+            return Terminal(also[0], also[1:], exclude)
+        return Terminal(string_regex(lo, hi), also, exclude)
 
     # ---- arrays ------------------------------------------------------------------------------------
 
@@ -609,10 +670,24 @@ class SchemaCompiler:
         if hi is not None:
             prefixes = prefixes[:hi]
         if unique and (hi is None or hi > 1):
+            if hi is None and self.options.max_items is not None:  # a few enumerated items: capping costs little
+                hi = max(self.options.max_items, lo)
             return self._unique_array(parts, prefixes, rest, lo, hi)
         positions = [self.nested(ps) for ps in prefixes]
         tail_item = self.share(self.nested(rest), pointer + "_item") if hi is None or hi > len(positions) else NEVER
+        if hi is None:
+            hi = self._item_cap(lo, positions, tail_item)
         return self._sequence(positions, tail_item, lo, hi, pointer)
+
+    def _item_cap(self, lo: int, positions: list[Expr], tail_item: Expr) -> int | None:
+        """The maxItems that max_items gives an array without one (never below minItems or its prefixItems),
+        or None: no cap, or the capped array would outgrow _MAX_ITEM_CAP_NODES."""
+        if self.options.max_items is None:
+            return None
+        hi = max(self.options.max_items, lo, len(positions))
+        size = sum(inlined_size(p, self.rules, self._sizes) for p in positions)
+        size += (hi - len(positions)) * inlined_size(tail_item, self.rules, self._sizes)
+        return hi if size <= _MAX_ITEM_CAP_NODES else None
 
     def _sequence(self, positions: list[Expr], tail_item: Expr, lo: int, hi: int | None, pointer: str) -> Expr:
         """`[` positions..., then tail items `]`, with the item count in [lo, hi]."""
@@ -766,6 +841,18 @@ def json_schema_to_grammar(schema: Any, **options: Any) -> Grammar:
     except TypeError as exc:
         raise TypeError(f"unknown JSON schema option: {exc}") from None
     try:
-        return SchemaCompiler(schema, opts).grammar()
+        return _grammar(schema, opts)
     except RecursionError:  # the limits leave ample stack; this is for callers already deep in theirs
         raise UnsupportedSchemaError("schema nested too deeply for the stack left to compile it", "") from None
+
+
+def _grammar(schema: Any, opts: JsonSchemaOptions) -> Grammar:
+    """The grammar under `opts`, less the item cap where it would grow it by more than _MAX_ITEM_CAP_NODES."""
+    grammar = SchemaCompiler(schema, opts).grammar()
+    if opts.max_items is None:
+        return grammar
+    size = grammar_size(grammar)
+    if size <= _MAX_ITEM_CAP_NODES:
+        return grammar
+    uncapped = SchemaCompiler(schema, replace(opts, max_items=None)).grammar()
+    return grammar if size - grammar_size(uncapped) <= _MAX_ITEM_CAP_NODES else uncapped

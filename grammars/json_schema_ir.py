@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .ir import Choice, Expr, Lit, Repeat, Seq, Terminal
+from .ir import Choice, Expr, Grammar, Lit, Ref, Repeat, Seq, Terminal
 from .json_strings import regex_escape
 
 NEVER = Choice(())
@@ -64,6 +64,29 @@ def repeat(item: Expr, lo: int = 0, hi: int | None = None) -> Expr:
 
 def optional(item: Expr) -> Expr:
     return repeat(item, 0, 1)
+
+
+def inlined_size(expr: Expr, rules: dict[str, Expr], sizes: dict[str, int]) -> int:
+    """About how many automaton nodes `expr` takes once the automaton inlines the rules it refers to and
+    writes out bounded repetitions; a rule not defined yet is being compiled around it (recursion, which
+    the automaton calls instead), so it counts as one call.  `sizes` memoises rules."""
+    if isinstance(expr, Ref):
+        if expr.name not in sizes:
+            sizes[expr.name] = 1  # cycles end here
+            if expr.name in rules:
+                sizes[expr.name] = inlined_size(rules[expr.name], rules, sizes)
+        return sizes[expr.name]
+    if isinstance(expr, Repeat):
+        copies = expr.max if expr.max is not None else expr.min + 1
+        return max(copies, 1) * inlined_size(expr.item, rules, sizes)
+    if isinstance(expr, (Seq, Choice)):
+        return max(sum(inlined_size(item, rules, sizes) for item in expr.items), 1)
+    return 1
+
+
+def grammar_size(grammar: Grammar) -> int:
+    """inlined_size of a whole grammar."""
+    return inlined_size(Ref(grammar.start), grammar.rules, {})
 
 
 @dataclass(frozen=True)

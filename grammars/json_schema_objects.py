@@ -17,7 +17,7 @@ from itertools import combinations, product
 from typing import TYPE_CHECKING, Any
 
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Lit, Terminal
+from .ir import Expr, Lit
 from .json_schema_ir import NEVER, choice, optional, repeat, seq
 from .json_strings import pattern_regex, regex_escape
 
@@ -106,13 +106,16 @@ class _ObjectBuilder:
 
     def extras(self, declared: set[str]) -> Expr:
         """One member `"key": value` for any key not declared, split into classes by patternProperties."""
-        regexes = list(dict.fromkeys(pattern for pattern, _, _ in self.patterns))
+        at: dict[str, str] = {}  # each distinct patternProperties pattern, with its first pointer
+        for pattern, owner, _ in self.patterns:
+            at.setdefault(pattern, owner.at("patternProperties", pattern))
+        regexes = list(at)
         if len(regexes) > _MAX_PATTERNS:
             raise UnsupportedSchemaError(f"more than {_MAX_PATTERNS} distinct patternProperties", self.pointer)
         explicit = any(p.has("additionalProperties") for p in self.parts)
         names = [p.sub(p.get("propertyNames"), "propertyNames") for p in self.parts if p.has("propertyNames")]
-        base_key = self.c.string_terminal(self._string_parts(names), list(declared))
-        if base_key == NEVER:
+        name_parts = self._string_parts(names)
+        if self.c.string_terminal(name_parts, list(declared)) == NEVER:
             return NEVER
         classes = []
         for size in range(len(regexes) + 1):
@@ -130,7 +133,8 @@ class _ObjectBuilder:
                 value_expr = self.c.nested(value)
                 if value_expr == NEVER:
                     continue
-                key = self._key_class(base_key, chosen, regexes)
+                key = self.c.string_terminal(name_parts, list(declared), tuple((r, at[r]) for r in chosen),
+                                             tuple((r, at[r]) for r in regexes if r not in chosen))
                 classes.append(seq(key, self.c.punct.colon, value_expr))
         return choice(classes)
 
@@ -153,13 +157,6 @@ class _ObjectBuilder:
                 return [part.sub({"maxLength": 0, "minLength": 1})]  # no key can satisfy it
             out.append(part)
         return out
-
-    @staticmethod
-    def _key_class(base: Expr, chosen: tuple, regexes: list[str]) -> Expr:
-        assert isinstance(base, Terminal)
-        also = base.also + tuple(pattern_regex(r) for r in chosen)
-        excluding = base.excluding + tuple(pattern_regex(r) for r in regexes if r not in chosen)
-        return Terminal(base.pattern, also, excluding)
 
     # ---- layout ------------------------------------------------------------------------------------
 

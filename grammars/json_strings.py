@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 from .errors import RegexError, UnsupportedSchemaError
-from .regex import check_group_depth, complement_ranges, normalize_ranges
+from .regex import check_group_depth, complement_ranges, normalize_ranges, regex_dfa, terminal_dfa
 
 MAX_CODE_POINT = 0x10FFFF
 
@@ -238,15 +238,13 @@ def pattern_regex(pattern: str, pointer: str = "") -> str:
     return regex
 
 
-def _fullmatch_regex(decoded: str) -> str:
-    return pattern_regex("^(?:" + decoded + ")$")
-
-
 # Formats, as regexes over decoded text.  Each is at most as permissive as
 # jsonschema's FormatChecker, so what they admit validates there too.
-_LEAP_YEAR = r"(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)"
+# Years 0001-9999: Python's dates (and so jsonschema's "date" check) have no year 0.
+_YEAR = r"(?:[1-9]\d{3}|0[1-9]\d\d|00[1-9]\d|000[1-9])"
+_LEAP_YEAR = r"(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
 _DATE = (
-    r"(?:\d{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1\d|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)"
+    rf"(?:{_YEAR}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1\d|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)"
     + "|" + _LEAP_YEAR + r"-02-29)"
 )
 _TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
@@ -293,6 +291,55 @@ FORMATS: dict[str, str] = {
 }
 
 
+def format_pattern(name: str) -> str:
+    """The named format (one of FORMATS) as an ECMA pattern over decoded text, anchored at both ends."""
+    return "^(?:" + FORMATS[name] + ")$"
+
+
 def format_regex(name: str) -> str:
     """A quoted JSON string in the named format (one of FORMATS)."""
-    return _fullmatch_regex(FORMATS[name])
+    return pattern_regex(format_pattern(name))
+
+
+# ---- length caps ----------------------------------------------------------------------------------
+
+# Intersecting a pattern with a length cap c pairs the states of the length counter with the pattern's, and
+# minimising the product takes up to c + 1 passes over the pairs.  Past this bound on that work (about a
+# second at worst, most MaskBench patterns take under 0.1 s at a cap of 64) a pattern keeps no cap.
+_MAX_CAP_WORK = 1 << 21
+
+
+@lru_cache(maxsize=4096)
+def pattern_length_range(pattern: str) -> tuple[int, int | None]:
+    """Fewest and most decoded characters of a string containing a match of ECMA `pattern` (most: None when
+    unbounded); the pattern must be one pattern_regex translates."""
+    widths = []
+    for start, end, nodes in _alternatives(_sre.parse(pattern).data):
+        lo, hi = _sre.SubPattern(_sre.State(), nodes).getwidth()
+        widths.append((lo, hi if start and end and hi < _c.MAXREPEAT else None))
+    longest = [hi for _, hi in widths]
+    return min(lo for lo, _ in widths), None if None in longest else max(longest)
+
+
+def capped_length(cap: int, min_length: int, patterns: list[str], also: tuple[str, ...],
+                  excluding: tuple[str, ...]) -> int | None:
+    """The maxLength a length cap gives a string of at least `min_length` characters matching every ECMA pattern
+    in `patterns` (`also`: their regexes; `excluding`: regexes it must not match), or None where the cap does not
+    apply: the patterns are bounded within it already, or the intersection is too costly or would be empty."""
+    ranges = [pattern_length_range(p) for p in patterns]
+    bounded = [hi for _, hi in ranges if hi is not None]
+    if bounded and min(bounded) <= cap:
+        return None
+    length = max([cap, min_length] + [lo for lo, _ in ranges])  # never below the shortest instance
+    if not patterns:
+        return length
+    work = (length + 1) * regex_dfa(string_regex(min_length, length)).num_states
+    for regex in also:
+        work *= regex_dfa(regex).num_states
+    if work > _MAX_CAP_WORK:
+        return None
+    try:  # the automaton builds this same (memoised) DFA for the terminal
+        dfa = terminal_dfa(string_regex(min_length, length), also, excluding)
+    except RegexError:
+        return None
+    return length if dfa.accept.any() else None
