@@ -428,7 +428,8 @@ def _positive_float(text: str) -> float:
 
 
 def _add_extract_parser(commands: Any) -> None:
-    from leapgen.extraction import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, DEFAULT_WHITESPACE, WHITESPACES
+    from leapgen.extraction import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_ITEMS, DEFAULT_MAX_STRING_LENGTH,
+                                    DEFAULT_MAX_TOKENS, DEFAULT_WHITESPACE, WHITESPACES)
 
     ext = commands.add_parser("extract", help="extract one JSON object per record of a file into a .jsonl file",
                               description=_EXTRACT_DESCRIPTION)
@@ -450,6 +451,10 @@ def _add_extract_parser(commands: Any) -> None:
     ext.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_MAX_TOKENS)
     ext.add_argument("--whitespace", choices=WHITESPACES, default=DEFAULT_WHITESPACE,
                      help="the whitespace the JSON is written with")
+    ext.add_argument("--max-string-length", type=_positive_int, default=DEFAULT_MAX_STRING_LENGTH, metavar="N",
+                     help="at most N characters in strings the schema leaves unbounded")
+    ext.add_argument("--max-items", type=_positive_int, default=DEFAULT_MAX_ITEMS, metavar="N",
+                     help="at most N items in arrays the schema leaves unbounded")
     ext.add_argument("--speculative", metavar="METHOD", type=_speculative_method,
                      help="'ngram' (prompt lookup: drafts copied from the record) or 'draft:PATH'")
     ext.add_argument("--num-speculative-tokens", type=_positive_int, metavar="K")
@@ -491,7 +496,9 @@ def _extract(args: argparse.Namespace) -> int:
     ray_options = _ray_options(args)
     template = Path(args.template) if args.template is not None and Path(args.template).is_file() else args.template
     plan = pipeline.prepare(args.input, args.schema, args.output, template=template, id_field=args.id_field,
-                            text_field=args.text_field, whitespace=args.whitespace, max_tokens=args.max_tokens)
+                            text_field=args.text_field, whitespace=args.whitespace,
+                            max_string_length=args.max_string_length, max_items=args.max_items,
+                            max_tokens=args.max_tokens)
     try:
         if args.ray:
             from leapgen.extraction_ray import run_on_ray

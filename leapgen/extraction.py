@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from leapgen.constraints import JsonSchema, load_schema
 from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.grammars.json_schema import JsonSchemaOptions
 from leapgen.extraction_io import OutputWriter, Record, read_finished, read_records
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 
 DEFAULT_WHITESPACE = "compact"      # one place: a benchmark will choose between "compact", "dumps" and "flexible"
 DEFAULT_MAX_TOKENS = 256
+# Caps on values the schema leaves unbounded (strings, arrays): the usual runaway of a small model
+DEFAULT_MAX_STRING_LENGTH: int | None = None
+DEFAULT_MAX_ITEMS: int | None = None
 DEFAULT_BATCH_SIZE = 32
 WHITESPACES = ("compact", "dumps", "flexible")
 DEFAULT_TEMPLATE = ("Extract the information in the text below as one JSON object that matches this JSON Schema:\n"
@@ -82,12 +86,12 @@ class ExtractJob:
     schema: dict
     template: str | None
     text_field: str
-    whitespace: str
+    schema_options: dict[str, Any]       # the JSON-schema compiler's: whitespace and the value caps
     sampling: dict[str, Any]             # SamplingParams fields (max_tokens, ...), greedy unless they say otherwise
 
     def constraint(self) -> JsonSchema:
         # additional_properties=False: an extraction must not invent keys the schema did not ask for
-        return JsonSchema(self.schema, options={"whitespace": self.whitespace, "additional_properties": False})
+        return JsonSchema(self.schema, options={**self.schema_options, "additional_properties": False})
 
     def params(self) -> SamplingParams:
         return SamplingParams(**{"temperature": 0.0, **self.sampling, "constraint": self.constraint()})
@@ -108,13 +112,16 @@ class ExtractPlan:
 
 def prepare(input: str | Path, schema: dict | type | str | Path, output: str | Path, *,
             template: str | Path | None = None, id_field: str | None = None, text_field: str = "text",
-            whitespace: str = DEFAULT_WHITESPACE, **sampling: Any) -> ExtractPlan:
-    """Read and check everything that needs no model (input records, schema, template, sampling fields, the
-    output so far); ValueError names the file and line, the schema or the field that is wrong."""
+            whitespace: str = DEFAULT_WHITESPACE, max_string_length: int | None = DEFAULT_MAX_STRING_LENGTH,
+            max_items: int | None = DEFAULT_MAX_ITEMS, **sampling: Any) -> ExtractPlan:
+    """Read and check everything that needs no model (input records, schema, template, sampling and compiler
+    options, the output so far); ValueError names the file and line, the schema or the field that is wrong."""
     if whitespace not in WHITESPACES:
         raise ValueError(f"whitespace: expected one of {', '.join(WHITESPACES)}, got {whitespace!r}")
-    job = ExtractJob(_schema_dict(schema), _template_text(template), text_field, whitespace, sampling)
+    options = {"whitespace": whitespace, "max_string_length": max_string_length, "max_items": max_items}
+    job = ExtractJob(_schema_dict(schema), _template_text(template), text_field, options, sampling)
     job.params()                         # a bad sampling field fails here, naming it
+    JsonSchemaOptions(**options)         # and so does a bad cap
     records = read_records(input, id_field, text_field)
     needed = {text_field} if job.template is None else template_fields(job.template)
     for record in records:
@@ -279,7 +286,8 @@ def run(llm: LLM | None, plan: ExtractPlan, progress: bool = True) -> ExtractSum
 def extract(input: str | Path, schema: dict | type | str | Path, output: str | Path, *,
             model: LLM | str | Path | None = None, template: str | Path | None = None, id_field: str | None = None,
             text_field: str = "text", batch_size: int = DEFAULT_BATCH_SIZE, max_tokens: int = DEFAULT_MAX_TOKENS,
-            whitespace: str = DEFAULT_WHITESPACE, speculative: dict[str, Any] | None = None, progress: bool = True,
+            whitespace: str = DEFAULT_WHITESPACE, max_string_length: int | None = DEFAULT_MAX_STRING_LENGTH,
+            max_items: int | None = DEFAULT_MAX_ITEMS, speculative: dict[str, Any] | None = None, progress: bool = True,
             llm_options: dict[str, Any] | None = None, ray: bool = False, workers: int = 2,
             ray_address: str | None = None, ray_options: dict[str, Any] | None = None,
             **sampling: Any) -> ExtractSummary:
@@ -295,7 +303,8 @@ def extract(input: str | Path, schema: dict | type | str | Path, output: str | P
     Every bad input raises ValueError before any record runs.
     """
     plan = prepare(input, schema, output, template=template, id_field=id_field, text_field=text_field,
-                   whitespace=whitespace, max_tokens=max_tokens, **sampling)
+                   whitespace=whitespace, max_string_length=max_string_length, max_items=max_items,
+                   max_tokens=max_tokens, **sampling)
     llm_options = {"max_num_seqs": batch_size, "speculative": speculative, **(llm_options or {})}
     if ray:
         from leapgen.extraction_ray import run_on_ray

@@ -155,7 +155,17 @@ def test_a_missing_template_field_fails_before_any_work(tmp_path):
         prepare(data, SCHEMA, out, whitespace="pretty")
     with pytest.raises(ValueError, match="max_tokens"):
         prepare(data, SCHEMA, out, max_tokens=0)
+    with pytest.raises(ValueError, match="max_string_length"):
+        prepare(data, SCHEMA, out, template="Read {id}", max_string_length=0)
     assert not out.exists()
+
+
+def test_value_caps_reach_the_compiler(tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "text": "x"}])
+    job = prepare(data, SCHEMA, tmp_path / "out.jsonl", max_string_length=5, max_items=2).job
+    options = job.constraint().options
+    assert options["max_string_length"] == 5 and options["max_items"] == 2
+    assert options["additional_properties"] is False
 
 
 # --- output lines --------------------------------------------------------------------------------------------
