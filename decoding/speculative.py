@@ -122,27 +122,29 @@ def ngram_draft(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]
     return []
 
 
-def constrain_draft(matcher: TokenMatcher, draft: list[int], words: int, eos_ids: Sequence[int]
-                    ) -> tuple[list[int], np.ndarray]:
+def constrain_draft(matcher: TokenMatcher, draft: list[int], words: int, eos_ids: Sequence[int],
+                    stop_at_forced: bool = False) -> tuple[list[int], np.ndarray]:
     """Cut `draft` at its first token the constraint rejects (and after an eos), and return with it the
     allowed-token bitmask of every verification row: row i is the mask after the first i draft tokens.
 
-    The matcher is walked along the draft and rolled back, so it ends where it started.
+    With `stop_at_forced` (forced-token jumps on) the draft also ends where the constraint forces the
+    continuation (or only eos is left): decoding without a draft appends it there instead of sampling, so a
+    draft running through them could accept another tokenization of the same text.  The matcher is
+    walked along the draft and rolled back, so it ends where it started.
     """
     masks = np.zeros((len(draft) + 1, words), dtype=np.int32)
     eos = set(eos_ids)
     advanced = 0
     try:
-        for i, token in enumerate(draft):
-            matcher.fill_bitmask(masks[i])
+        for token in draft:
+            matcher.fill_bitmask(masks[advanced])
             if not matcher.is_token_allowed(token):
-                break
+                return draft[:advanced], masks[:advanced + 1]
             matcher.advance(token)
             advanced += 1
-            if token in eos:
+            if token in eos or (stop_at_forced and (matcher.is_finished() or matcher.forced_tokens())):
                 break
-        if advanced == len(draft):
-            matcher.fill_bitmask(masks[advanced])
+        matcher.fill_bitmask(masks[advanced])
     finally:
         matcher.rollback(advanced)
     return draft[:advanced], masks[:advanced + 1]

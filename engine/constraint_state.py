@@ -38,6 +38,10 @@ class ConstraintState:
         closing = self.matcher.completion_tokens()
         return closing[0] if closing else token_id
 
+    def is_forced(self) -> bool:
+        """Whether a forced-token jump would append something here (eos, or the forced continuation)."""
+        return self.matcher.is_finished() or bool(self.matcher.forced_tokens())
+
     def jump(self, eos_token_ids: Sequence[int], room: int) -> list[int]:
         """Tokens to append without sampling: eos when the text is complete, else the forced continuation
         (at most `room` tokens); [] when the next token is a real choice."""

@@ -313,8 +313,10 @@ class LLMEngine:
         if metrics.time_to_first_token is None:
             metrics.time_to_first_token = time.perf_counter() - request.arrival
         for i, token in enumerate(sampled_tokens[:accepted + 1]):
-            if i == accepted and state.constraint is not None:    # closes in time if the sample would not
-                token = state.constraint.admissible(token)
+            if i == accepted and state.constraint is not None:
+                if i and self.config.enable_forced_tokens and state.constraint.is_forced():
+                    break                       # the draft ended where the text is forced: the jump below appends it
+                token = state.constraint.admissible(token)      # closes in time if the sample would not
             if state.completion.logprobs is not None:
                 state.record_logprob(_token_logprob(sampled, first_row + i, token, state.seq.params.logprobs))
             if i < accepted:
@@ -365,7 +367,7 @@ class LLMEngine:
         masks = None
         if state.constraint is not None:         # cut at the first token the constraint rejects
             draft, masks = constrain_draft(state.constraint.matcher, draft, self.vocabulary.mask_words,
-                                           self.vocabulary.eos_ids)
+                                           self.vocabulary.eos_ids, self.config.enable_forced_tokens)
         if draft:
             state.set_draft(draft, masks)
 

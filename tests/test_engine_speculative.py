@@ -100,6 +100,23 @@ def test_greedy_outputs_equal_plain_decoding(plain, speculating, case):
     assert_idle(speculating)
 
 
+JSON_PROMPTS = ['{"name":"Ada","city":"Rome","age":36}\n{"name":"Ada","city":"Rome","age":36}\n',
+                '{"name": "Bo", "city": "Oslo", "age": 7} and again {"name": "Bo", "city": "Oslo", "age": 7} once more',
+                '{"name":"Ada","city":"Rome","age":36}{"name":"Ada","city":"Ro']
+
+
+@pytest.mark.parametrize("whitespace", ["compact", "dumps", "flexible"])
+def test_drafts_through_forced_text_give_the_forced_tokenization(plain, speculating, whitespace):
+    """Drafts copied from JSON in the prompt run through keys the schema forces: with forced-token jumps on,
+    speculation must append the same forced tokens plain decoding does, not the draft's tokenization."""
+    params = SamplingParams(max_tokens=60, constraint=JsonSchema(SCHEMA, {"whitespace": whitespace}))
+    expected = plain.generate(JSON_PROMPTS, params)
+    outputs = speculating.generate(JSON_PROMPTS, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    assert sum(o.metrics.forced_tokens for o in outputs) == sum(o.metrics.forced_tokens for o in expected) > 0
+    assert_idle(speculating)
+
+
 def test_greedy_equals_transformers(dirs, speculating):
     hf = dirs[2]
     tokenizer = speculating.tokenizer
