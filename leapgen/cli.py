@@ -514,6 +514,10 @@ def _extract(args: argparse.Namespace) -> int:
             if plan.pending:             # a finished job loads no model
                 llm = _load(args, max_num_seqs=args.batch_size)
                 _compile(llm, f"--schema {args.schema}", plan.job.constraint())
+                try:
+                    pipeline.check_budget(llm.engine.compile(plan.job.constraint()), args.max_tokens)
+                except ValueError as exc:
+                    raise CliError(f"--max-tokens: {exc}") from None
             summary = pipeline.run(llm, plan, progress=not args.quiet)
     except KeyboardInterrupt:
         _print_error(f"interrupted; the lines in {args.output} are kept: run the same command again to resume")

@@ -26,6 +26,7 @@ from leapgen.grammars.json_schema import JsonSchemaOptions
 from leapgen.extraction_io import OutputWriter, Record, read_finished, read_records
 
 if TYPE_CHECKING:
+    from leapgen.decoding.constraint import TokenConstraint
     from leapgen.engine.outputs import RequestOutput
     from leapgen.llm import LLM
 
@@ -159,11 +160,21 @@ def _template_text(template: str | Path | None) -> str | None:
 
 def check_schema(llm: LLM, job: ExtractJob) -> None:
     """Compile the job's schema for the model now, so a bad or unsupported one fails before any record runs
-    (the message names the keyword and its JSON pointer)."""
+    (the message names the keyword and its JSON pointer), as does a max_tokens no output could fit in."""
     try:
-        llm.engine.compile(job.constraint())
+        compiled = llm.engine.compile(job.constraint())
     except (ValueError, TypeError, RecursionError) as exc:
         raise ValueError(f"schema: {exc}") from None
+    check_budget(compiled, job.params().max_tokens)
+
+
+def check_budget(compiled: TokenConstraint, max_tokens: int) -> None:
+    """ValueError when even the schema's shortest instance takes more than `max_tokens` tokens: every
+    record would fail the same way."""
+    shortest = compiled.matcher().completion_tokens()
+    if shortest is not None and len(shortest) > max_tokens:
+        raise ValueError(f"max_tokens={max_tokens} is too small for the schema: its shortest instance takes "
+                         f"{len(shortest)} tokens")
 
 
 # --- running records ---------------------------------------------------------------------------------------

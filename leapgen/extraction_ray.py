@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from leapgen.extraction import (DEFAULT_BATCH_SIZE, WINDOW_BATCHES, ExtractJob, ExtractPlan, ExtractSummary, run_records,
-                             write_lines)
+from leapgen.extraction import (DEFAULT_BATCH_SIZE, WINDOW_BATCHES, ExtractJob, ExtractPlan, ExtractSummary,
+                                check_budget, run_records, write_lines)
 from leapgen.extraction_io import Record
 
 
@@ -85,9 +85,10 @@ def _check_schema(model: str | Path | None, job: ExtractJob) -> None:
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load the tokenizer of {path}: {exc}") from None
     try:
-        job.constraint().compile(tokenizer)
+        compiled = job.constraint().compile(tokenizer)
     except (ValueError, TypeError, RecursionError) as exc:
         raise ValueError(f"schema: {exc}") from None
+    check_budget(compiled, job.params().max_tokens)
 
 
 def _connect(ray, address: str | None) -> bool:

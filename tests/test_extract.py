@@ -372,6 +372,8 @@ def test_cli_errors_are_one_line(model_dir, tmp_path, capsys):
         ((good, "--schema", schema, "-o", out, "--whitespace", "pretty"), "--whitespace"),
         ((good, "--schema", schema), "--output"),
         ((good, "--schema", schema, "-o", out, "--model", tmp_path / "missing"), "cannot load model"),
+        ((good, "--schema", schema, "-o", out, "--max-tokens", "3", *model),
+         "--max-tokens: max_tokens=3 is too small for the schema: its shortest instance takes"),
     ]
     for argv, message in cases:
         line = error_line(*run_cli(capsys, *argv))
@@ -387,3 +389,11 @@ def test_leapgen_extract_is_the_pipeline_and_importing_it_is_light(tmp_path):
               "assert leapgen.extract is extract\n"
               "assert 'torch' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
+def test_a_max_tokens_no_instance_fits_fails_before_any_record(llm, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(ValueError, match="max_tokens=2 is too small for the schema"):
+        extract(data, SCHEMA, out, model=llm, max_tokens=2, progress=False)
+    assert not out.exists() or not out.read_text()
