@@ -462,6 +462,9 @@ def _add_extract_parser(commands: Any) -> None:
     ext.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     ext.add_argument("--threads", type=_positive_int, help="CPU threads for torch")
     ext.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE")
+    ext.add_argument("--retry-errors", action="store_true",
+                     help="run again the records whose lines in the output say status \"error\" (their lines "
+                          "are replaced)")
     ext.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     ray = ext.add_argument_group("Ray Data (pip install 'leapgen[ray]')")
     ray.add_argument("--ray", action="store_true", help="run on Ray Data, one model per actor")
@@ -498,7 +501,7 @@ def _extract(args: argparse.Namespace) -> int:
     plan = pipeline.prepare(args.input, args.schema, args.output, template=template, id_field=args.id_field,
                             text_field=args.text_field, whitespace=args.whitespace,
                             max_string_length=args.max_string_length, max_items=args.max_items,
-                            max_tokens=args.max_tokens)
+                            retry_errors=args.retry_errors, max_tokens=args.max_tokens)
     try:
         if args.ray:
             from leapgen.extraction_ray import run_on_ray

@@ -109,12 +109,13 @@ class ExtractPlan:
     pending: list[Record]
     skipped: int
     output: Path
+    retry_errors: bool = False           # error lines already in the output run again
 
 
 def prepare(input: str | Path, schema: dict | type | str | Path, output: str | Path, *,
             template: str | Path | None = None, id_field: str | None = None, text_field: str = "text",
             whitespace: str = DEFAULT_WHITESPACE, max_string_length: int | None = DEFAULT_MAX_STRING_LENGTH,
-            max_items: int | None = DEFAULT_MAX_ITEMS, **sampling: Any) -> ExtractPlan:
+            max_items: int | None = DEFAULT_MAX_ITEMS, retry_errors: bool = False, **sampling: Any) -> ExtractPlan:
     """Read and check everything that needs no model (input records, schema, template, sampling and compiler
     options, the output so far); ValueError names the file and line, the schema or the field that is wrong."""
     if whitespace not in WHITESPACES:
@@ -129,9 +130,9 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
         missing = sorted(name for name in needed if record.fields.get(name) is None)
         if missing:
             raise ValueError(f"{record.where}: no {missing[0]!r} field (the template uses it)")
-    finished = read_finished(output)
+    finished = read_finished(output, retry_errors)
     pending = [record for record in records if record.id not in finished]
-    return ExtractPlan(job, pending, len(records) - len(pending), Path(output))
+    return ExtractPlan(job, pending, len(records) - len(pending), Path(output), retry_errors)
 
 
 def _schema_dict(schema: dict | type | str | Path) -> dict:
@@ -271,7 +272,7 @@ def write_lines(lines: Iterable[dict[str, Any]], plan: ExtractPlan, progress: bo
     started = time.perf_counter()
     bar = tqdm(total=len(plan.pending), unit="rec", file=sys.stderr, dynamic_ncols=True,
                disable=not progress or not sys.stderr.isatty())
-    with OutputWriter(plan.output) as writer, bar:
+    with OutputWriter(plan.output, retry_errors=plan.retry_errors) as writer, bar:
         summary.repaired_bytes = writer.repaired_bytes
         for line in lines:
             if not writer.write(line):
@@ -298,7 +299,8 @@ def extract(input: str | Path, schema: dict | type | str | Path, output: str | P
             model: LLM | str | Path | None = None, template: str | Path | None = None, id_field: str | None = None,
             text_field: str = "text", batch_size: int = DEFAULT_BATCH_SIZE, max_tokens: int = DEFAULT_MAX_TOKENS,
             whitespace: str = DEFAULT_WHITESPACE, max_string_length: int | None = DEFAULT_MAX_STRING_LENGTH,
-            max_items: int | None = DEFAULT_MAX_ITEMS, speculative: dict[str, Any] | None = None, progress: bool = True,
+            max_items: int | None = DEFAULT_MAX_ITEMS, retry_errors: bool = False,
+            speculative: dict[str, Any] | None = None, progress: bool = True,
             llm_options: dict[str, Any] | None = None, ray: bool = False, workers: int = 2,
             ray_address: str | None = None, ray_options: dict[str, Any] | None = None,
             **sampling: Any) -> ExtractSummary:
@@ -311,11 +313,12 @@ def extract(input: str | Path, schema: dict | type | str | Path, output: str | P
     device, dtype, ...) apply where this call loads it.  Other keywords are SamplingParams fields (greedy
     by default).  `ray=True` runs on Ray Data with `workers` actors (`ray_address`: an existing cluster;
     `ray_options`: each actor's resources, e.g. {"num_gpus": 1}).
-    Every bad input raises ValueError before any record runs.
+    `retry_errors=True` runs again the records whose lines in `output` say status "error" (their lines are
+    replaced).  Every bad input raises ValueError before any record runs.
     """
     plan = prepare(input, schema, output, template=template, id_field=id_field, text_field=text_field,
                    whitespace=whitespace, max_string_length=max_string_length, max_items=max_items,
-                   max_tokens=max_tokens, **sampling)
+                   retry_errors=retry_errors, max_tokens=max_tokens, **sampling)
     llm_options = {"max_num_seqs": batch_size, "speculative": speculative, **(llm_options or {})}
     if ray:
         from leapgen.extraction_ray import run_on_ray

@@ -156,9 +156,10 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def read_finished(path: str | Path) -> set[RecordId]:
-    """The ids already in an output file (none when it does not exist yet); a torn last line does not count.
-    OutputError when it cannot be read, or its folder does not exist."""
+def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]:
+    """The ids already in an output file (none when it does not exist yet); a torn last line does not count,
+    nor with `retry_errors` a line whose status is "error".  OutputError when it cannot be read, or its
+    folder does not exist."""
     path = Path(path)
     if not path.parent.is_dir():
         raise OutputError(f"{path}: no folder {path.parent} to write it in")
@@ -168,10 +169,10 @@ def read_finished(path: str | Path) -> set[RecordId]:
         return set()
     except OSError as exc:
         raise OutputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    return _ids_in(path, data[:data.rfind(b"\n") + 1])
+    return _ids_in(path, data[:data.rfind(b"\n") + 1], retry_errors)
 
 
-def _ids_in(path: Path, whole_lines: bytes) -> set[RecordId]:
+def _ids_in(path: Path, whole_lines: bytes, skip_errors: bool = False) -> set[RecordId]:
     ids: set[RecordId] = set()
     for number, line in enumerate(whole_lines.splitlines(), 1):
         if not line.strip():
@@ -184,21 +185,25 @@ def _ids_in(path: Path, whole_lines: bytes) -> set[RecordId]:
         if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
             raise OutputError(f"{path}:{number}: not a line of leapgen extract's output (a JSON object with an "
                               f"\"id\"); refusing to append to it, choose another output file")
-        ids.add(record_id)
+        if not (skip_errors and value.get("status") == "error"):
+            ids.add(record_id)
     return ids
 
 
 class OutputWriter:
     """Appends output lines to a file, locked against a second writer.
 
-    Opening cuts off a torn last line (a crash mid-write) and reads the ids already written; `write`
-    skips those, so no id is written twice.  Each line is one write, flushed at once (a killed process
+    Opening cuts off a torn last line (a crash mid-write), with `retry_errors` takes out the error lines, and
+    reads the ids already written; `write` skips those, so no id is written twice.  Each line is one write, flushed at once (a killed process
     loses no finished line); fsync runs every `sync_every` lines or `sync_seconds`, and on close, so a
     power cut loses at most that much, which the next run redoes.
     """
 
-    def __init__(self, path: str | Path, sync_every: int = 64, sync_seconds: float = 1.0) -> None:
+    def __init__(self, path: str | Path, sync_every: int = 64, sync_seconds: float = 1.0,
+                 retry_errors: bool = False) -> None:
         self.path = Path(path)
+        self.retry_errors = retry_errors
+        self.dropped_errors = 0          # error lines taken out to run their records again (retry_errors)
         self.sync_every, self.sync_seconds = sync_every, sync_seconds
         self.finished: set[RecordId] = set()
         self.repaired_bytes = 0          # length of the torn last line cut off on opening
@@ -220,10 +225,31 @@ class OutputWriter:
                 self._file.truncate(whole)
                 self.repaired_bytes = len(data) - whole
                 self.sync()
+            if self.retry_errors:
+                self._drop_error_lines(data[:whole])
         except BaseException:
             self._file.close()
             raise
         return self
+
+    def _drop_error_lines(self, whole: bytes) -> None:
+        """Take the error lines out, so their records run again: the kept lines go to a new file renamed over
+        the output, so a crash leaves one whole file or the other."""
+        lines = [line for line in whole.splitlines(keepends=True) if line.strip()]
+        kept = [line for line in lines if json.loads(line).get("status") != "error"]
+        if len(kept) == len(lines):
+            return
+        fresh = self.path.with_name(self.path.name + ".retry")
+        with open(fresh, "wb") as out:
+            out.write(b"".join(kept))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(fresh, self.path)
+        self._file.close()
+        self._file = open(self.path, "a+b")
+        self._lock()
+        self.finished = _ids_in(self.path, b"".join(kept))
+        self.dropped_errors = len(lines) - len(kept)
 
     def _lock(self) -> None:
         if fcntl is None:

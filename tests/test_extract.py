@@ -397,3 +397,21 @@ def test_a_max_tokens_no_instance_fits_fails_before_any_record(llm, tmp_path):
     with pytest.raises(ValueError, match="max_tokens=2 is too small for the schema"):
         extract(data, SCHEMA, out, model=llm, max_tokens=2, progress=False)
     assert not out.exists() or not out.read_text()
+
+
+def test_retry_errors_runs_the_failed_records_again_and_replaces_their_lines(llm, eos_bias, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    out = tmp_path / "out.jsonl"
+    kept = {"id": "a", "status": "ok", "data": {"name": "kept"}, "error": None}
+    failed = {"id": "b", "status": "error", "data": None, "error": "something went wrong"}
+    out.write_text(json.dumps(kept) + "\n" + json.dumps(failed) + "\n")
+    extract(data, SCHEMA, out, model=llm, max_tokens=48, progress=False, logit_bias=eos_bias)
+    assert [line["id"] for line in read_lines(out)] == ["a", "b", "c"]
+    assert read_lines(out)[1] == failed                                          # without the flag: kept as is
+    out.write_text(json.dumps(kept) + "\n" + json.dumps(failed) + "\n")
+    summary = extract(data, SCHEMA, out, model=llm, max_tokens=48, progress=False, logit_bias=eos_bias,
+                      retry_errors=True)
+    lines = read_lines(out)
+    assert sorted(line["id"] for line in lines) == ["a", "b", "c"] and lines[0] == kept
+    assert next(line for line in lines if line["id"] == "b")["error"] != "something went wrong"
+    assert summary.skipped == 1 and not (tmp_path / "out.jsonl.retry").exists()
