@@ -1,0 +1,146 @@
+"""What the `leapgen` commands share: one-line errors, argument types, checks before the model loads, loading."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
+
+if TYPE_CHECKING:
+    from leapgen.llm import LLM
+
+class CliError(ValueError):
+    """Bad input on the command line; the message names the flag and says what is wrong."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse prints its usage block before the error; leapgen prints the error alone, in one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(message)
+
+
+# --- argument types: a bad value is refused by argparse, which names the flag ---------------------------
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite float."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):     # float() accepts 'inf' and 'nan', which no setting means
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def at_least_one(parse: Callable[[str], int], text: str, expected: str) -> int:
+    """`text` parsed by `parse`, refused (saying `expected`) unless it is at least 1."""
+    try:
+        value = parse(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    return at_least_one(int, text, "an int >= 1")
+
+
+def memory_size(text: str) -> str:
+    """argparse type: a byte count or a size like '512MiB', kept as text for the engine to parse."""
+    from leapgen.engine.llm_engine import parse_memory
+
+    at_least_one(parse_memory, text, "a positive number of bytes or a size like '512MiB'")
+    return text
+
+
+def speculative_method(text: str) -> dict:
+    """argparse type of --speculative: 'ngram' or 'draft:PATH' as the start of a speculative config."""
+    if text == "ngram":
+        return {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    if text.startswith("draft:") and len(text) > len("draft:"):
+        return {"method": "draft", "model": text[len("draft:"):]}
+    raise argparse.ArgumentTypeError(f"expected 'ngram' or 'draft:PATH', got {text!r}")
+
+
+def speculative_config(args: argparse.Namespace) -> dict | None:
+    """The LLM's speculative config from --speculative and --num-speculative-tokens."""
+    if args.speculative is None:
+        if args.num_speculative_tokens is not None:
+            raise CliError("--num-speculative-tokens needs --speculative")
+        return None
+    default_k = 8 if args.speculative["method"] == "ngram" else 4
+    return {**args.speculative, "num_speculative_tokens": args.num_speculative_tokens or default_k}
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def check_device(device: str) -> None:
+    from leapgen.engine.config import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        raise CliError(f"--device: {exc}") from None
+
+
+def check_dtype(dtype: str) -> None:
+    from leapgen.engine.config import resolve_dtype
+
+    if dtype != "auto":              # 'auto' reads the checkpoint's config, checked when it loads
+        try:
+            resolve_dtype(dtype)
+        except ValueError as exc:
+            raise CliError(f"--dtype: {exc}") from None
+
+
+# Exceptions that mean a bug in leapgen rather than a bad checkpoint: they keep their traceback.
+BUG_TYPES = (AttributeError, NameError, AssertionError)
+
+
+def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
+    """The LLM the command's --model/--dtype/--device/... flags describe; a load failure is a CliError."""
+    from leapgen.llm import LLM
+
+    try:
+        return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
+                   kv_cache_memory=args.kv_cache_memory, speculative=speculative_config(args), **options)
+    except BUG_TYPES:
+        raise
+    except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)
+        where = args.model if args.model is not None else "(the embedded default model)"
+        raise CliError(f"cannot load model {where}: {describe(exc)}") from exc
+
+
+def describe(exc: BaseException) -> str:
+    """The error's message, with its type where the message alone is no explanation (KeyError('x'))."""
+    if isinstance(exc, (ValueError, OSError)) and str(exc):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def compile_constraint(llm, flag: str | None, spec: Any) -> None:
+    """Compile the constraint now, so that its errors name the flag rather than the first prompt."""
+    if spec is None:
+        return
+    try:
+        llm.engine.compile(spec)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise CliError(f"{flag}: {exc}") from None
+
+
+def print_error(message: object) -> None:
+    """One line on stderr, whatever the message holds (lark's multi-line errors, undecodable argv text)."""
+    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+    print(f"leapgen: error: {line}", file=sys.stderr)
