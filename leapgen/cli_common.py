@@ -109,12 +109,14 @@ BUG_TYPES = (AttributeError, NameError, AssertionError)
 
 
 def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
-    """The LLM the command's --model/--dtype/--device/... flags describe; a load failure is a CliError."""
+    """The LLM the command's --model/--dtype/--device/... flags describe (`options`: other LLM keywords, or
+    ones that replace the flags'); a load failure is a CliError."""
     from leapgen.llm import LLM
 
+    options = {"speculative": speculative_config(args), **options}
     try:
         return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                   kv_cache_memory=args.kv_cache_memory, speculative=speculative_config(args), **options)
+                   kv_cache_memory=args.kv_cache_memory, **options)
     except BUG_TYPES:
         raise
     except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)

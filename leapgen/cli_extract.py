@@ -45,8 +45,12 @@ def add_extract_parser(commands: Any) -> None:
                      help="at most N characters in strings the schema leaves unbounded")
     ext.add_argument("--max-items", type=positive_int, default=DEFAULT_MAX_ITEMS, metavar="N",
                      help="at most N items in arrays the schema leaves unbounded")
-    ext.add_argument("--speculative", metavar="METHOD", type=speculative_method,
-                     help="'ngram' (prompt lookup: drafts copied from the record) or 'draft:PATH'")
+    speculation = ext.add_mutually_exclusive_group()
+    speculation.add_argument("--speculative", metavar="METHOD", type=speculative_method,
+                             help="'ngram' (prompt lookup: drafts copied from the record; the default) or "
+                                  "'draft:PATH'")
+    speculation.add_argument("--no-speculative", action="store_true",
+                             help="decode one token per step (the outputs are the same either way)")
     ext.add_argument("--num-speculative-tokens", type=positive_int, metavar="K")
     ext.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
     ext.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
@@ -85,6 +89,8 @@ def run_extract(args: argparse.Namespace) -> int:
     check_device(args.device)
     check_dtype(args.dtype)
     speculative = speculative_config(args)
+    if speculative is None and not args.no_speculative:
+        speculative = pipeline.DEFAULT_SPECULATIVE
     ray_options = _ray_options(args)
     template = Path(args.template) if args.template is not None and Path(args.template).is_file() else args.template
     plan = pipeline.prepare(args.input, args.schema, args.output, template=template, id_field=args.id_field,
@@ -104,7 +110,7 @@ def run_extract(args: argparse.Namespace) -> int:
         else:
             llm = None
             if plan.pending:             # a finished job loads no model
-                llm = load_llm(args, max_num_seqs=args.batch_size)
+                llm = load_llm(args, max_num_seqs=args.batch_size, speculative=speculative)
                 compile_constraint(llm, f"--schema {args.schema}", plan.job.constraint())
                 try:
                     pipeline.check_budget(llm.engine.compile(plan.job.constraint()), args.max_tokens)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from leapgen.constraints import JsonSchema, load_schema
 from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.grammars.json_schema import JsonSchemaOptions
 from leapgen.extraction_io import OutputWriter, Record, read_finished, read_records
 
@@ -36,6 +37,9 @@ DEFAULT_MAX_TOKENS = 256
 DEFAULT_MAX_STRING_LENGTH: int | None = None
 DEFAULT_MAX_ITEMS: int | None = None
 DEFAULT_BATCH_SIZE = 32
+# Prompt lookup: an extracted value is usually copied from the record, which is in the prompt, so drafts are
+# often right; lossless (the same outputs as without), 1.2-1.3x faster on benchmarks/extraction (README).
+DEFAULT_SPECULATIVE = SpeculativeConfig("ngram", num_speculative_tokens=8, prompt_lookup_max=4, prompt_lookup_min=1)
 WHITESPACES = ("compact", "dumps", "flexible")
 DEFAULT_TEMPLATE = ("Extract the information in the text below as one JSON object that matches this JSON Schema:\n"
                     "{schema}\n\nText:\n{text}")
@@ -300,7 +304,7 @@ def extract(input: str | Path, schema: dict | type | str | Path, output: str | P
             text_field: str = "text", batch_size: int = DEFAULT_BATCH_SIZE, max_tokens: int = DEFAULT_MAX_TOKENS,
             whitespace: str = DEFAULT_WHITESPACE, max_string_length: int | None = DEFAULT_MAX_STRING_LENGTH,
             max_items: int | None = DEFAULT_MAX_ITEMS, retry_errors: bool = False,
-            speculative: dict[str, Any] | None = None, progress: bool = True,
+            speculative: SpeculativeConfig | dict[str, Any] | None = DEFAULT_SPECULATIVE, progress: bool = True,
             llm_options: dict[str, Any] | None = None, ray: bool = False, workers: int = 2,
             ray_address: str | None = None, ray_options: dict[str, Any] | None = None,
             **sampling: Any) -> ExtractSummary:
@@ -309,8 +313,9 @@ def extract(input: str | Path, schema: dict | type | str | Path, output: str | P
 
     `schema`: a dict, a pydantic model class, a JSON Schema file or "module:Model".  `template`: the prompt
     with the record's fields as {placeholders} (a Path: read from the file).  `model`: an LLM, a path, or
-    None for the embedded default; `batch_size`, `speculative` and `llm_options` (LLM keywords: threads,
-    device, dtype, ...) apply where this call loads it.  Other keywords are SamplingParams fields (greedy
+    None for the embedded default; `batch_size`, `speculative` (prompt lookup by default, which never changes
+    the outputs; None turns it off) and `llm_options` (LLM keywords: threads, device, dtype, ...) apply where
+    this call loads it.  Other keywords are SamplingParams fields (greedy
     by default).  `ray=True` runs on Ray Data with `workers` actors (`ray_address`: an existing cluster;
     `ray_options`: each actor's resources, e.g. {"num_gpus": 1}).
     `retry_errors=True` runs again the records whose lines in `output` say status "error" (their lines are

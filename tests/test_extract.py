@@ -347,9 +347,29 @@ def test_cli_runs_and_resumes(model_dir, tmp_path, capsys):
     assert code == 0, err
     assert "[leapgen] extract: " in err and "0 skipped" in err
     assert sorted(line["id"] for line in read_lines(out)) == ["a", "b", "c"]
+    assert all("drafted_tokens" in line["usage"] for line in read_lines(out))      # prompt lookup by default
     code, err = run_cli(capsys, data, "--schema", schema, "-o", out, *flags, "--quiet")
     assert code == 0 and err == ""
     assert len(read_lines(out)) == 3
+
+
+def test_cli_without_speculation_gives_the_same_lines(model_dir, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    flags = ["--schema", schema, "--model", model_dir, "--threads", "1", "--max-tokens", "32", "--quiet"]
+    runs = {}
+    for name, extra in (("default", []), ("plain", ["--no-speculative"])):
+        out = tmp_path / f"{name}.jsonl"
+        assert run_cli(capsys, data, "-o", out, *flags, *extra)[0] == 0
+        runs[name] = {line["id"]: line for line in read_lines(out)}
+    assert all("drafted_tokens" not in line["usage"] for line in runs["plain"].values())
+    for record_id, line in runs["plain"].items():
+        assert runs["default"][record_id]["data"] == line["data"]
+        assert runs["default"][record_id]["usage"]["completion_tokens"] == line["usage"]["completion_tokens"]
+    line = error_line(*run_cli(capsys, data, "-o", tmp_path / "x.jsonl", *flags, "--no-speculative",
+                               "--speculative", "ngram"))
+    assert "--speculative" in line and "not allowed with" in line
 
 
 def test_cli_errors_are_one_line(model_dir, tmp_path, capsys):
