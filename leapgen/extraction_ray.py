@@ -119,7 +119,7 @@ def _actor_resources(ray, workers: int, ray_options: dict[str, Any]) -> dict[str
 
 def _lines(ray, plan: ExtractPlan, model: str | None, workers: int, llm_options: dict[str, Any],
            actor: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    # an equal share of a small job for each worker; a large one in the local loop's windows
+    # an equal share of a small job for each worker; a large one in batches of WINDOW_BATCHES engine batches
     window = WINDOW_BATCHES * llm_options.get("max_num_seqs", DEFAULT_BATCH_SIZE)
     batch_size = min(math.ceil(len(plan.pending) / workers), window)
     dataset = ray.data.from_items([{"record": json.dumps(dataclasses.asdict(record))} for record in plan.pending])
