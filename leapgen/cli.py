@@ -15,6 +15,7 @@ from leapgen.cli_common import (CliError, Parser, check_device, check_dtype, com
                                 speculative_method)
 from leapgen.cli_extract import add_extract_parser, run_extract
 from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.text_files import parse_json, read_text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -142,16 +143,9 @@ def _field_named_in(message: str, fields: dict[str, Any]) -> str | None:
 
 def _read_text(flag: str, path: str) -> str:
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise CliError(f"{flag} {path}: no such file") from None
-    except IsADirectoryError:
-        raise CliError(f"{flag} {path}: is a directory, not a file") from None
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{flag} {path}: not UTF-8 text (byte offset {exc.start})") from None
-    except OSError as exc:
-        raise CliError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+        return read_text(path)
+    except ValueError as exc:        # its messages start with the path
+        raise CliError(f"{flag} {exc}") from None
 
 
 def _read_json(flag: str, path: str) -> Any:
@@ -160,11 +154,9 @@ def _read_json(flag: str, path: str) -> Any:
 
 def _parse_json(where: str, text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{where}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise CliError(f"{where}: JSON nested too deeply to read") from None
+        return parse_json(where, text)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _schema(flag: str, source: str) -> Any:

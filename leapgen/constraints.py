@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from leapgen.decoding.constraint import ConstraintSpec
+from leapgen.text_files import parse_json
 
 
 @dataclass(frozen=True)
@@ -192,12 +193,7 @@ def load_schema(source: str) -> dict | type:
         raise ValueError(f"{source}: cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise ValueError(f"{source}: not UTF-8 text") from None
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{source}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise ValueError(f"{source}: JSON nested too deeply to read") from None
+    schema = parse_json(source, text)
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"{source}: a JSON Schema is an object or a boolean, not {type(schema).__name__}")
     return schema

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from leapgen.text_files import read_text
+
 try:
     import fcntl
 except ImportError:                  # Windows: no advisory locks; one writer at a time is then up to the user
@@ -143,11 +145,9 @@ def _refuse_duplicates(records: list[Record]) -> None:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8-sig")     # -sig: spreadsheets write a byte-order mark
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        return read_text(path, byte_order_mark=True)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _json_type(value: Any) -> str:
