@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 # `python -m pytest` puts the checkout root on sys.path, where the folders `kernels/`, `engine/`, ...
@@ -18,3 +19,15 @@ sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _ROOT]
 # first imported, and transformers imports it early, so it must be set before any test module loads.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def byte_level_model_dir(tmp_path_factory):
+    """A tiny random Llama checkpoint on the byte-level BPE test tokenizer, built once for every module that
+    runs the public API on it (the tests that only need some model, not a particular one)."""
+    from checkpoints import build_checkpoint_for_tokenizer
+    from tokenizers_util import byte_level_bpe
+
+    directory = tmp_path_factory.mktemp("byte-level-llama")
+    build_checkpoint_for_tokenizer(directory, byte_level_bpe())
+    return directory

@@ -12,7 +12,6 @@ import lark
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from checkpoints import build_checkpoint_for_tokenizer
 from leapgen.constraints import Grammar, JsonSchema, Regex
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
@@ -188,10 +187,8 @@ def test_random_schemas_under_random_budgets_always_validate(tokenizer, schema, 
 # --- in the engine --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, tokenizer):
-    directory = tmp_path_factory.mktemp("budget")
-    build_checkpoint_for_tokenizer(directory, tokenizer)
-    return LLMEngine(load_model(directory, "float32"), EngineConfig(kv_cache_memory="16MiB", block_size=8))
+def engine(byte_level_model_dir):
+    return LLMEngine(load_model(byte_level_model_dir, "float32"), EngineConfig(kv_cache_memory="16MiB", block_size=8))
 
 
 def generate(engine, params, constraint=JsonSchema(PERSON), prompts=("the data:", "x", "a longer prompt")):
@@ -234,9 +231,8 @@ def test_engine_budget_with_regex_and_lark(engine):
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_speculative_engine_respects_the_budget(tmp_path_factory, tokenizer, method):
-    directory = tmp_path_factory.mktemp("budget-spec")
-    build_checkpoint_for_tokenizer(directory, tokenizer)
+def test_speculative_engine_respects_the_budget(byte_level_model_dir, method):
+    directory = byte_level_model_dir
     speculative = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 1} if method == "ngram" \
         else {"method": "draft", "model": str(directory), "num_speculative_tokens": 4}
     spec = LLMEngine(load_model(directory, "float32"),

@@ -20,7 +20,6 @@ import jsonschema
 import pytest
 
 import leapgen
-from checkpoints import build_checkpoint_for_tokenizer
 from leapgen.cli import main
 from leapgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from leapgen.extraction import extract, extraction_prompt, output_line, prepare, template_fields
@@ -34,15 +33,8 @@ LINE_KEYS = {"id", "status", "data", "error", "finish_reason", "usage", "latency
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("extract-model")
-    build_checkpoint_for_tokenizer(directory, byte_level_bpe())
-    return directory
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return leapgen.LLM(model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8, threads=1, max_num_seqs=4)
+def llm(byte_level_model_dir):
+    return leapgen.LLM(byte_level_model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8, threads=1, max_num_seqs=4)
 
 
 @pytest.fixture(scope="module")
@@ -214,10 +206,10 @@ def test_extract_writes_one_line_per_record(llm, eos_bias, tmp_path):
     assert summary.error == 1 and "1 error" in str(summary)
 
 
-def test_speculative_ngram_reports_drafts(model_dir, eos_bias, tmp_path):
+def test_speculative_ngram_reports_drafts(byte_level_model_dir, eos_bias, tmp_path):
     data = write_jsonl(tmp_path / "in.jsonl", PEOPLE[:2])
     out = tmp_path / "out.jsonl"
-    extract(data, SCHEMA, out, model=model_dir, speculative={"method": "ngram", "num_speculative_tokens": 4},
+    extract(data, SCHEMA, out, model=byte_level_model_dir, speculative={"method": "ngram", "num_speculative_tokens": 4},
             llm_options={"threads": 1, "dtype": "float32", "kv_cache_memory": "8MiB"}, max_tokens=48,
             progress=False, logit_bias=eos_bias)
     assert all({"drafted_tokens", "accepted_tokens"} <= set(line["usage"]) for line in read_lines(out))
@@ -289,14 +281,14 @@ def test_writer_writes_an_id_once_and_locks_the_file(tmp_path):
     assert read_lines(out) == [{"id": 1, "status": "ok"}]
 
 
-def test_kill_9_then_rerun_loses_nothing_and_writes_no_id_twice(model_dir, eos_bias, tmp_path):
+def test_kill_9_then_rerun_loses_nothing_and_writes_no_id_twice(byte_level_model_dir, eos_bias, tmp_path):
     count = 40
     data = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": f"Person {i} is {i} years old."}
                                                for i in range(count)])
     out = tmp_path / "out.jsonl"
     script = textwrap.dedent(f"""
         import leapgen
-        leapgen.extract({str(data)!r}, {SCHEMA!r}, {str(out)!r}, model={str(model_dir)!r}, batch_size=1,
+        leapgen.extract({str(data)!r}, {SCHEMA!r}, {str(out)!r}, model={str(byte_level_model_dir)!r}, batch_size=1,
                         llm_options={{"threads": 1, "dtype": "float32", "kv_cache_memory": "8MiB"}},
                         max_tokens=48, progress=False, logit_bias={eos_bias!r})
     """)
@@ -313,7 +305,7 @@ def test_kill_9_then_rerun_loses_nothing_and_writes_no_id_twice(model_dir, eos_b
         process.wait()
     written = read_lines(out)
     assert 3 <= len(written) < count, "the run finished before it could be killed"
-    summary = extract(data, SCHEMA, out, model=model_dir, llm_options={"threads": 1, "dtype": "float32",
+    summary = extract(data, SCHEMA, out, model=byte_level_model_dir, llm_options={"threads": 1, "dtype": "float32",
                       "kv_cache_memory": "8MiB"}, max_tokens=48, progress=False, logit_bias=eos_bias)
     ids = [line["id"] for line in read_lines(out)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(count)) and len(set(ids)) == count
@@ -334,14 +326,14 @@ def error_line(code: int, err: str) -> str:
     return err.strip()
 
 
-def test_cli_runs_and_resumes(model_dir, tmp_path, capsys):
+def test_cli_runs_and_resumes(byte_level_model_dir, tmp_path, capsys):
     data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
     out = tmp_path / "out.jsonl"
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMA))
     template = tmp_path / "prompt.txt"
     template.write_text("Fill {schema} from: {text}")
-    flags = ["--model", model_dir, "--threads", "1", "--dtype", "float32", "--kv-cache-memory", "8MiB",
+    flags = ["--model", byte_level_model_dir, "--threads", "1", "--dtype", "float32", "--kv-cache-memory", "8MiB",
              "--max-tokens", "32", "--batch-size", "2", "--template", template]
     code, err = run_cli(capsys, data, "--schema", schema, "--output", out, *flags)
     assert code == 0, err
@@ -353,11 +345,11 @@ def test_cli_runs_and_resumes(model_dir, tmp_path, capsys):
     assert len(read_lines(out)) == 3
 
 
-def test_cli_without_speculation_gives_the_same_lines(model_dir, tmp_path, capsys):
+def test_cli_without_speculation_gives_the_same_lines(byte_level_model_dir, tmp_path, capsys):
     data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMA))
-    flags = ["--schema", schema, "--model", model_dir, "--threads", "1", "--max-tokens", "32", "--quiet"]
+    flags = ["--schema", schema, "--model", byte_level_model_dir, "--threads", "1", "--max-tokens", "32", "--quiet"]
     runs = {}
     for name, extra in (("default", []), ("plain", ["--no-speculative"])):
         out = tmp_path / f"{name}.jsonl"
@@ -372,7 +364,7 @@ def test_cli_without_speculation_gives_the_same_lines(model_dir, tmp_path, capsy
     assert "--speculative" in line and "not allowed with" in line
 
 
-def test_cli_errors_are_one_line(model_dir, tmp_path, capsys):
+def test_cli_errors_are_one_line(byte_level_model_dir, tmp_path, capsys):
     data = write_jsonl(tmp_path / "in.jsonl", PEOPLE + [PEOPLE[0]])
     good = write_jsonl(tmp_path / "good.jsonl", PEOPLE)
     schema = tmp_path / "schema.json"
@@ -380,7 +372,7 @@ def test_cli_errors_are_one_line(model_dir, tmp_path, capsys):
     unsupported = tmp_path / "unsupported.json"
     unsupported.write_text('{"type": "array", "contains": {"type": "string"}}')
     out = tmp_path / "out.jsonl"
-    model = ["--model", model_dir, "--threads", "1"]
+    model = ["--model", byte_level_model_dir, "--threads", "1"]
     cases = [
         ((data, "--schema", schema, "-o", out), "in.jsonl:4: duplicate id 'a'"),
         ((good, "--schema", unsupported, "-o", out, *model), "--schema"),

@@ -7,26 +7,17 @@ import pytest
 import torch
 
 import leapgen
-from checkpoints import build_checkpoint_for_tokenizer
 from leapgen import Regex, SamplingParams
 from leapgen.engine.llm_engine import CPU_KV_CACHE_CAP
 from leapgen.engine.model_runner import cache_block_bytes
-from tokenizers_util import byte_level_bpe
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("api")
-    build_checkpoint_for_tokenizer(directory, byte_level_bpe())
-    return directory
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return leapgen.LLM(model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8)
+def llm(byte_level_model_dir):
+    return leapgen.LLM(byte_level_model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8)
 
 
 def test_generate_one_call_equals_llm_generate(llm):
@@ -69,24 +60,24 @@ def test_non_finite_floats_are_refused(field):
             SamplingParams(**{field: value})
 
 
-def test_threads_set_torchs_thread_count(model_dir):
+def test_threads_set_torchs_thread_count(byte_level_model_dir):
     before = torch.get_num_threads()
     try:
-        leapgen.LLM(model_dir, dtype="float32", kv_cache_memory="1MiB", threads=1)
+        leapgen.LLM(byte_level_model_dir, dtype="float32", kv_cache_memory="1MiB", threads=1)
         assert torch.get_num_threads() == 1
         with pytest.raises(ValueError, match="threads must be an int >= 1"):
-            leapgen.LLM(model_dir, threads=0)
+            leapgen.LLM(byte_level_model_dir, threads=0)
     finally:
         torch.set_num_threads(before)
 
 
-def test_cpu_kv_cache_is_sized_from_the_model(model_dir):
-    small = leapgen.LLM(model_dir, dtype="float32", max_num_seqs=2, block_size=8)
+def test_cpu_kv_cache_is_sized_from_the_model(byte_level_model_dir):
+    small = leapgen.LLM(byte_level_model_dir, dtype="float32", max_num_seqs=2, block_size=8)
     engine = small.engine
     block_bytes = cache_block_bytes(engine.loaded, 8)
     full_context = 2 * engine.loaded.max_model_len * block_bytes // 8
     assert engine.block_manager.num_blocks == full_context // block_bytes      # two sequences at full context
-    wide = leapgen.LLM(model_dir, dtype="float32", max_num_seqs=2048, block_size=8).engine
+    wide = leapgen.LLM(byte_level_model_dir, dtype="float32", max_num_seqs=2048, block_size=8).engine
     assert wide.block_manager.num_blocks * block_bytes <= CPU_KV_CACHE_CAP      # a modest cap, not every sequence
 
 

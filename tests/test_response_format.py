@@ -10,13 +10,11 @@ import jsonschema
 import pytest
 
 import leapgen
-from checkpoints import build_checkpoint_for_tokenizer
 from leapgen import JsonSchema, Regex, SamplingParams, from_response_format
 from leapgen.cli import main
 from leapgen.constraints import as_constraint
 from test_cli import error_line
 from test_llm_api import CHAT_TEMPLATE
-from tokenizers_util import byte_level_bpe
 
 pydantic = pytest.importorskip("pydantic")
 
@@ -52,15 +50,8 @@ def json_schema_format(schema: dict, **fields) -> dict:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("response-format")
-    build_checkpoint_for_tokenizer(directory, byte_level_bpe())
-    return directory
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    llm = leapgen.LLM(model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8)
+def llm(byte_level_model_dir):
+    llm = leapgen.LLM(byte_level_model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8)
     llm.tokenizer.chat_template = CHAT_TEMPLATE
     return llm
 
@@ -255,8 +246,8 @@ NOT_A_MODEL = 3
 """
 
 
-def run(capsys, model_dir, *argv) -> tuple[int, str, str]:
-    code = main(["generate", "--model", str(model_dir), "--prompt", "a", "--max-tokens", "80", *argv])
+def run(capsys, byte_level_model_dir, *argv) -> tuple[int, str, str]:
+    code = main(["generate", "--model", str(byte_level_model_dir), "--prompt", "a", "--max-tokens", "80", *argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -269,21 +260,21 @@ def models_py(tmp_path):
 
 
 @pytest.mark.parametrize("flag", ["--schema", "--json-schema"])
-def test_cli_schema_takes_a_pydantic_model_in_a_py_file(model_dir, models_py, capsys, flag):
-    code, out, err = run(capsys, model_dir, flag, f"{models_py}:Person", "--json")
+def test_cli_schema_takes_a_pydantic_model_in_a_py_file(byte_level_model_dir, models_py, capsys, flag):
+    code, out, err = run(capsys, byte_level_model_dir, flag, f"{models_py}:Person", "--json")
     assert code == 0, err
     value = json.loads(json.loads(out)["text"])
     jsonschema.validate(value, CLOSED_PERSON_MODEL)
 
 
-def test_cli_schema_file_and_response_format_inline_or_file(model_dir, tmp_path, capsys):
+def test_cli_schema_file_and_response_format_inline_or_file(byte_level_model_dir, tmp_path, capsys):
     schema_file = tmp_path / "person.json"
     schema_file.write_text(json.dumps(CLOSED_PERSON))
     format_file = tmp_path / "format.json"
     format_file.write_text(json.dumps(json_schema_format(PERSON, strict=True)))
     for flags in (["--schema", str(schema_file)], ["--response-format", str(format_file)],
                   ["--response-format", json.dumps(json_schema_format(PERSON, strict=True))]):
-        code, out, err = run(capsys, model_dir, *flags, "--json")
+        code, out, err = run(capsys, byte_level_model_dir, *flags, "--json")
         assert code == 0, err
         jsonschema.validate(json.loads(json.loads(out)["text"]), CLOSED_PERSON)
 
@@ -303,10 +294,10 @@ def test_cli_schema_file_and_response_format_inline_or_file(model_dir, tmp_path,
     (["--schema", "{FILE}/models.py:Person", "--regex", "a"], "not allowed with argument"),
     (["--response-format", '{"type": "text"}', "--json-schema", "x.json"], "not allowed with argument"),
 ])
-def test_cli_bad_input_is_one_line(model_dir, models_py, capsys, argv, expected):
+def test_cli_bad_input_is_one_line(byte_level_model_dir, models_py, capsys, argv, expected):
     (models_py.parent / "broken.py").write_text("class Person(:\n")
     argv = [a.replace("{FILE}", str(models_py.parent)) for a in argv]
-    code, _, err = run(capsys, model_dir, *argv)
+    code, _, err = run(capsys, byte_level_model_dir, *argv)
     assert expected.replace("{FILE}", str(models_py.parent)) in error_line(code, err)
 
 
