@@ -108,15 +108,20 @@ class CompiledGrammar:
 
     # --- shortest completions (token budgets) ------------------------------------------------
 
+    @property
+    def completions(self) -> Completions:
+        """Shortest-completion tables, built on first use (the first matcher with a token budget)."""
+        if self._completions is None:
+            self._completions = Completions(self.automaton, self.stacks)
+        return self._completions
+
     def completion(self, state: State) -> bytes | None:
         """The bytes of a shortest completion of `state` (b"" when complete; cached per state)."""
         if state not in self._completion_cache:
-            if self._completions is None:
-                self._completions = Completions(self.automaton, self.stacks)
             if len(self._completion_cache) >= _MASK_CACHE_LIMIT:
                 self._completion_cache.clear()
                 self._completion_ids.clear()
-            self._completion_cache[state] = self._completions.shortest(state)
+            self._completion_cache[state] = self.completions.shortest(state)
         return self._completion_cache[state]
 
     def completion_ids(self, state: State) -> list[int] | None:
@@ -130,11 +135,9 @@ class CompiledGrammar:
         """The length in bytes of a shortest completion of `state`, None if there is none (cached)."""
         hit = self._completion_lengths.get(state)
         if hit is None:
-            if self._completions is None:
-                self._completions = Completions(self.automaton, self.stacks)
             if len(self._completion_lengths) >= _MASK_CACHE_LIMIT:
                 self._completion_lengths.clear()
-            cost = min((self._completions.cost(config) for config in state), default=UNREACHABLE)
+            cost = min((self.completions.cost(config) for config in state), default=UNREACHABLE)
             hit = self._completion_lengths[state] = cost if cost < UNREACHABLE else -1
         return hit if hit >= 0 else None
 
