@@ -524,8 +524,10 @@ class LLMEngine:
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
         window = len(prompts) if max_pending is None else max(1, max_pending)
-        checked = [self._checked(index, prompt, sampling, on_error)
-                   for index, (prompt, sampling) in enumerate(zip(prompts, params_list))] if max_pending is None else None
+        checked = None                           # without a bound, every request is checked before any runs
+        if max_pending is None:
+            checked = [self._checked(index, prompt, sampling, on_error)
+                       for index, (prompt, sampling) in enumerate(zip(prompts, params_list))]
         pending: dict[int, int] = {}             # request id -> prompt index
         queued = 0
         try:
