@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NoReturn
 
 if TYPE_CHECKING:
     from leapgen.llm import LLM
@@ -19,6 +21,18 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise CliError(message)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model and the flags of where and how it runs (--dtype, --device, --threads, --kv-cache-memory)."""
+    parser.add_argument("--model",
+                        help="HF checkpoint directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--threads", type=positive_int,
+                        help="CPU threads for torch (default: the cores this process may use)")
+    parser.add_argument("--kv-cache-memory", type=memory_size, metavar="SIZE",
+                        help="KV cache size in bytes or like '512MiB' (default: chosen from the device's memory)")
 
 
 # --- argument types: a bad value is refused by argparse, which names the flag ---------------------------
@@ -113,7 +127,8 @@ def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
     ones that replace the flags'); a load failure is a CliError."""
     from leapgen.llm import LLM
 
-    options = {"speculative": speculative_config(args), **options}
+    if "speculative" not in options:     # commands without the speculative flags pass their own
+        options["speculative"] = speculative_config(args)
     try:
         return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
                    kv_cache_memory=args.kv_cache_memory, **options)
@@ -129,6 +144,28 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, (ValueError, OSError)) and str(exc):
         return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def field_named_in(message: str, fields: dict[str, Any]) -> str | None:
+    """The SamplingParams field an error is about: the one after 'SamplingParams.', else the first named."""
+    named = re.search(r"SamplingParams\.(\w+)", message)
+    if named and named.group(1) in fields:
+        return named.group(1)
+    found = [(m.start(), name) for name in fields if (m := re.search(rf"\b{name}\b", message))]
+    return min(found)[1] if found else None
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, show: bool = True) -> Iterator[Callable[[int, int], None] | Literal[False]]:
+    """A tqdm bar on stderr (never stdout, which holds the results) as `LLM.generate`'s `progress` callback;
+    False, which draws nothing, when not `show` or when stderr is no terminal (a log would fill with redraws)."""
+    if not show or not sys.stderr.isatty():
+        yield False
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
+        yield lambda done, _total: bar.update(done - bar.n)
 
 
 def compile_constraint(llm, flag: str | None, spec: Any) -> None:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from leapgen.cli_common import (CliError, check_device, check_dtype, compile_constraint, load_llm, memory_size,
+from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, compile_constraint, load_llm,
                                 positive_float, positive_int, print_error, speculative_config, speculative_method)
 
 _EXTRACT_DESCRIPTION = """Extract one JSON object per input record into OUT.jsonl, one line per record:
@@ -35,7 +35,7 @@ def add_extract_parser(commands: Any) -> None:
     ext.add_argument("--id-field", help="the field holding each record's id (default: 'id' when the records "
                                         "have one, else the line number; a folder's ids are its file names)")
     ext.add_argument("--text-field", default="text", help="the field the default template extracts from")
-    ext.add_argument("--model", help="HF checkpoint directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    add_model_arguments(ext)
     ext.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE,
                      help=f"records generated together, continuously batched (default {DEFAULT_BATCH_SIZE})")
     ext.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS)
@@ -52,10 +52,6 @@ def add_extract_parser(commands: Any) -> None:
     speculation.add_argument("--no-speculative", action="store_true",
                              help="decode one token per step (the outputs are the same either way)")
     ext.add_argument("--num-speculative-tokens", type=positive_int, metavar="K")
-    ext.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
-    ext.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    ext.add_argument("--threads", type=positive_int, help="CPU threads for torch")
-    ext.add_argument("--kv-cache-memory", type=memory_size, metavar="SIZE")
     ext.add_argument("--retry-errors", action="store_true",
                      help="run again the records whose lines in the output say status \"error\" (their lines "
                           "are replaced)")

@@ -6,13 +6,15 @@ imported on first use so that `import leapgen` stays light.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from leapgen.decoding.constraint import ConstraintSpec
 from leapgen.text_files import parse_json
@@ -109,6 +111,49 @@ def _is_pydantic_model(value: Any) -> bool:
     return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))
 
 
+def is_valid(spec: Constraint, text: str) -> bool:
+    """Whether `text` satisfies `spec` by the spec's own standard, independently of leapgen's compiler:
+    jsonschema for a JSON schema, `re.fullmatch` for a regex, a lark parse for a grammar."""
+    return _validator(spec.key())(text)
+
+
+@functools.lru_cache(maxsize=16)
+def _validator(key: tuple) -> Callable[[str], bool]:
+    """The check of the spec with this key, built once: a lark parser or a schema validator takes a while,
+    and a sweep checks hundreds of samples against one spec."""
+    kind, source = key[0], key[1]
+    if kind == "regex":
+        pattern = re.compile(source)
+        return lambda text: pattern.fullmatch(text) is not None
+    if kind == "lark":
+        from lark import Lark, LarkError
+
+        parser = Lark(source, start="start")
+
+        def parses(text: str) -> bool:
+            try:
+                parser.parse(text)
+            except LarkError:
+                return False
+            return True
+        return parses
+    if kind == "json":
+        import jsonschema
+
+        schema = json.loads(source)
+        kind_of_validator = jsonschema.validators.validator_for(schema)
+        validator = kind_of_validator(schema, format_checker=kind_of_validator.FORMAT_CHECKER)
+
+        def validates(text: str) -> bool:
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                return False
+            return validator.is_valid(value)
+        return validates
+    raise TypeError(f"is_valid takes leapgen.JsonSchema, Regex or Grammar, not a spec of kind {kind!r}")
+
+
 _RESPONSE_FORMAT_TYPES = ("json_schema", "json_object", "text")
 _JSON_SCHEMA_FIELDS = ("name", "schema", "strict", "description")
 
@@ -159,10 +204,10 @@ def _required(obj: dict, key: str, where: str) -> Any:
 
 def _expect_type(value: Any, expected: type, description: str, where: str) -> None:
     if not isinstance(value, expected):
-        raise ValueError(f"{where}: expected {description}, got {_json_type_name(value)}")
+        raise ValueError(f"{where}: expected {description}, got {json_type_name(value)}")
 
 
-def _json_type_name(value: Any) -> str:
+def json_type_name(value: Any) -> str:
     """A value as a JSON reader would name it (the user wrote JSON, not Python)."""
     names = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "array",
              dict: "object"}

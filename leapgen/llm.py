@@ -91,7 +91,7 @@ class LLM:
              on_error: Literal["raise", "return"] = "raise") -> list[RequestOutput]:
         """Answer one conversation (OpenAI-style `[{"role": "user", "content": "..."}, ...]`) or a list of
         them, each rendered by the model's chat template up to the assistant's turn; otherwise as `generate`."""
-        prompts = [self._render_chat(where, conversation) for where, conversation in _conversations(messages)]
+        prompts = [self.render_chat(conversation, where) for where, conversation in _conversations(messages)]
         return self.generate(prompts, params, constraint=constraint, response_format=response_format,
                              on_error=on_error)
 
@@ -121,14 +121,16 @@ class LLM:
     def chat_prompt(self, message: str, system: str | None = None) -> str:
         """`message` wrapped in the model's chat template, ready for the assistant's answer."""
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
-        return self._render_chat("message", messages)
+        return self.render_chat(messages, "message")
 
-    def _render_chat(self, where: str, messages: list[Message]) -> str:
-        """`messages` in the model's chat template, ready for the assistant's answer; `where` names them in errors."""
+    def render_chat(self, messages: Sequence[Message], where: str = "messages") -> str:
+        """`messages` (one conversation) in the model's chat template, ready for the assistant's answer;
+        ValueError, naming them by `where`, for a malformed message or one the template refuses."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"the tokenizer of {self.path} has no chat template; pass a plain prompt instead")
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(_checked_conversation(where, messages), tokenize=False,
+                                                      add_generation_prompt=True)
         except TemplateError as exc:      # templates refuse what they cannot render (roles out of turn, ...)
             raise ValueError(f"{where}: the model's chat template refused them: {exc}") from None
 
@@ -205,17 +207,15 @@ def _iter_with_parsed(outputs: Generator[tuple[int, RequestOutput], None, None],
         outputs.close()                  # closing this iterator aborts the requests still running, as the engine's does
 
 
-def _conversations(messages: Any) -> list[tuple[str, list[Message]]]:
-    """`messages` as a batch of checked conversations, each with its place for errors (`messages[1]`):
-    one conversation (a list of messages) or a list of them."""
+def _conversations(messages: Any) -> list[tuple[str, Sequence[Any]]]:
+    """`messages` as a batch of conversations, each with its place for errors (`messages[1]`): one
+    conversation (a list of messages) or a list of them."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("messages: expected a non-empty list of messages ({'role': ..., 'content': ...}) "
                          "or of conversations")
     if all(isinstance(conversation, (list, tuple)) for conversation in messages):
-        named = [(f"messages[{i}]", conversation) for i, conversation in enumerate(messages)]
-    else:
-        named = [("messages", messages)]
-    return [(where, _checked_conversation(where, conversation)) for where, conversation in named]
+        return [(f"messages[{i}]", conversation) for i, conversation in enumerate(messages)]
+    return [("messages", messages)]
 
 
 def _checked_conversation(where: str, conversation: Sequence[Any]) -> list[Message]:

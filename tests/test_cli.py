@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import sys
 
 import pytest
 import torch
 
 from checkpoints import build_checkpoint
-from leapgen.cli import decode_escapes, main
+from leapgen.cli import main
+from leapgen.cli_inputs import decode_escapes
 from leapgen.llm import LLM
 
 
@@ -264,3 +267,82 @@ def test_bad_speculative_flags_are_one_line(model_dir, capsys):
                        (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens")):
         code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", *argv)
         assert flag in error_line(code, err), err
+
+
+# --- issue 12: many prompts from a file or stdin -------------------------------------------------------------
+
+def prompts_of(out: str) -> list[str]:
+    """The prompts of --json's lines, each of which must be a JSON object with the completion's fields."""
+    records = [json.loads(line) for line in out.splitlines()]
+    assert all({"prompt", "text", "token_ids", "finish_reason", "metrics"} <= set(r) for r in records)
+    return [r["prompt"] for r in records]
+
+
+def test_prompts_file_of_lines_comes_after_the_prompt_flags(model_dir, tmp_path, capsys):
+    path = tmp_path / "prompts.txt"
+    path.write_text("w3 w4\n\n   \nw5 w6\r\nw7\n", encoding="utf-8")     # blank lines skipped, CRLF too
+    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w9", "--prompts-file", str(path),
+                         "--max-tokens", "2", "--json")
+    assert code == 0, err
+    assert prompts_of(out) == ["w9", "w3 w4", "w5 w6", "w7"]
+
+
+def test_prompts_file_of_json_lines(model_dir, tmp_path, capsys):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "w3 w4", "id": 1}\n\n{"prompt": "w5"}\n', encoding="utf-8")
+    code, out, err = run(capsys, "--model", model_dir, "--prompts-file", str(path), "--max-tokens", "2", "--json")
+    assert code == 0, err
+    assert prompts_of(out) == ["w3 w4", "w5"]
+    # one line that is not a JSON object makes the whole file plain lines
+    path.write_text('{"prompt": "w3"}\nw5\n', encoding="utf-8")
+    code, out, err = run(capsys, "--model", model_dir, "--prompts-file", str(path), "--max-tokens", "2", "--json")
+    assert code == 0, err
+    assert prompts_of(out) == ['{"prompt": "w3"}', "w5"]
+
+
+@pytest.mark.parametrize("stdin", [lambda text: io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8"),
+                                   io.StringIO])
+def test_prompts_file_dash_reads_stdin(model_dir, capsys, monkeypatch, stdin):
+    monkeypatch.setattr(sys, "stdin", stdin("w3\nw4 w5\n"))
+    code, out, err = run(capsys, "--model", model_dir, "--prompts-file", "-", "--max-tokens", "2", "--json")
+    assert code == 0, err
+    assert prompts_of(out) == ["w3", "w4 w5"]
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b'{"prompt": "w3"}\n{"text": "w4"}\n', ':2: the object has no "prompt" field'),
+    (b'{"prompt": 3}\n', ':1: "prompt" must be a string'),
+    (b'{"prompt": "\\udcff"}\n', ":1: the text is not valid UTF-8"),
+    (b"w3 \xff\n", ": not UTF-8 text (byte offset 3)"),
+    (b"\n  \n", " has none"),
+])
+def test_bad_prompts_file_is_one_line(model_dir, tmp_path, capsys, content, expected):
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(content)
+    code, _, err = run(capsys, "--model", model_dir, "--prompts-file", str(path))
+    line = error_line(code, err)
+    assert f"--prompts-file {path}" in line and expected in line
+
+
+def test_missing_prompts_file_and_undecodable_stdin(model_dir, tmp_path, capsys, monkeypatch):
+    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--prompts-file", str(tmp_path / "no.txt"))
+    line = error_line(code, err)
+    assert f"--prompts-file {tmp_path / 'no.txt'}: no such file" in line
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"w3 \xff")))
+    code, _, err = run(capsys, "--model", model_dir, "--prompts-file", "-")
+    line = error_line(code, err)
+    assert "--prompts-file -: standard input is not UTF-8 text (byte offset 3)" in line
+
+
+def test_many_prompts_print_json_lines_in_order_and_a_bar_on_stderr(model_dir, tmp_path, capsys, monkeypatch):
+    prompts = [f"w{i} w{i + 1}" for i in range(3, 15)]
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(prompts), encoding="utf-8")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)         # the bar is drawn on terminals only
+    code, out, err = run(capsys, "--model", model_dir, "--prompts-file", str(path), "--max-tokens", "3",
+                         "--temperature", "0.8", "--seed", "1", "--n", "2", "--json")
+    assert code == 0, err
+    assert prompts_of(out) == prompts
+    assert f"/{len(prompts)}" in err and "req" in err
+    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--prompt", "w4", "--max-tokens", "2")
+    assert code == 0 and "req" not in err                          # a few prompts: no bar

@@ -1,0 +1,99 @@
+"""`leapgen serve`: the OpenAI-compatible server's command (arguments, checks before the model loads, the run)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+import sys
+from typing import Any
+
+from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, load_llm, memory_size,
+                                positive_int, speculative_method)
+
+_SERVE_DESCRIPTION = """Serve the model over HTTP with OpenAI's API: GET /v1/models, POST /v1/completions,
+POST /v1/chat/completions (streaming with stream: true) and GET /health.  Requests from every connection
+share one continuously batched engine.  Leapgen's extras go in the body: top_k, min_p, repetition_penalty,
+min_tokens, num_beams, length_penalty, regex, grammar (a lark grammar)."""
+
+
+def add_serve_parser(commands: Any) -> None:
+    from leapgen.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT_REQUESTS
+
+    serve = commands.add_parser("serve", help="serve the model with OpenAI's HTTP API",
+                                description=_SERVE_DESCRIPTION)
+    add_model_arguments(serve)
+    serve.add_argument("--served-model-name", metavar="NAME",
+                       help="the model id clients ask for (default: the checkpoint's name)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--api-key", metavar="KEY", default=os.environ.get("LEAPGEN_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' (default: $LEAPGEN_API_KEY, else none)")
+    serve.add_argument("--max-concurrent-requests", type=positive_int, default=DEFAULT_MAX_CONCURRENT_REQUESTS,
+                       metavar="N", help="requests answered at once; more get HTTP 429 (default %(default)s)")
+    serve.add_argument("--max-body-size", type=memory_size, default=str(DEFAULT_MAX_BODY_BYTES), metavar="SIZE",
+                       help="the largest request body, in bytes or like '8MiB' (default %(default)s bytes)")
+    serve.add_argument("--speculative", metavar="METHOD", type=speculative_method,
+                       help="speculative decoding for every request: 'ngram' (prompt lookup) or 'draft:PATH'")
+    serve.add_argument("--num-speculative-tokens", type=positive_int, metavar="K")
+    serve.add_argument("--seed", type=int, help="seed of the engine's sampler for requests without their own")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from leapgen.engine.llm_engine import parse_memory
+    from leapgen.server.app import OpenAIServer, default_model_name
+
+    check_device(args.device)
+    check_dtype(args.dtype)
+    if args.api_key is not None and not args.api_key.strip():
+        raise CliError("--api-key: the key is empty")
+    sock = _listen(args.host, args.port)      # a taken port fails now, not after a slow load
+    llm = load_llm(args, seed=args.seed)
+    name = args.served_model_name or default_model_name(llm)
+    server = OpenAIServer(llm, name, api_key=args.api_key, max_concurrent_requests=args.max_concurrent_requests,
+                          max_body_bytes=parse_memory(args.max_body_size))
+    if args.api_key is None and not _is_loopback(args.host):
+        print(f"leapgen: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
+              file=sys.stderr)
+    port = sock.getsockname()[1]
+    print(f"leapgen: serving {name!r} at http://{args.host}:{port}/v1", file=sys.stderr)
+    config = uvicorn.Config(server.app(), log_level="warning", access_log=False)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:            # uvicorn shuts down gracefully on Ctrl-C, then raises it again
+        print("leapgen: server stopped", file=sys.stderr)
+    return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` (uvicorn listens on it)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:               # the port is taken, the address is not this machine's, ...
+        raise CliError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
+    return sock
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in [0, 65535], got {text!r}")
+    return port
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,208 @@
+"""One thread owns the engine and steps it for every connection; asyncio handlers talk to it by messages.
+
+The engine is not thread-safe, so everything that touches it (tokenizing, compiling a constraint, adding,
+stepping, aborting) happens on the loop's thread.  Handlers submit jobs through a queue and receive
+`Update`s on an asyncio queue: after each engine step, the text, token logprobs and finish reasons each
+completion gained.  A handler that goes away aborts its jobs; their KV blocks are freed at the next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.engine.admission import encode_prompt
+from leapgen.engine.llm_engine import LLMEngine
+from leapgen.engine.outputs import RequestOutput, TokenLogprob
+from leapgen.server.protocol import ApiError, Prompt, RequestFields
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one completion gained in one engine step."""
+
+    index: int                                # the completion's index within its prompt (n > 1)
+    text: str
+    logprobs: list[TokenLogprob]
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Update:
+    """A job's news: that the engine `admitted` it (its first update, unless it was refused with `error`),
+    then its pieces and, when it ended, its `final` output (no longer touched by the engine) or the `error`
+    that ended it."""
+
+    job: int                                  # the prompt's index within its HTTP request
+    pieces: list[Piece]
+    final: RequestOutput | None = None
+    error: ApiError | None = None
+    admitted: bool = False
+
+
+@dataclass(eq=False)
+class Job:
+    """One prompt of an HTTP request, as the loop tracks it.  `fill_max_tokens`: give it the rest of the context."""
+
+    index: int
+    prompt: Prompt
+    params: SamplingParams
+    fields: RequestFields
+    fill_max_tokens: bool
+    updates: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    cancelled: bool = False
+    request_id: int | None = None
+    sent_text: dict[int, int] = field(default_factory=dict)        # completion index -> characters sent
+    sent_logprobs: dict[int, int] = field(default_factory=dict)    # completion index -> logprobs sent
+    sent_finish: set[int] = field(default_factory=set)
+
+    def post(self, update: Update) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.updates.put_nowait, update)
+        except RuntimeError:                  # the server's event loop has closed: nobody is listening
+            pass
+
+
+class EngineLoop:
+    """Continuous batching for a server: jobs from any connection join the running batch at the next step."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: dict[int, Job] = {}                       # engine request id -> job
+        self._thread = threading.Thread(target=self._run, name="leapgen-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Abort what runs and end the thread."""
+        self._inbox.put(None)
+        self._thread.join()
+
+    def submit(self, job: Job) -> None:
+        if not self._thread.is_alive():
+            raise ApiError("the engine is not running", status=503)
+        self._inbox.put(job)
+
+    def cancel(self, jobs: list[Job]) -> None:
+        """Abort `jobs` (finished ones are left alone); safe from any thread."""
+        for job in jobs:
+            job.cancelled = True
+        self._inbox.put(jobs)
+
+    # --- the loop's thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._receive(block=not self.engine.has_unfinished):
+                if self.engine.has_unfinished:
+                    self._step()
+        finally:
+            for request_id in list(self._jobs):
+                self._end(request_id, error=ApiError("the server is shutting down", status=503))
+
+    def _receive(self, block: bool) -> bool:
+        """Take every waiting message (waiting for one when `block`); False once told to stop."""
+        try:
+            message = self._inbox.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if message is None:
+                return False
+            if isinstance(message, Job):
+                self._add(message)
+            else:
+                self._abort(message)
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _add(self, job: Job) -> None:
+        if job.cancelled:
+            return
+        refused = (ValueError, TypeError, RecursionError)      # the compiler's and the admission's refusals
+        try:
+            if job.params.constraint is not None:
+                self.engine.compile(job.params.constraint)     # once per spec; add_request finds it compiled
+        except refused as exc:
+            job.post(Update(job.index, [], error=job.fields.constraint_error(str(exc))))
+            return
+        try:
+            prompt, params = self._with_length(job)
+            job.request_id = self.engine.add_request(prompt, params)
+        except refused as exc:
+            job.post(Update(job.index, [], error=job.fields.refusal(str(exc), job.index)))
+            return
+        except Exception as exc:         # a bug met while admitting one request must not end the loop
+            job.post(Update(job.index, [], error=ApiError(f"the request could not be admitted: {exc!r}", status=500)))
+            return
+        self._jobs[job.request_id] = job
+        job.post(Update(job.index, [], admitted=True))
+
+    def _with_length(self, job: Job) -> tuple[Prompt, SamplingParams]:
+        """The job's prompt (as token ids once it had to be counted) and params; an open length is the rest
+        of the context and the KV cache."""
+        if not job.fill_max_tokens:
+            return job.prompt, job.params
+        _, ids = encode_prompt(job.prompt, self.engine.tokenizer)
+        limits = self.engine.limits
+        room = min(limits.max_model_len, limits.kv_capacity_tokens) - len(ids)
+        return ids, dataclasses.replace(job.params, max_tokens=max(room, 1))
+
+    def _abort(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if job.request_id is not None and self._jobs.pop(job.request_id, None) is not None:
+                self.engine.abort(job.request_id)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:     # a failure outside any one request: every running request ends with it
+            for request_id in list(self._jobs):
+                self.engine.abort(request_id)
+                self._end(request_id, error=ApiError(f"the engine failed: {exc}", status=500))
+            return
+        for output in outputs:
+            job = self._jobs.get(output.request_id)
+            if job is None:
+                continue
+            if output.finished:
+                error = ApiError(output.error, status=500) if output.error is not None else None
+                self._end(output.request_id, output, error)
+            else:
+                pieces = self._pieces(job, output)
+                if pieces:
+                    job.post(Update(job.index, pieces))
+
+    def _end(self, request_id: int, output: RequestOutput | None = None, error: ApiError | None = None) -> None:
+        job = self._jobs.pop(request_id)
+        pieces = self._pieces(job, output) if output is not None and error is None else []
+        job.post(Update(job.index, pieces, final=output, error=error))
+
+    @staticmethod
+    def _pieces(job: Job, output: RequestOutput) -> list[Piece]:
+        """What each completion gained since the job's last update (a completion's text only ever grows by
+        what the engine releases, so the characters past those sent are new; beams' appear at the end)."""
+        pieces = []
+        for completion in output.outputs:
+            index = completion.index
+            sent_text, sent_logprobs = job.sent_text.get(index, 0), job.sent_logprobs.get(index, 0)
+            text = completion.text[sent_text:]
+            logprobs = (completion.logprobs or [])[sent_logprobs:]
+            finish = completion.finish_reason if index not in job.sent_finish else None
+            if not text and not logprobs and finish is None:
+                continue
+            job.sent_text[index] = sent_text + len(text)
+            job.sent_logprobs[index] = sent_logprobs + len(logprobs)
+            if finish is not None:
+                job.sent_finish.add(index)
+            pieces.append(Piece(index, text, logprobs, finish))
+        return pieces

@@ -1,0 +1,381 @@
+"""`leapgen serve`'s OpenAI-compatible API, driven by the official `openai` client over loopback on a tiny
+random model: outputs equal in-process generation, streams join to the same text, constraints validate,
+every error is OpenAI-shaped and names its field, and a request that ends early frees what it held."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import jsonschema
+import pytest
+
+import leapgen
+from leapgen import SamplingParams
+from leapgen.server.app import OpenAIServer
+from serving import serving
+from test_llm_api import CHAT_TEMPLATE
+
+openai = pytest.importorskip("openai")
+
+MODEL = "tiny"
+PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties": False,
+          "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0,
+                                                                             "maximum": 99}}}
+
+
+@pytest.fixture(scope="module")
+def llm(byte_level_model_dir):
+    llm = leapgen.LLM(byte_level_model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8)
+    llm.tokenizer.chat_template = CHAT_TEMPLATE
+    return llm
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    server = OpenAIServer(llm, MODEL)
+    with serving(server) as url:
+        server.url = url
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def eos_bias(llm, amount: float = 4.0) -> dict[str, float]:
+    """A random model ends its output only when pushed: a bias on eos (keys as JSON has them, strings)."""
+    return {str(eos): amount for eos in llm.engine.loaded.eos_token_ids}
+
+
+def wait_idle(server: OpenAIServer, timeout: float = 30) -> None:
+    """Until the engine runs nothing, every KV block is free again (what an aborted request held) and the
+    server counts no request as running."""
+    engine = server.engine_loop.engine
+    deadline = time.monotonic() + timeout
+    while (engine.has_unfinished or engine.block_manager.num_free_blocks != engine.block_manager.num_blocks
+           or server.active):
+        assert time.monotonic() < deadline, "the engine did not come back to idle"
+        time.sleep(0.05)
+
+
+def error_of(call) -> tuple[int, dict]:
+    with pytest.raises(openai.APIStatusError) as caught:
+        call()
+    return caught.value.status_code, caught.value.body
+
+
+# --- outputs ----------------------------------------------------------------------------------------------
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    health = httpx.get(server.url.removesuffix("/v1") + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_completions_equal_in_process_greedy(llm, client):
+    prompts = ["the quick brown", "a b c d"]
+    response = client.completions.create(model=MODEL, prompt=prompts, max_tokens=12, temperature=0)
+    expected = llm.generate(prompts, SamplingParams(max_tokens=12))
+    assert [c.text for c in response.choices] == [o.text for o in expected]
+    assert [c.index for c in response.choices] == [0, 1]
+    assert {c.finish_reason for c in response.choices} <= {"stop", "length"}
+    assert response.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in expected)
+    assert response.usage.completion_tokens == sum(len(o.token_ids) for o in expected)
+    by_ids = client.completions.create(model=MODEL, prompt=expected[0].prompt_token_ids, max_tokens=12, temperature=0)
+    assert by_ids.choices[0].text == expected[0].text
+
+
+def test_chat_uses_the_template_and_equals_in_process(llm, client):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    expected = llm.chat(messages, SamplingParams(max_tokens=10))[0]
+    choice = response.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == expected.text
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]}]
+    joined = client.chat.completions.create(model=MODEL, messages=parts, max_tokens=10, temperature=0)
+    assert joined.choices[0].message.content == llm.chat([{"role": "user", "content": "hello there"}],
+                                                         SamplingParams(max_tokens=10))[0].text
+    # without max_tokens a chat answer may take the rest of the context, as OpenAI's does; the constraint ends it
+    open_length = client.chat.completions.create(model=MODEL, messages=messages, extra_body={"regex": "[a-z]{3}"})
+    assert len(open_length.choices[0].message.content) == 3 and open_length.choices[0].finish_reason == "stop"
+
+
+def test_stream_joins_to_the_non_stream_text(llm, client):
+    kwargs = dict(model=MODEL, max_tokens=16, temperature=0.8, seed=7, n=2, logit_bias=eos_bias(llm, 1.0))
+    whole = client.completions.create(prompt="w x y", **kwargs)
+    chunks = list(client.completions.create(prompt="w x y", stream=True, stream_options={"include_usage": True},
+                                            **kwargs))
+    texts, reasons = {0: "", 1: ""}, {}
+    for chunk in chunks[:-1]:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason is not None:
+                reasons[choice.index] = choice.finish_reason
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert reasons == {c.index: c.finish_reason for c in whole.choices}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+    messages = [{"role": "user", "content": "stream me"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    pieces = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                                 stream=True))
+    assert pieces[0].choices[0].delta.role == "assistant"
+    assert "".join(p.choices[0].delta.content or "" for p in pieces) == chat.choices[0].message.content
+    assert pieces[-1].choices[0].finish_reason == chat.choices[0].finish_reason
+
+
+def test_json_schema_response_format_validates_and_mixes_with_other_constraints(llm, client):
+    schema_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+    def person(seed: int) -> str:
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"person {seed}"}], max_tokens=60, temperature=1.0,
+            seed=seed, logit_bias=eos_bias(llm), response_format=schema_format).choices[0].message.content
+
+    def digits(seed: int) -> str:
+        return client.completions.create(model=MODEL, prompt="digits", max_tokens=8, temperature=1.0, seed=seed,
+                                         extra_body={"regex": r"\d{3}-\d{2}"}).choices[0].text
+
+    def any_object(seed: int) -> str:
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "json"}], max_tokens=30, temperature=1.0, seed=seed,
+            logit_bias=eos_bias(llm), response_format={"type": "json_object"}).choices[0].message.content
+
+    with ThreadPoolExecutor(8) as pool:       # requests with different constraints share the batch
+        people = list(pool.map(person, range(6)))
+        codes = list(pool.map(digits, range(4)))
+        objects = list(pool.map(any_object, range(3)))
+    for text in people:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert all(len(code) == 6 and code[3] == "-" and code.replace("-", "").isdigit() for code in codes)
+    assert all(isinstance(json.loads(text), dict) for text in objects)
+
+
+def test_n_and_seed_are_reproducible(llm, client):
+    kwargs = dict(model=MODEL, prompt="seeded", max_tokens=10, temperature=1.0, n=3, seed=11)
+    first = [c.text for c in client.completions.create(**kwargs).choices]
+    again = [c.text for c in client.completions.create(**kwargs).choices]
+    assert first == again and len(first) == 3 and len(set(first)) > 1
+    other = [c.text for c in client.completions.create(**{**kwargs, "seed": 12}).choices]
+    assert other != first
+
+
+def test_concurrent_requests_each_get_their_own_greedy_answer(llm, client):
+    prompts = [f"w{i} w{i + 1}" for i in range(12)]
+    expected = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=10))]
+
+    def ask(prompt: str) -> str:
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(12) as pool:
+        assert list(pool.map(ask, prompts)) == expected
+
+
+def test_logprobs_in_both_shapes(client):
+    response = client.completions.create(model=MODEL, prompt="log", max_tokens=5, temperature=0, logprobs=2)
+    logprobs = response.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 5
+    assert all(len(top) <= 2 and lp <= 0 for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs))
+    assert "".join(logprobs.tokens) == response.choices[0].text
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "log"}], max_tokens=5,
+                                          temperature=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 5 and all(len(entry.top_logprobs) == 3 for entry in content)
+    assert content[0].top_logprobs[0].logprob == content[0].logprob       # greedy took the best one
+    assert bytes(content[0].bytes).decode("utf-8", "replace") == content[0].token
+
+
+def test_beam_search_as_an_extra(llm, client):
+    response = client.completions.create(model=MODEL, prompt="beams", max_tokens=6, temperature=0, n=2,
+                                         extra_body={"num_beams": 3})
+    expected = llm.generate("beams", SamplingParams(max_tokens=6, n=2, num_beams=3))[0]
+    assert [c.text for c in response.choices] == [c.text for c in expected.outputs]
+
+
+# --- errors ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, param, fragment", [
+    ({"temperature": "hot"}, "temperature", "expected a finite number"),
+    ({"top_p": 1.5}, "top_p", "between 0 and 1"),
+    ({"n": 0}, "n", ">= 1"),
+    ({"max_tokens": 0}, "max_tokens", ">= 1"),
+    ({"logprobs": 50}, "logprobs", "between 0 and 20"),
+    ({"stop": [1, 2]}, "stop", "strings"),
+    ({"logit_bias": {"x": 1}}, "logit_bias", "token ids"),
+    ({"logit_bias": {"99999999": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate", "unrecognized request argument"),
+    ({"extra_body": {"regex": "(", "grammar": "start: 'a'"}}, "grammar", "one constraint"),
+    ({"echo": True}, "echo", "not supported"),
+    ({"prompt": []}, "prompt", "expected a string"),
+    ({"prompt": [[5, 999999999]]}, "prompt", "outside the vocabulary"),
+    ({"prompt": ["fine", ""]}, "prompt", "prompt[1]: the prompt is empty"),
+    ({"max_tokens": 5000}, "max_tokens", "exceeds the model's context"),
+    ({"extra_body": {"regex": "("}}, "regex", "regex: invalid regex"),
+    ({"extra_body": {"grammar": "start: ("}}, "grammar", "grammar: invalid lark grammar"),
+    ({"extra_body": {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "p", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}},
+     "response_format", "response_format.json_schema.schema: unknown type 'strin' (at /properties/a/type)"),
+    ({"max_tokens": 2, "extra_body": {"response_format": {"type": "json_schema",
+                                                          "json_schema": {"name": "p", "schema": PERSON}}}},
+     "max_tokens", "too small for the constraint"),
+    ({"extra_body": {"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}}},
+     "response_format", "response_format.json_schema.schema: required"),
+    ({"extra_body": {"num_beams": 2}, "stream": True}, "num_beams", "cannot stream"),
+])
+def test_bad_completion_fields_are_400s_naming_the_field(client, kwargs, param, fragment):
+    request = {"model": MODEL, "prompt": "p", "max_tokens": 4, **kwargs}
+    status, body = error_of(lambda: client.completions.create(**request))
+    assert status == 400
+    assert body["type"] == "invalid_request_error" and fragment in body["message"]
+    assert body["param"] == param
+
+
+@pytest.mark.parametrize("kwargs, param, fragment", [
+    ({"messages": []}, "messages", "non-empty"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "tool calling"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages", "only text parts"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs logprobs"),
+    ({"max_completion_tokens": 3, "max_tokens": 3}, "max_completion_tokens", "not both"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens", ">= 1"),
+    ({"max_completion_tokens": 5000}, "max_completion_tokens", "+ max_completion_tokens (5000) exceeds"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
+])
+def test_bad_chat_fields_are_400s_naming_the_field(client, kwargs, param, fragment):
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kwargs}
+    status, body = error_of(lambda: client.chat.completions.create(**request))
+    assert (status, body["param"]) == (400, param) and fragment in body["message"], body
+
+
+def test_unknown_model_bad_json_and_unknown_route(server, client):
+    status, body = error_of(lambda: client.completions.create(model="gpt-9", prompt="p", max_tokens=2))
+    assert (status, body["code"], body["param"]) == (404, "model_not_found", "model")
+    raw = httpx.post(server.url + "/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
+    missing = httpx.get(server.url + "/nothing-here")
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+def test_bad_requests_do_not_disturb_the_others(llm, client):
+    """A stream of good requests runs while bad ones are refused beside it; the good ones are unchanged."""
+    expected = llm.generate("steady", SamplingParams(max_tokens=24, logit_bias={e: -100.0 for e in
+                                                                                   llm.engine.loaded.eos_token_ids}))
+    stream = client.completions.create(model=MODEL, prompt="steady", max_tokens=24, temperature=0, stream=True,
+                                       logit_bias=eos_bias(llm, -100))
+    text = ""
+    for i, chunk in enumerate(stream):
+        text += chunk.choices[0].text if chunk.choices else ""
+        if i in (2, 5):
+            status, _ = error_of(lambda: client.completions.create(model=MODEL, prompt=[[999999999]], max_tokens=2))
+            assert status == 400
+    assert text == expected[0].text
+
+
+def test_api_key_body_limit_and_concurrency_limit(llm):
+    server = OpenAIServer(llm, MODEL, api_key="sesame", max_concurrent_requests=1, max_body_bytes=2000)
+    with serving(server) as url:
+        wrong = openai.OpenAI(base_url=url, api_key="guess", max_retries=0)
+        status, body = error_of(lambda: wrong.models.list())
+        assert (status, body["code"]) == (401, "invalid_api_key")
+        right = openai.OpenAI(base_url=url, api_key="sesame", max_retries=0)
+        assert right.completions.create(model=MODEL, prompt="p", max_tokens=2, temperature=0).choices
+        status, body = error_of(lambda: right.completions.create(model=MODEL, prompt="x" * 5000, max_tokens=2))
+        assert (status, body["code"]) == (413, "request_too_large")
+
+        stream = right.completions.create(model=MODEL, prompt="long", max_tokens=200, stream=True,
+                                          logit_bias=eos_bias(llm, -100))
+        next(iter(stream))                    # the one slot is taken while the stream runs
+        status, body = error_of(lambda: right.completions.create(model=MODEL, prompt="p", max_tokens=2))
+        assert status == 429 and "limit of 1 concurrent" in body["message"]
+        stream.close()
+        wait_idle(server)
+        assert right.completions.create(model=MODEL, prompt="p", max_tokens=2).choices
+
+
+def test_a_dropped_stream_is_aborted_and_frees_its_blocks(llm, server, client):
+    stream = client.completions.create(model=MODEL, prompt="drop me", max_tokens=1500, stream=True, n=2,
+                                       logit_bias=eos_bias(llm, -100))
+    chunks = iter(stream)
+    next(chunks), next(chunks)
+    assert server.engine_loop.engine.has_unfinished
+    stream.close()                            # the client goes away mid-stream
+    wait_idle(server)
+    assert client.completions.create(model=MODEL, prompt="after", max_tokens=3, temperature=0).choices
+
+
+def test_a_client_that_gives_up_waiting_is_aborted(llm, server):
+    body = {"model": MODEL, "prompt": "slow", "max_tokens": 1500, "logit_bias": eos_bias(llm, -100)}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
+    wait_idle(server)
+
+
+def test_engine_failure_in_one_request_is_a_500_for_it_alone(llm, server, client, monkeypatch):
+    """A request whose constraint fails while running (a matcher raising) gets an OpenAI-shaped 500; the
+    requests beside it finish as before."""
+    from leapgen.engine.constraint_state import ConstraintState
+
+    original = ConstraintState.admissible
+    calls = {"count": 0}
+
+    def flaky(self, token):
+        calls["count"] += 1
+        if calls["count"] > 2:                # after the first tokens: the request fails while it runs
+            raise RuntimeError("matcher exploded")
+        return original(self, token)
+
+    monkeypatch.setattr(ConstraintState, "admissible", flaky)
+    request = {"model": MODEL, "prompt": "p", "max_tokens": 60, "extra_body": {"regex": "[a-z]{40}"}}
+    status, body = error_of(lambda: client.completions.create(**request))
+    assert status == 500 and "matcher exploded" in body["message"] and body["type"] == "server_error"
+    calls["count"] = 0
+    request = {"model": MODEL, "prompt": "p", "max_tokens": 60, "regex": "[a-z]{40}", "stream": True}
+    with httpx.stream("POST", server.url + "/completions", json=request) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line]
+    assert events[-1] == "[DONE]" and "matcher exploded" in json.loads(events[-2])["error"]["message"]
+    monkeypatch.setattr(ConstraintState, "admissible", original)
+    wait_idle(server)
+    assert client.completions.create(model=MODEL, prompt="p", max_tokens=3, temperature=0).choices
+
+
+# --- the command ----------------------------------------------------------------------------------------
+
+def test_the_serve_command_starts_answers_and_refuses_bad_flags(byte_level_model_dir, capsys):
+    from leapgen.cli import main
+    from test_cli import error_line
+
+    for argv, fragment in ((["--port", "70000"], "--port"), (["--api-key", " "], "--api-key: the key is empty"),
+                           (["--max-body-size", "0"], "--max-body-size")):
+        line = error_line(main(["serve", "--model", str(byte_level_model_dir), *argv]), capsys.readouterr().err)
+        assert fragment in line
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        line = error_line(main(["serve", "--model", str(byte_level_model_dir), "--port", port]),
+                          capsys.readouterr().err)
+        assert f"--port {port}: cannot listen there" in line
+
+    command = [sys.executable, "-m", "leapgen.cli", "serve", "--model", str(byte_level_model_dir), "--port", "0",
+               "--served-model-name", "mine", "--api-key", "k", "--threads", "1"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        url = next(m.group(1) for line in process.stderr if (m := re.search(r"at (http://\S+/v1)", line)))
+        client = openai.OpenAI(base_url=url, api_key="k", max_retries=5)
+        assert [m.id for m in client.models.list().data] == ["mine"]
+        assert client.completions.create(model="mine", prompt="hi", max_tokens=3).choices[0].finish_reason
+    finally:
+        process.send_signal(signal.SIGINT)    # Ctrl-C: a clean shutdown, no traceback
+        assert process.wait(timeout=30) == 0
+        assert "Traceback" not in process.stderr.read()
