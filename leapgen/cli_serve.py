@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 from typing import Any
 
 from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, load_llm, memory_size,
@@ -54,18 +57,33 @@ def run_serve(args: argparse.Namespace) -> int:
     llm = load_llm(args, seed=args.seed)
     name = args.served_model_name or default_model_name(llm)
     server = OpenAIServer(llm, name, api_key=args.api_key, max_concurrent_requests=args.max_concurrent_requests,
-                          max_body_bytes=parse_memory(args.max_body_size))
+                          max_body_bytes=parse_memory(args.max_body_size), engine_thread=False)
     if args.api_key is None and not _is_loopback(args.host):
         print(f"leapgen: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
               file=sys.stderr)
-    port = sock.getsockname()[1]
-    print(f"leapgen: serving {name!r} at http://{args.host}:{port}/v1", file=sys.stderr)
-    config = uvicorn.Config(server.app(), log_level="warning", access_log=False)
+    # HTTP on a thread, the engine on the main thread (torch's CPU kernels are fastest there); uvicorn
+    # installs no signal handlers off the main thread, so Ctrl-C and SIGTERM end the engine loop here.
+    http = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning", access_log=False))
+    http_thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, name="leapgen-http")
+    signal.signal(signal.SIGTERM, _interrupt)
+    http_thread.start()
+    while not http.started and http_thread.is_alive():
+        time.sleep(0.01)
+    if not http.started:
+        raise CliError("the HTTP server did not start (see uvicorn's message above)")
+    print(f"leapgen: serving {name!r} at http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:            # uvicorn shuts down gracefully on Ctrl-C, then raises it again
-        print("leapgen: server stopped", file=sys.stderr)
+        server.engine_loop.run()              # until the app shuts down, or an interrupt
+    except KeyboardInterrupt:
+        print("leapgen: stopping the server", file=sys.stderr)
+    finally:
+        http.should_exit = True
+        http_thread.join()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _listen(host: str, port: int) -> socket.socket:

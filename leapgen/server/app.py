@@ -30,17 +30,22 @@ class ClientGone(Exception):
 
 class OpenAIServer:
     """Routes, checks and the bridge from HTTP requests to engine jobs.  `model_name` is the id clients
-    ask for; `api_key`, when set, is required as `Authorization: Bearer KEY` on every /v1 route."""
+    ask for; `api_key`, when set, is required as `Authorization: Bearer KEY` on every /v1 route.
+
+    With `engine_thread` the app's startup runs the engine loop on a thread of its own; otherwise the caller
+    runs `engine_loop.run()` (on the main thread, where torch is fastest) and the app's shutdown ends it.
+    """
 
     def __init__(self, llm: LLM, model_name: str, api_key: str | None = None,
                  max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, engine_thread: bool = True) -> None:
         self.llm = llm
         self.model_name = model_name
         self.api_key = api_key
         self.max_concurrent_requests = max_concurrent_requests
         self.max_body_bytes = max_body_bytes
         self.engine_loop = EngineLoop(llm.engine)
+        self.engine_thread = engine_thread
         self.active = 0                       # requests admitted and not yet answered (the event loop's thread only)
         vocabulary = llm.engine.vocabulary
         self._token_bytes: Callable[[int], bytes] = lambda t: vocabulary.text_bytes(t, skip_special_tokens=False)
@@ -55,7 +60,8 @@ class OpenAIServer:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self.engine_loop.start()
+        if self.engine_thread:
+            self.engine_loop.start()
         try:
             yield
         finally:

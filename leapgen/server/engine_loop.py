@@ -61,11 +61,6 @@ class Job:
     sent_logprobs: dict[int, int] = field(default_factory=dict)    # completion index -> logprobs sent
     sent_finish: set[int] = field(default_factory=set)
 
-    def post(self, update: Update) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.updates.put_nowait, update)
-        except RuntimeError:                  # the server's event loop has closed: nobody is listening
-            pass
 
 
 class EngineLoop:
@@ -75,18 +70,42 @@ class EngineLoop:
         self.engine = engine
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._jobs: dict[int, Job] = {}                       # engine request id -> job
-        self._thread = threading.Thread(target=self._run, name="leapgen-engine", daemon=True)
+        # updates of this turn, per event loop: delivered in one wake-up each, not one per job and step
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Update]]] = {}
+        self._thread: threading.Thread | None = None
+        self._accepting = True                # jobs submitted before `run` starts wait in the inbox
+
+    def run(self) -> None:
+        """Run the loop on this thread until `stop()`.  The main thread is the place for it where there is a
+        choice: torch's CPU kernels run about a third slower when called from another thread (OpenMP keeps
+        its warm worker team for the main thread)."""
+        try:
+            while self._receive(block=not self.engine.has_unfinished):
+                self._flush()                 # admissions and refusals need not wait for the step
+                if self.engine.has_unfinished:
+                    self._step()
+                    self._flush()
+        finally:
+            self._accepting = False
+            for request_id in list(self._jobs):
+                self.engine.abort(request_id)
+                self._end(request_id, error=ApiError("the server is shutting down", status=503))
+            self._refuse_waiting()
+            self._flush()
 
     def start(self) -> None:
+        """Run the loop on a thread of its own."""
+        self._thread = threading.Thread(target=self.run, name="leapgen-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Abort what runs and end the thread."""
+        """End the loop (aborting what runs) and, when it has a thread of its own, wait for it."""
         self._inbox.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     def submit(self, job: Job) -> None:
-        if not self._thread.is_alive():
+        if not self._accepting:
             raise ApiError("the engine is not running", status=503)
         self._inbox.put(job)
 
@@ -96,16 +115,7 @@ class EngineLoop:
             job.cancelled = True
         self._inbox.put(jobs)
 
-    # --- the loop's thread ------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            while self._receive(block=not self.engine.has_unfinished):
-                if self.engine.has_unfinished:
-                    self._step()
-        finally:
-            for request_id in list(self._jobs):
-                self._end(request_id, error=ApiError("the server is shutting down", status=503))
+    # --- on the loop's thread ---------------------------------------------------------------------------
 
     def _receive(self, block: bool) -> bool:
         """Take every waiting message (waiting for one when `block`); False once told to stop."""
@@ -125,6 +135,17 @@ class EngineLoop:
             except queue.Empty:
                 return True
 
+    def _refuse_waiting(self) -> None:
+        """Jobs submitted while the loop was ending get an answer too."""
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(message, Job):
+                self._post(message, Update(message.index, [], error=ApiError("the server is shutting down",
+                                                                            status=503)))
+
     def _add(self, job: Job) -> None:
         if job.cancelled:
             return
@@ -133,19 +154,19 @@ class EngineLoop:
             if job.params.constraint is not None:
                 self.engine.compile(job.params.constraint)     # once per spec; add_request finds it compiled
         except refused as exc:
-            job.post(Update(job.index, [], error=job.fields.constraint_error(str(exc))))
+            self._post(job, Update(job.index, [], error=job.fields.constraint_error(str(exc))))
             return
         try:
             prompt, params = self._with_length(job)
             job.request_id = self.engine.add_request(prompt, params)
         except refused as exc:
-            job.post(Update(job.index, [], error=job.fields.refusal(str(exc), job.index)))
+            self._post(job, Update(job.index, [], error=job.fields.refusal(str(exc), job.index)))
             return
         except Exception as exc:         # a bug met while admitting one request must not end the loop
-            job.post(Update(job.index, [], error=ApiError(f"the request could not be admitted: {exc!r}", status=500)))
+            self._post(job, Update(job.index, [], error=ApiError(f"the request could not be admitted: {exc!r}", status=500)))
             return
         self._jobs[job.request_id] = job
-        job.post(Update(job.index, [], admitted=True))
+        self._post(job, Update(job.index, [], admitted=True))
 
     def _with_length(self, job: Job) -> tuple[Prompt, SamplingParams]:
         """The job's prompt (as token ids once it had to be counted) and params; an open length is the rest
@@ -180,12 +201,23 @@ class EngineLoop:
             else:
                 pieces = self._pieces(job, output)
                 if pieces:
-                    job.post(Update(job.index, pieces))
+                    self._post(job, Update(job.index, pieces))
 
     def _end(self, request_id: int, output: RequestOutput | None = None, error: ApiError | None = None) -> None:
         job = self._jobs.pop(request_id)
         pieces = self._pieces(job, output) if output is not None and error is None else []
-        job.post(Update(job.index, pieces, final=output, error=error))
+        self._post(job, Update(job.index, pieces, final=output, error=error))
+
+    def _post(self, job: Job, update: Update) -> None:
+        self._outbox.setdefault(job.loop, []).append((job.updates, update))
+
+    def _flush(self) -> None:
+        for loop, batch in self._outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:              # that event loop has closed: nobody is listening
+                pass
+        self._outbox = {}
 
     @staticmethod
     def _pieces(job: Job, output: RequestOutput) -> list[Piece]:
@@ -206,3 +238,8 @@ class EngineLoop:
                 job.sent_finish.add(index)
             pieces.append(Piece(index, text, logprobs, finish))
         return pieces
+
+
+def _deliver(batch: list[tuple[asyncio.Queue, Update]]) -> None:
+    for updates, update in batch:
+        updates.put_nowait(update)
