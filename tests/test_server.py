@@ -181,6 +181,25 @@ def test_concurrent_requests_each_get_their_own_greedy_answer(llm, client):
         assert list(pool.map(ask, prompts)) == expected
 
 
+def test_a_speculating_server_gives_the_same_greedy_outputs(llm, byte_level_model_dir):
+    """`--speculative` applies to every request; greedy outputs stay token for token those without it."""
+    speculating = leapgen.LLM(byte_level_model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8,
+                              speculative={"method": "ngram", "num_speculative_tokens": 4})
+    prompts = ["w1 w2 w3 w1 w2 w3 w1 w2", "a b a b a b"]
+    expected = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=16))]
+    regex = leapgen.Regex("[a-z0-9 ]{1,40}")
+    expected_constrained = llm.generate(prompts[0], SamplingParams(max_tokens=16, constraint=regex))[0].text
+    server = OpenAIServer(speculating, MODEL)
+    with serving(server) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        response = client.completions.create(model=MODEL, prompt=prompts, max_tokens=16, temperature=0)
+        constrained = client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=16, temperature=0,
+                                                extra_body={"regex": regex.pattern})
+    assert [c.text for c in response.choices] == expected
+    assert constrained.choices[0].text == expected_constrained
+    assert speculating.engine.proposer is not None
+
+
 def test_logprobs_in_both_shapes(client):
     response = client.completions.create(model=MODEL, prompt="log", max_tokens=5, temperature=0, logprobs=2)
     logprobs = response.choices[0].logprobs
