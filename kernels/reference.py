@@ -30,18 +30,42 @@ def _gather_paged(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> tor
     return cache[needed].flatten(0, 1)[:length]
 
 
+# torch's CPU flash-attention kernel with its log-sum-exp, which lets a chunk's attention be taken in two
+# parts and merged; an internal op, so its absence (another torch) falls back to one masked call.
+_CPU_FLASH_WITH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_SPLIT_MIN_QUERIES = 1024     # measured: below this one masked call is as fast as two and a merge
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
     """Attention of `q [lq, hq, d]` over `k, v [lk, hkv, d]`; causal is bottom-right aligned."""
     lq, lk = q.shape[0], k.shape[0]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    # [1, heads, len, dim]: with a batch dimension, torch's CPU SDPA takes its flash kernel (tiled, no score
+    # matrix); 3-d inputs fall back to the math kernel, 5-10x slower at a 2k-token prefill.
+    qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None].to(q.dtype), v.transpose(0, 1)[None].to(q.dtype)
+    if causal and lk > lq >= _SPLIT_MIN_QUERIES and q.device.type == "cpu" and _CPU_FLASH_WITH_LSE is not None:
+        return _attend_after_prefix(qh, kh, vh, scale)[0].transpose(0, 1)
     mask, square = None, causal and lq == lk and lq > 1
     if causal and lq > 1 and not square:
         rows = torch.arange(lq, device=q.device).unsqueeze(1) + (lk - lq)
         mask = torch.arange(lk, device=q.device).unsqueeze(0) <= rows
     # A square causal block takes SDPA's is_causal path, which skips building and reading a mask.
-    out = F.scaled_dot_product_attention(qh, kh.to(q.dtype), vh.to(q.dtype), attn_mask=mask, is_causal=square,
-                                         scale=scale, enable_gqa=kh.shape[0] != qh.shape[0])
-    return out.transpose(0, 1)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=square, scale=scale,
+                                         enable_gqa=kh.shape[1] != qh.shape[1])
+    return out[0].transpose(0, 1)
+
+
+def _attend_after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of a chunk of queries `[1, hq, lq, d]` that follows `lk - lq` earlier positions:
+    the earlier positions without a mask, the chunk's own as a square causal block (the kernel skips its
+    upper half), merged by their log-sum-exps.  One masked call would compute and mask the whole rectangle."""
+    prefix = k.shape[2] - q.shape[2]
+    if k.shape[1] != q.shape[1]:              # the kernel takes no grouped heads: repeat each K/V head
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    before, lse_before = _CPU_FLASH_WITH_LSE(q, k[:, :, :prefix], v[:, :, :prefix], scale=scale)
+    own, lse_own = _CPU_FLASH_WITH_LSE(q, k[:, :, prefix:], v[:, :, prefix:], is_causal=True, scale=scale)
+    lse = torch.logaddexp(lse_before, lse_own)
+    return (before * (lse_before - lse).exp().unsqueeze(-1).to(before.dtype)
+            + own * (lse_own - lse).exp().unsqueeze(-1).to(own.dtype))
 
 
 def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

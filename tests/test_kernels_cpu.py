@@ -40,3 +40,24 @@ def test_empty_batch():
     out = cpu_decode.paged_decode_attention(torch.zeros(0, 2, 8), torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8),
                                             torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
     assert out.shape == (0, 2, 8)
+
+
+def naive_causal_attention(q, k, v, scale):
+    """Bottom-right causal attention of `q [lq, hq, d]` over `k, v [lk, hkv, d]`, written out in full."""
+    lq, lk, group = q.shape[0], k.shape[0], q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
+    allowed = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, v.double()).float()
+
+
+@pytest.mark.parametrize("lq, lk", [(1100, 1100), (1100, 1500), (300, 2000), (1, 40)])
+def test_chunk_attention_after_a_cached_prefix(lq, lk):
+    """A prefill chunk after cached positions: from 1024 queries the CPU path takes the earlier positions and
+    the chunk's own in two flash calls merged by log-sum-exp; below, one masked call. Both equal the naive
+    formula."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(lq, 4, 16), torch.randn(lk, 2, 16), torch.randn(lk, 2, 16)
+    out = reference._attend(q, k, v, causal=True, scale=0.25)
+    torch.testing.assert_close(out, naive_causal_attention(q, k, v, 0.25), atol=2e-5, rtol=1e-4)
