@@ -151,3 +151,13 @@ def test_caller_logits_are_not_modified():
     rows = [SamplingRow(SamplingParams(temperature=0.5, top_p=0.5, repetition_penalty=2.0), [1, 2], [3])] * 2
     Sampler(seed=0)(logits, SamplingBatch.build(rows, 50))
     assert torch.equal(logits, before)
+
+
+def test_greedy_takes_the_first_of_tied_maxima():
+    """As `argmax` and transformers' greedy search do, in an all-greedy batch and in a mixed one."""
+    logits = torch.zeros(2, 12)
+    logits[:, 3] = logits[:, 7] = 5.0
+    greedy = SamplingRow(SamplingParams())
+    assert Sampler(seed=0)(logits, SamplingBatch.build([greedy, greedy], 12)).token_ids.tolist() == [3, 3]
+    mixed = SamplingBatch.build([greedy, SamplingRow(SamplingParams(temperature=1.0))], 12)
+    assert Sampler(seed=0)(logits, mixed).token_ids[0].item() == 3
