@@ -62,7 +62,6 @@ class Job:
     sent_finish: set[int] = field(default_factory=set)
 
 
-
 class EngineLoop:
     """Continuous batching for a server: jobs from any connection join the running batch at the next step."""
 
@@ -87,9 +86,7 @@ class EngineLoop:
                     self._flush()
         finally:
             self._accepting = False
-            for request_id in list(self._jobs):
-                self.engine.abort(request_id)
-                self._end(request_id, error=ApiError("the server is shutting down", status=503))
+            self._fail_all(ApiError("the server is shutting down", status=503))
             self._refuse_waiting()
             self._flush()
 
@@ -187,9 +184,7 @@ class EngineLoop:
         try:
             outputs = self.engine.step()
         except Exception as exc:     # a failure outside any one request: every running request ends with it
-            for request_id in list(self._jobs):
-                self.engine.abort(request_id)
-                self._end(request_id, error=ApiError(f"the engine failed: {exc}", status=500))
+            self._fail_all(ApiError(f"the engine failed: {exc}", status=500))
             return
         for output in outputs:
             job = self._jobs.get(output.request_id)
@@ -202,6 +197,12 @@ class EngineLoop:
                 pieces = self._pieces(job, output)
                 if pieces:
                     self._post(job, Update(job.index, pieces))
+
+    def _fail_all(self, error: ApiError) -> None:
+        """Abort every running job, each ending with `error`."""
+        for request_id in list(self._jobs):
+            self.engine.abort(request_id)
+            self._end(request_id, error=error)
 
     def _end(self, request_id: int, output: RequestOutput | None = None, error: ApiError | None = None) -> None:
         job = self._jobs.pop(request_id)
