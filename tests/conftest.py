@@ -31,3 +31,15 @@ def byte_level_model_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("byte-level-llama")
     build_checkpoint_for_tokenizer(directory, byte_level_bpe())
     return directory
+
+
+@pytest.fixture(scope="session")
+def cli_model(tmp_path_factory) -> str:
+    """The directory of a tiny random Llama checkpoint on the word-level test tokenizer ("w3".."w95"), built once
+    for the command-line tests (`leapgen generate`, `leapgen sweep`); read only: a test that breaks a checkpoint
+    copies it first."""
+    from checkpoints import build_checkpoint
+
+    directory = tmp_path_factory.mktemp("word-level-llama")
+    build_checkpoint(directory, "llama")
+    return str(directory)

@@ -10,17 +10,9 @@ import sys
 import pytest
 import torch
 
-from checkpoints import build_checkpoint
 from leapgen.cli import main
 from leapgen.cli_inputs import decode_escapes
 from leapgen.llm import LLM
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("cli-llama")
-    build_checkpoint(directory, "llama")
-    return str(directory)
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -40,8 +32,8 @@ def error_line(code: int, err: str, alone: bool = True) -> str:
     return lines[0]
 
 
-def test_json_lines_with_samples_and_logprobs(model_dir, capsys):
-    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w5 w6 w7", "--prompt", "w9", "--max-tokens", "5",
+def test_json_lines_with_samples_and_logprobs(cli_model, capsys):
+    code, out, err = run(capsys, "--model", cli_model, "--prompt", "w5 w6 w7", "--prompt", "w9", "--max-tokens", "5",
                          "--ignore-eos", "--temperature", "0.9", "--top-p", "0.8", "--seed", "3", "--n", "2",
                          "--logprobs", "1", "--json")
     assert code == 0, err
@@ -53,78 +45,78 @@ def test_json_lines_with_samples_and_logprobs(model_dir, capsys):
     assert "tok/s" in err
 
 
-def test_beam_search_and_unspellable_constraint(model_dir, capsys):
-    code, out, _ = run(capsys, "--model", model_dir, "--prompt", "w3 w4", "--max-tokens", "4", "--num-beams", "3",
+def test_beam_search_and_unspellable_constraint(cli_model, capsys):
+    code, out, _ = run(capsys, "--model", cli_model, "--prompt", "w3 w4", "--max-tokens", "4", "--num-beams", "3",
                        "--json")
     assert code == 0 and "score" in json.loads(out)
     # the word-level test tokenizer's tokens are "w3".."w95": no token starts with "x", so nothing can
     # spell this regex; it is refused before generating, in one line
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "8", "--regex", "xyz")
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "8", "--regex", "xyz")
     line = error_line(code, err, alone=False)
     assert "constraint" in line and "cannot spell" in line
-    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "8", "--regex", "xyz",
+    code, out, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "8", "--regex", "xyz",
                          "--stream")
     line = error_line(code, err)
     assert "constraint" in line and "cannot spell" in line and out == ""
 
 
-def test_bad_input_is_one_clear_line(model_dir, capsys):
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--temperature", "-1")
+def test_bad_input_is_one_clear_line(cli_model, capsys):
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--temperature", "-1")
     assert code == 2 and "SamplingParams.temperature" in err
-    code, _, err = run(capsys, "--model", model_dir + "/missing", "--prompt", "w3")
+    code, _, err = run(capsys, "--model", cli_model + "/missing", "--prompt", "w3")
     assert code == 2 and "missing" in err
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--regex", "(?<=a)b")
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--regex", "(?<=a)b")
     assert code == 2 and "position" in err
 
 
 # --- issue 10 item 6: every bad flag or file is one `leapgen: error:` line and exit status 2 ---------------
 
-def test_argparse_errors_are_one_line(model_dir, capsys):
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "many")
+def test_argparse_errors_are_one_line(cli_model, capsys):
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "many")
     assert "--max-tokens" in error_line(code, err)
-    code, _, err = run(capsys, "--model", model_dir)
+    code, _, err = run(capsys, "--model", cli_model)
     assert "--prompt" in error_line(code, err)
 
 
-def test_logprobs_past_the_cap_names_the_flag(model_dir, capsys):
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--logprobs", "100000")
+def test_logprobs_past_the_cap_names_the_flag(cli_model, capsys):
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--logprobs", "100000")
     line = error_line(code, err)
     assert "--logprobs" in line and "100000" in line
 
 
 @pytest.mark.parametrize("flag", ["--temperature", "--top-p", "--min-p", "--repetition-penalty", "--length-penalty"])
 @pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
-def test_non_finite_floats_name_the_flag(model_dir, capsys, flag, value):
+def test_non_finite_floats_name_the_flag(cli_model, capsys, flag, value):
     # `=`: argparse takes a lone "-inf" for an option
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", f"{flag}={value}")
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", f"{flag}={value}")
     line = error_line(code, err)
     assert flag in line and "finite" in line
 
 
-def test_unknown_device_names_the_flag(model_dir, capsys):
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--device", "tpu9")
+def test_unknown_device_names_the_flag(cli_model, capsys):
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--device", "tpu9")
     line = error_line(code, err)
     assert "--device" in line and "tpu9" in line
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_without_cuda_names_the_flag(model_dir, capsys):
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--device", "cuda")
+def test_cuda_without_cuda_names_the_flag(cli_model, capsys):
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--device", "cuda")
     line = error_line(code, err)
     assert "--device" in line and "CUDA is not available" in line
 
 
-def test_auto_device_still_runs(model_dir, capsys):
-    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2", "--device", "auto",
+def test_auto_device_still_runs(cli_model, capsys):
+    code, out, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "2", "--device", "auto",
                          "--json")
     assert code == 0, err
     assert json.loads(out)["prompt"] == "w3"
 
 
 @pytest.mark.parametrize("keep", [0.5, 10 / 1e9])
-def test_truncated_checkpoint_is_one_line(model_dir, tmp_path, capsys, keep):
+def test_truncated_checkpoint_is_one_line(cli_model, tmp_path, capsys, keep):
     broken = tmp_path / "broken-model"
-    shutil.copytree(model_dir, broken)
+    shutil.copytree(cli_model, broken)
     weights = broken / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: max(int(len(data) * keep), 10)])
@@ -133,26 +125,26 @@ def test_truncated_checkpoint_is_one_line(model_dir, tmp_path, capsys, keep):
     assert f"cannot load model {broken}: " in line
 
 
-def test_deeply_nested_json_schema_is_one_line(model_dir, tmp_path, capsys):
+def test_deeply_nested_json_schema_is_one_line(cli_model, tmp_path, capsys):
     schema: dict = {"type": "string"}
     for _ in range(200):
         schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
     path = tmp_path / "deep.json"
     path.write_text(json.dumps(schema))
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--json-schema", str(path))
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--json-schema", str(path))
     line = error_line(code, err)
     assert f"--json-schema {path}" in line and "nested" in line
 
 
-def test_undecodable_prompt_is_one_line(model_dir, capsys):
+def test_undecodable_prompt_is_one_line(cli_model, capsys):
     # what Python makes of the argv bytes b"bad \xff" under a UTF-8 locale
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "bad \udcff")
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "bad \udcff")
     line = error_line(code, err)
     assert "--prompt" in line and "not valid UTF-8" in line and "0xff" in line
 
 
-def test_empty_regex_means_empty_output(model_dir, capsys):
-    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "8", "--regex", "",
+def test_empty_regex_means_empty_output(cli_model, capsys):
+    code, out, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "8", "--regex", "",
                          "--json")
     assert code == 0, err
     record = json.loads(out)
@@ -169,7 +161,7 @@ def test_decode_escapes():
         decode_escapes(r"\U00110000")
 
 
-def test_stop_escapes_from_the_command_line(model_dir, capsys, monkeypatch):
+def test_stop_escapes_from_the_command_line(cli_model, capsys, monkeypatch):
     seen = []
     original = LLM.generate
 
@@ -178,29 +170,29 @@ def test_stop_escapes_from_the_command_line(model_dir, capsys, monkeypatch):
         return original(self, prompts, params, **kwargs)
 
     monkeypatch.setattr(LLM, "generate", spy)
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2", "--stop", "\\n",
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "2", "--stop", "\\n",
                        "--stop", "w9\\tw10")
     assert code == 0, err
     assert seen == [["\n", "w9\tw10"]]
 
 
-def test_system_implies_chat(model_dir, capsys, monkeypatch):
+def test_system_implies_chat(cli_model, capsys, monkeypatch):
     calls = []
 
     def chat_prompt(self, message, system=None):
         calls.append((message, system))
         return message
 
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--system", "w5")
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--system", "w5")
     line = error_line(code, err)       # the tiny tokenizer has no chat template
     assert "--system" in line and "chat template" in line
     monkeypatch.setattr(LLM, "chat_prompt", chat_prompt)
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2", "--system", "w5")
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "2", "--system", "w5")
     assert code == 0, err
     assert calls == [("w3", "w5")]
 
 
-def test_threads_and_kv_cache_memory_reach_the_llm(model_dir, capsys, monkeypatch):
+def test_threads_and_kv_cache_memory_reach_the_llm(cli_model, capsys, monkeypatch):
     seen = []
     original = LLM.__init__
 
@@ -210,12 +202,12 @@ def test_threads_and_kv_cache_memory_reach_the_llm(model_dir, capsys, monkeypatc
 
     monkeypatch.setattr(LLM, "__init__", spy)
     threads_before = torch.get_num_threads()
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2", "--threads", "1",
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "2", "--threads", "1",
                        "--kv-cache-memory", "4MiB")
     assert code == 0, err
     assert torch.get_num_threads() == 1
     torch.set_num_threads(threads_before)
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "2",
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "2",
                        "--kv-cache-memory", "1048576")
     assert code == 0, err
     assert seen == [{"threads": 1, "kv_cache_memory": "4MiB"}, {"threads": None, "kv_cache_memory": "1048576"}]
@@ -223,49 +215,49 @@ def test_threads_and_kv_cache_memory_reach_the_llm(model_dir, capsys, monkeypatc
 
 @pytest.mark.parametrize("flag,value", [("--threads", "0"), ("--threads", "two"), ("--kv-cache-memory", "lots"),
                                         ("--kv-cache-memory", "0MiB")])
-def test_bad_operations_flags_name_the_flag(model_dir, capsys, flag, value):
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", flag, value)
+def test_bad_operations_flags_name_the_flag(cli_model, capsys, flag, value):
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", flag, value)
     line = error_line(code, err)
     assert flag in line and repr(value) in line
 
 
 @pytest.mark.parametrize("flag", ["--json-schema", "--grammar"])
-def test_missing_or_directory_constraint_file(model_dir, tmp_path, capsys, flag):
+def test_missing_or_directory_constraint_file(cli_model, tmp_path, capsys, flag):
     missing = tmp_path / "nowhere.txt"
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", flag, str(missing))
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", flag, str(missing))
     line = error_line(code, err)
     assert f"{flag} {missing}" in line and "no such file" in line
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", flag, str(tmp_path))
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", flag, str(tmp_path))
     line = error_line(code, err)
     assert f"{flag} {tmp_path}" in line and "directory" in line
 
 
-def test_max_tokens_past_the_context_is_one_line(model_dir, capsys):
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--max-tokens", "100000")
+def test_max_tokens_past_the_context_is_one_line(cli_model, capsys):
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "100000")
     line = error_line(code, err)
     assert "prompts[0]" in line and "max_tokens (100000)" in line and "256" in line
 
 
-def test_speculative_flags_keep_the_output_and_report_metrics(model_dir, capsys):
-    base = ["--model", model_dir, "--prompt", "w3 w4 w5 w3 w4 w5 w3 w4", "--max-tokens", "12", "--ignore-eos", "--json"]
+def test_speculative_flags_keep_the_output_and_report_metrics(cli_model, capsys):
+    base = ["--model", cli_model, "--prompt", "w3 w4 w5 w3 w4 w5 w3 w4", "--max-tokens", "12", "--ignore-eos", "--json"]
     code, plain, err = run(capsys, *base)
     assert code == 0, err
     code, fast, err = run(capsys, *base, "--speculative", "ngram", "--num-speculative-tokens", "3")
     assert code == 0, err
     plain, fast = json.loads(plain), json.loads(fast)
     assert fast["token_ids"] == plain["token_ids"] and plain["metrics"]["drafted_tokens"] == 0
-    code, draft, err = run(capsys, *base, "--speculative", f"draft:{model_dir}")   # the model drafts for itself
+    code, draft, err = run(capsys, *base, "--speculative", f"draft:{cli_model}")   # the model drafts for itself
     assert code == 0, err
     draft = json.loads(draft)
     assert draft["token_ids"] == plain["token_ids"]
     assert draft["metrics"]["accepted_tokens"] == draft["metrics"]["drafted_tokens"] > 0
 
 
-def test_bad_speculative_flags_are_one_line(model_dir, capsys):
+def test_bad_speculative_flags_are_one_line(cli_model, capsys):
     for argv, flag in ((["--speculative", "medusa"], "--speculative"), (["--speculative", "draft:"], "--speculative"),
                        (["--num-speculative-tokens", "3"], "--num-speculative-tokens"),
                        (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens")):
-        code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", *argv)
+        code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", *argv)
         assert flag in error_line(code, err), err
 
 
@@ -278,33 +270,33 @@ def prompts_of(out: str) -> list[str]:
     return [r["prompt"] for r in records]
 
 
-def test_prompts_file_of_lines_comes_after_the_prompt_flags(model_dir, tmp_path, capsys):
+def test_prompts_file_of_lines_comes_after_the_prompt_flags(cli_model, tmp_path, capsys):
     path = tmp_path / "prompts.txt"
     path.write_text("w3 w4\n\n   \nw5 w6\r\nw7\n", encoding="utf-8")     # blank lines skipped, CRLF too
-    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w9", "--prompts-file", str(path),
+    code, out, err = run(capsys, "--model", cli_model, "--prompt", "w9", "--prompts-file", str(path),
                          "--max-tokens", "2", "--json")
     assert code == 0, err
     assert prompts_of(out) == ["w9", "w3 w4", "w5 w6", "w7"]
 
 
-def test_prompts_file_of_json_lines(model_dir, tmp_path, capsys):
+def test_prompts_file_of_json_lines(cli_model, tmp_path, capsys):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "w3 w4", "id": 1}\n\n{"prompt": "w5"}\n', encoding="utf-8")
-    code, out, err = run(capsys, "--model", model_dir, "--prompts-file", str(path), "--max-tokens", "2", "--json")
+    code, out, err = run(capsys, "--model", cli_model, "--prompts-file", str(path), "--max-tokens", "2", "--json")
     assert code == 0, err
     assert prompts_of(out) == ["w3 w4", "w5"]
     # one line that is not a JSON object makes the whole file plain lines
     path.write_text('{"prompt": "w3"}\nw5\n', encoding="utf-8")
-    code, out, err = run(capsys, "--model", model_dir, "--prompts-file", str(path), "--max-tokens", "2", "--json")
+    code, out, err = run(capsys, "--model", cli_model, "--prompts-file", str(path), "--max-tokens", "2", "--json")
     assert code == 0, err
     assert prompts_of(out) == ['{"prompt": "w3"}', "w5"]
 
 
 @pytest.mark.parametrize("stdin", [lambda text: io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8"),
                                    io.StringIO])
-def test_prompts_file_dash_reads_stdin(model_dir, capsys, monkeypatch, stdin):
+def test_prompts_file_dash_reads_stdin(cli_model, capsys, monkeypatch, stdin):
     monkeypatch.setattr(sys, "stdin", stdin("w3\nw4 w5\n"))
-    code, out, err = run(capsys, "--model", model_dir, "--prompts-file", "-", "--max-tokens", "2", "--json")
+    code, out, err = run(capsys, "--model", cli_model, "--prompts-file", "-", "--max-tokens", "2", "--json")
     assert code == 0, err
     assert prompts_of(out) == ["w3", "w4 w5"]
 
@@ -316,33 +308,33 @@ def test_prompts_file_dash_reads_stdin(model_dir, capsys, monkeypatch, stdin):
     (b"w3 \xff\n", ": not UTF-8 text (byte offset 3)"),
     (b"\n  \n", " has none"),
 ])
-def test_bad_prompts_file_is_one_line(model_dir, tmp_path, capsys, content, expected):
+def test_bad_prompts_file_is_one_line(cli_model, tmp_path, capsys, content, expected):
     path = tmp_path / "prompts.txt"
     path.write_bytes(content)
-    code, _, err = run(capsys, "--model", model_dir, "--prompts-file", str(path))
+    code, _, err = run(capsys, "--model", cli_model, "--prompts-file", str(path))
     line = error_line(code, err)
     assert f"--prompts-file {path}" in line and expected in line
 
 
-def test_missing_prompts_file_and_undecodable_stdin(model_dir, tmp_path, capsys, monkeypatch):
-    code, _, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--prompts-file", str(tmp_path / "no.txt"))
+def test_missing_prompts_file_and_undecodable_stdin(cli_model, tmp_path, capsys, monkeypatch):
+    code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--prompts-file", str(tmp_path / "no.txt"))
     line = error_line(code, err)
     assert f"--prompts-file {tmp_path / 'no.txt'}: no such file" in line
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"w3 \xff")))
-    code, _, err = run(capsys, "--model", model_dir, "--prompts-file", "-")
+    code, _, err = run(capsys, "--model", cli_model, "--prompts-file", "-")
     line = error_line(code, err)
     assert "--prompts-file -: standard input is not UTF-8 text (byte offset 3)" in line
 
 
-def test_many_prompts_print_json_lines_in_order_and_a_bar_on_stderr(model_dir, tmp_path, capsys, monkeypatch):
+def test_many_prompts_print_json_lines_in_order_and_a_bar_on_stderr(cli_model, tmp_path, capsys, monkeypatch):
     prompts = [f"w{i} w{i + 1}" for i in range(3, 15)]
     path = tmp_path / "prompts.txt"
     path.write_text("\n".join(prompts), encoding="utf-8")
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)         # the bar is drawn on terminals only
-    code, out, err = run(capsys, "--model", model_dir, "--prompts-file", str(path), "--max-tokens", "3",
+    code, out, err = run(capsys, "--model", cli_model, "--prompts-file", str(path), "--max-tokens", "3",
                          "--temperature", "0.8", "--seed", "1", "--n", "2", "--json")
     assert code == 0, err
     assert prompts_of(out) == prompts
     assert f"/{len(prompts)}" in err and "req" in err
-    code, out, err = run(capsys, "--model", model_dir, "--prompt", "w3", "--prompt", "w4", "--max-tokens", "2")
+    code, out, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--prompt", "w4", "--max-tokens", "2")
     assert code == 0 and "req" not in err                          # a few prompts: no bar

@@ -7,17 +7,9 @@ import json
 
 import pytest
 
-from checkpoints import build_checkpoint
 from leapgen.cli import main
 from leapgen.llm import LLM
 from test_cli import error_line
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("sweep-llama")
-    build_checkpoint(directory, "llama")
-    return str(directory)
 
 
 def sweep(capsys, *argv) -> tuple[int, str, str]:
@@ -57,8 +49,8 @@ def no_model_load(monkeypatch):
     (["temperature=nan"], "--grid temperature=nan: SamplingParams.temperature must be a finite number"),
     (["num_beams=1,4"], "--grid num_beams=1,4: SamplingParams.n (8) must not exceed num_beams (4)"),
 ])
-def test_bad_grid_is_one_line_before_the_model_loads(model_dir, capsys, no_model_load, grid, expected):
-    argv = ["--model", model_dir, "--prompt", "w3"]
+def test_bad_grid_is_one_line_before_the_model_loads(cli_model, capsys, no_model_load, grid, expected):
+    argv = ["--model", cli_model, "--prompt", "w3"]
     for spec in grid:
         argv += ["--grid", spec]
     code, out, err = sweep(capsys, *argv)
@@ -72,12 +64,12 @@ def test_bad_grid_is_one_line_before_the_model_loads(model_dir, capsys, no_model
     (["--prompt", "w3", "--output", "/no/such/dir/out.jsonl"], "--output /no/such/dir/out.jsonl: no such directory"),
     (["--prompt", "w3", "--regex", "(?<=a)b"], "--regex"),
 ])
-def test_other_bad_flags_are_one_line(model_dir, capsys, argv, expected):
-    code, _, err = sweep(capsys, "--model", model_dir, *argv)
+def test_other_bad_flags_are_one_line(cli_model, capsys, argv, expected):
+    code, _, err = sweep(capsys, "--model", cli_model, *argv)
     assert expected in error_line(code, err, alone=False)
 
 
-def test_a_2x2_grid_is_four_rows_and_every_sample_in_the_output(model_dir, tmp_path, capsys, monkeypatch):
+def test_a_2x2_grid_is_four_rows_and_every_sample_in_the_output(cli_model, tmp_path, capsys, monkeypatch):
     calls = []
     original = LLM.generate
 
@@ -89,7 +81,7 @@ def test_a_2x2_grid_is_four_rows_and_every_sample_in_the_output(model_dir, tmp_p
     prompts_file = tmp_path / "prompts.txt"
     prompts_file.write_text("w5 w6\n\nw7\n", encoding="utf-8")
     output = tmp_path / "samples.jsonl"
-    code, out, err = sweep(capsys, "--model", model_dir, "--prompt", "w3 w4", "--prompts-file", str(prompts_file),
+    code, out, err = sweep(capsys, "--model", cli_model, "--prompt", "w3 w4", "--prompts-file", str(prompts_file),
                            "--grid", "temperature=0.5,1.0", "--grid", "top-p=0.9,1", "--n", "3", "--max-tokens", "4",
                            "--output", str(output))
     assert code == 0, err
@@ -117,10 +109,10 @@ def test_a_2x2_grid_is_four_rows_and_every_sample_in_the_output(model_dir, tmp_p
         [(c, p, s) for c in range(4) for p in range(3) for s in range(3)]
 
 
-def test_the_same_seed_writes_the_same_samples(model_dir, tmp_path, capsys):
+def test_the_same_seed_writes_the_same_samples(cli_model, tmp_path, capsys):
     def run_with(seed: str) -> str:
         output = tmp_path / f"seed-{seed}.jsonl"
-        code, _, err = sweep(capsys, "--model", model_dir, "--prompt", "w3 w4", "--grid", "temperature=0.8,1.2",
+        code, _, err = sweep(capsys, "--model", cli_model, "--prompt", "w3 w4", "--grid", "temperature=0.8,1.2",
                              "--n", "3", "--max-tokens", "6", "--seed", seed, "--output", str(output))
         assert code == 0, err
         return output.read_text(encoding="utf-8")
@@ -143,8 +135,8 @@ def test_a_regex_sweep_is_all_valid(byte_level_model_dir, tmp_path, capsys):
     assert all(json.loads(line)["valid"] is True for line in output.read_text(encoding="utf-8").splitlines())
 
 
-def test_failed_requests_are_counted_not_measured(model_dir, capsys):
-    code, out, err = sweep(capsys, "--model", model_dir, "--prompt", "w3", "--prompt", "w4 w5",
+def test_failed_requests_are_counted_not_measured(cli_model, capsys):
+    code, out, err = sweep(capsys, "--model", cli_model, "--prompt", "w3", "--prompt", "w4 w5",
                            "--grid", "max_tokens=4,100000", "--n", "2")
     header, rows = table(out)
     assert [row[header.index("errors")] for row in rows] == ["0", "2"]
@@ -154,17 +146,17 @@ def test_failed_requests_are_counted_not_measured(model_dir, capsys):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
-def test_plot_writes_a_png(model_dir, tmp_path, capsys):
+def test_plot_writes_a_png(cli_model, tmp_path, capsys):
     plot = tmp_path / "sweep.png"
-    code, _, err = sweep(capsys, "--model", model_dir, "--prompt", "w3", "--grid", "temperature=0.5,1",
+    code, _, err = sweep(capsys, "--model", cli_model, "--prompt", "w3", "--grid", "temperature=0.5,1",
                          "--grid", "top_k=0,5", "--n", "2", "--max-tokens", "3", "--plot", str(plot))
     assert code == 0, err
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plot_without_matplotlib_is_one_line(model_dir, tmp_path, capsys, monkeypatch, no_model_load):
+def test_plot_without_matplotlib_is_one_line(cli_model, tmp_path, capsys, monkeypatch, no_model_load):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else
                         find_spec(name, *a))
-    code, _, err = sweep(capsys, "--model", model_dir, "--prompt", "w3", "--plot", str(tmp_path / "p.png"))
+    code, _, err = sweep(capsys, "--model", cli_model, "--prompt", "w3", "--plot", str(tmp_path / "p.png"))
     assert error_line(code, err) == "leapgen: error: --plot needs matplotlib: pip install 'leapgen[plot]'"
