@@ -8,8 +8,6 @@ import os
 import signal
 import socket
 import sys
-import threading
-import time
 from typing import Any
 
 from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, load_llm, memory_size,
@@ -44,10 +42,8 @@ def add_serve_parser(commands: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from leapgen.engine.llm_engine import parse_memory
-    from leapgen.server.app import OpenAIServer, default_model_name
+    from leapgen.server.app import OpenAIServer, default_model_name, serve_in_thread
 
     check_device(args.device)
     check_dtype(args.dtype)
@@ -61,16 +57,13 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.api_key is None and not _is_loopback(args.host):
         print(f"leapgen: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
               file=sys.stderr)
-    # HTTP on a thread, the engine on the main thread (torch's CPU kernels are fastest there); uvicorn
-    # installs no signal handlers off the main thread, so Ctrl-C and SIGTERM end the engine loop here.
-    http = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning", access_log=False))
-    http_thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, name="leapgen-http")
+    # HTTP on a thread, the engine on the main thread (torch's CPU kernels are fastest there), where
+    # Ctrl-C and SIGTERM end the engine loop.
     signal.signal(signal.SIGTERM, _interrupt)
-    http_thread.start()
-    while not http.started and http_thread.is_alive():
-        time.sleep(0.01)
-    if not http.started:
-        raise CliError("the HTTP server did not start (see uvicorn's message above)")
+    try:
+        http, http_thread = serve_in_thread(server.app(), sock)
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
     print(f"leapgen: serving {name!r} at http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr)
     try:
         server.engine_loop.run()              # until the app shuts down, or an interrupt

@@ -6,7 +6,12 @@ import asyncio
 import contextlib
 import json
 import secrets
+import socket
+import threading
+import time
 from typing import AsyncIterator, Callable
+
+import uvicorn
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -279,3 +284,17 @@ def build_app(llm: LLM, model_name: str | None = None, **options: object) -> Sta
 def default_model_name(llm: LLM) -> str:
     """The checkpoint's folder or file name, without a .gguf suffix."""
     return llm.path.name.removesuffix(".gguf")
+
+
+def serve_in_thread(app: Starlette, sock: socket.socket) -> tuple[uvicorn.Server, threading.Thread]:
+    """uvicorn serving `app` on the bound `sock` from a thread of its own, returned once it accepts
+    connections (set `should_exit` and join the thread to stop it); RuntimeError when it did not start.
+    Off the main thread uvicorn installs no signal handlers: the caller's thread keeps Ctrl-C."""
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="leapgen-http", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    if not server.started:
+        raise RuntimeError("the HTTP server did not start (see uvicorn's message above)")
+    return server, thread
