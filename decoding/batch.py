@@ -170,20 +170,20 @@ class SamplingBatch:
 
     def _padded(self, id_lists: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         # Penalties then cost O(tokens in the rows), not O(batch * vocab).
-        lengths = np.array([len(ids) for ids in id_lists], dtype=np.int64)
-        width = int(lengths.max(initial=0))
+        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
         # One flat copy of every id: per-row tensor copies cost more than the ids themselves.
         flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
+        if flat.size and (flat.min() < 0 or flat.max() >= self.vocab_size):
+            # Ids beyond the logits (padded embeddings never generate them) are ignored like padding.
+            kept = (flat >= 0) & (flat < self.vocab_size)
+            lengths = np.bincount(np.repeat(np.arange(len(id_lists)), lengths)[kept], minlength=len(id_lists))
+            flat = flat[kept]
+        width = int(lengths.max(initial=0))
         present = np.arange(width) < lengths[:, None]
-        ids = np.zeros((len(id_lists), width), dtype=np.int64)
+        # Padding repeats the row's first id, so a scatter writing it back stays consistent.
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        first = np.where(lengths > 0, flat[np.minimum(starts, max(flat.size - 1, 0))] if flat.size else 0, 0)
+        ids = np.repeat(first[:, None], width, axis=1)
         ids[present] = flat
-        padded, valid = torch.from_numpy(ids), torch.from_numpy(present)
-        if width == 0:
-            return padded.to(self.device), valid.to(self.device)
-        # Ids beyond the logits (padded embeddings never generate them) are ignored like padding.
-        valid &= padded < self.vocab_size
-        # Padding repeats the row's first real id, so a scatter writing it back stays consistent.
-        fill = padded.gather(1, valid.to(torch.uint8).argmax(dim=1, keepdim=True))
-        fill.masked_fill_(~valid.any(dim=1, keepdim=True), 0)
-        padded = torch.where(valid, padded, fill)
-        return padded.to(self.device, non_blocking=True), valid.to(self.device, non_blocking=True)
+        return (torch.from_numpy(ids).to(self.device, non_blocking=True),
+                torch.from_numpy(present).to(self.device, non_blocking=True))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from leapgen.decoding.batch import SamplingBatch
+from leapgen.decoding.workspace import Workspace
 
 _NEG_INF = -float("inf")
 # Most nuclei fit in 128 tokens, and [32, 128] candidate tensors are small enough for torch to keep on one
@@ -48,12 +49,14 @@ def candidate_rows(batch: SamplingBatch, window: int) -> list[int]:
 
 
 def sample_from_candidates(logits: torch.Tensor, batch: SamplingBatch, rows: list[int], uniform: torch.Tensor,
-                           window: int) -> CandidateDraw:
+                           window: int, workspace: Workspace | None = None) -> CandidateDraw:
     """Draw rows `rows` of `logits` [B, V] (processed up to the warpers) with `uniform` [len(rows)] float64 in [0, 1).
 
     A top-p row looks for its nucleus among its FIRST_WINDOW best tokens, then among its `window` best;
-    a top-k-only row among its 2k best (room for ties at the k-th value).  `logits` is only read.
+    a top-k-only row among its 2k best (room for ties at the k-th value).  `logits` is only read; `workspace`
+    holds the full-vocabulary temporaries (the sampler passes its own, so they are not allocated each step).
     """
+    workspace = workspace or Workspace()
     token_ids = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
     covered = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
     pending = list(range(len(rows)))
@@ -61,7 +64,7 @@ def sample_from_candidates(logits: torch.Tensor, batch: SamplingBatch, rows: lis
         joining = [i for i in pending if _joins(batch, rows[i], size, first=tier == 0)]
         if not joining:
             continue
-        draw = _draw_in_window(logits, batch, [rows[i] for i in joining], uniform[joining], size)
+        draw = _draw_in_window(logits, batch, [rows[i] for i in joining], uniform[joining], size, workspace)
         done = [i for i, ok in zip(joining, draw.covered.tolist()) if ok]
         token_ids[done] = draw.token_ids[draw.covered]
         covered[done] = True
@@ -78,11 +81,11 @@ def _joins(batch: SamplingBatch, row: int, size: int, first: bool) -> bool:
 
 
 def _draw_in_window(logits: torch.Tensor, batch: SamplingBatch, rows: list[int], uniform: torch.Tensor,
-                    window: int) -> CandidateDraw:
+                    window: int, workspace: Workspace) -> CandidateDraw:
     """One attempt: top-p rows within `window` candidates, top-k-only rows within 2k."""
     vocab = logits.shape[-1]
     index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    x = logits if len(rows) == logits.shape[0] else logits[index]
+    x = logits if len(rows) == logits.shape[0] else workspace.rows("candidate rows", logits, index)
     temperature = batch.temperature[index][:, None]
     top_k, top_p, min_p = batch.top_k[index], batch.top_p[index], batch.min_p[index]
     nucleus, limited = top_p < 1, top_k < vocab
@@ -98,7 +101,7 @@ def _draw_in_window(logits: torch.Tensor, batch: SamplingBatch, rows: list[int],
     threshold = kth
     if bool(nucleus.any()):
         threshold = torch.where(nucleus[:, None], _nucleus_threshold(x, scaled, ids, weights, kth, temperature,
-                                                                     top_p, nucleus & ~limited), kth)
+                                                                     top_p, nucleus & ~limited, workspace), kth)
     # min-p keeps p >= min_p * p_max; masked (-inf) candidates are never kept.
     keep = (scaled >= threshold) & (weights >= min_p[:, None].double() * weights[:, :1]) & (scaled > _NEG_INF)
     # Covered when everything past the window is cut: below the threshold, and below the k-th value when
@@ -136,7 +139,7 @@ def top_candidates(x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Ten
 
 def _nucleus_threshold(x: torch.Tensor, scaled: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                        kth: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-                       whole_row: torch.Tensor) -> torch.Tensor:
+                       whole_row: torch.Tensor, workspace: Workspace) -> torch.Tensor:
     """The smallest kept logit under top-p (transformers' rule), on the top-k-renormalised distribution if top_k is set.
 
     Without top_k the mass is relative to the whole row, so those rows take one softmax over the vocabulary.
@@ -144,12 +147,15 @@ def _nucleus_threshold(x: torch.Tensor, scaled: torch.Tensor, ids: torch.Tensor,
     in_k = weights.masked_fill(scaled < kth, 0.0)
     probs = in_k / in_k.sum(dim=-1, keepdim=True)
     if bool(whole_row.any()):
-        if bool(whole_row.all()):
-            probs = (x / temperature).softmax(dim=-1).gather(1, ids).double()
+        rows = None if bool(whole_row.all()) else whole_row.nonzero()[:, 0]
+        full = x if rows is None else workspace.rows("nucleus rows", x, rows)
+        scaled_rows = workspace.tensor("nucleus", full.shape, full.dtype, full.device)
+        torch.div(full, temperature if rows is None else temperature[rows], out=scaled_rows)
+        row_probs = torch.softmax(scaled_rows, dim=-1, out=scaled_rows).gather(1, ids if rows is None else ids[rows])
+        if rows is None:
+            probs = row_probs.double()
         else:
-            rows = whole_row.nonzero()[:, 0]
-            full = x[rows].div_(temperature[rows]).softmax(dim=-1)
-            probs[rows] = full.gather(1, ids[rows]).double()
+            probs[rows] = row_probs.double()
     cumulative = probs.cumsum(dim=-1)
     # A token stays while the mass strictly above it is below top_p (a row of NaN keeps none; it is not covered).
     last = (((cumulative - probs) < top_p[:, None].double()).sum(dim=-1, keepdim=True) - 1).clamp_(min=0)

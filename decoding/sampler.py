@@ -16,6 +16,7 @@ from leapgen.decoding.batch import SamplingBatch
 from leapgen.decoding.candidates import candidate_rows, sample_from_candidates, top_candidates
 from leapgen.decoding.pipeline import LogitsPipeline
 from leapgen.decoding.warpers import MinP, Temperature, TopKTopP, TypicalP
+from leapgen.decoding.workspace import Workspace
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15   # spreads (seed, sample index) pairs far apart in seed space
 _SEED_MASK = (1 << 63) - 1
@@ -60,6 +61,7 @@ class Sampler:
         self.pipeline = pipeline or LogitsPipeline()
         self.logprobs_mode = logprobs_mode
         self.generator = torch.Generator(device=device)
+        self.workspace = Workspace()
         if seed is None:
             self.generator.seed()
         else:
@@ -72,12 +74,16 @@ class Sampler:
         head, warpers, window = _split_warpers(self.pipeline)
         # Processors work in place: copy only when some stage before the warpers will run.
         given = logits
-        logits = logits.to(torch.float32, copy=head.is_active(batch))
-        raw_logprobs = logits.log_softmax(dim=-1) if wants_logprobs and self.logprobs_mode == "raw" else None
+        if head.is_active(batch) or logits.dtype != torch.float32:
+            logits = self.workspace.copy("logits", logits, torch.float32)
+        raw_logprobs = None
+        if wants_logprobs and self.logprobs_mode == "raw":
+            raw_logprobs = torch.log_softmax(logits, dim=-1, out=self.workspace.tensor(
+                "logprobs", logits.shape, torch.float32, logits.device))
         logits = head(logits, batch)
         processed = None
         if wants_logprobs and self.logprobs_mode == "processed":
-            processed = warpers(logits.clone(), batch)
+            processed = warpers(self.workspace.copy("processed", logits), batch)
         token_ids = self._choose(logits, logits is not given, processed, batch, warpers, window)
         if not wants_logprobs:
             return SamplerOutput(token_ids)
@@ -104,7 +110,7 @@ class Sampler:
         if window is not None:
             rows = candidate_rows(batch, window)
             if rows:
-                draw = sample_from_candidates(logits, batch, rows, uniform[rows], window)
+                draw = sample_from_candidates(logits, batch, rows, uniform[rows], window, self.workspace)
                 done = [r for r, ok in zip(rows, draw.covered.tolist()) if ok]
                 token_ids[done] = draw.token_ids[draw.covered]
                 full = sorted(set(full) - set(done))
@@ -113,10 +119,11 @@ class Sampler:
                 processed_rows = processed[full]
             elif len(full) == batch.size:
                 # Nothing reads `logits` after this, so the warpers may overwrite the sampler's own copy.
-                processed_rows = warpers(logits if owned else logits.clone(), batch)
+                processed_rows = warpers(logits if owned else self.workspace.copy("warped", logits), batch)
             else:
-                processed_rows = warpers(logits[full], batch.subset(full))
-            token_ids[full] = _inverse_cdf(processed_rows, uniform[full], full)
+                index = torch.tensor(full, dtype=torch.long, device=logits.device)
+                processed_rows = warpers(self.workspace.rows("warped", logits, index), batch.subset(full))
+            token_ids[full] = _inverse_cdf(processed_rows, uniform[full], full, self.workspace)
         return token_ids
 
     def _uniform(self, batch: SamplingBatch, device: torch.device) -> torch.Tensor:
@@ -154,14 +161,16 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices
 
 
-def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, rows: list[int]) -> torch.Tensor:
+def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, rows: list[int], workspace: Workspace) -> torch.Tensor:
     """Token at `uniform` [R] of each row's CDF over the vocabulary in id order (float64, exact up to rounding).
 
     `rows` are the batch rows of `logits`, for the error raised when a row has no token left to sample.
     """
     # Searching to the right of a flat step lands on the token that makes the step, so a zero-probability
     # token is never picked; the target stays below the total for the same reason.
-    cumulative = logits.softmax(dim=-1).double().cumsum_(dim=-1)
+    probs = torch.softmax(logits, dim=-1, out=workspace.tensor("probs", logits.shape, torch.float32, logits.device))
+    cumulative = torch.cumsum(probs, dim=-1, dtype=torch.float64,
+                              out=workspace.tensor("cdf", logits.shape, torch.float64, logits.device))
     total = cumulative[:, -1:]
     bad = (~total.isfinite())[:, 0].nonzero()[:, 0].tolist()
     if bad:

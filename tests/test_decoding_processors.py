@@ -19,7 +19,7 @@ from leapgen.decoding.batch import SamplingBatch, SamplingRow
 from leapgen.decoding.bitmask import allocate_token_bitmask
 from leapgen.decoding.pipeline import LogitsPipeline
 from leapgen.decoding.sampling_params import SamplingParams
-from leapgen.decoding.warpers import TopKTopP
+from leapgen.decoding.warpers import TopKTopP, TypicalP
 
 VOCAB = 300
 EOS = 7
@@ -204,3 +204,20 @@ def test_penalties_on_the_first_step_before_any_history():
             SamplingRow(SamplingParams(frequency_penalty=0.5), [3, 4], [])]
     logits = random_logits(2, 13)
     torch.testing.assert_close(run(rows, logits), logits)    # nothing seen yet, nothing penalised
+
+
+def test_typical_p_past_the_candidate_window_matches_transformers():
+    # A 20k vocabulary with 64 candidates: peaked rows find their typical set among the candidates, flat rows
+    # need more than 64 tokens and take the full sort; a typical_p = 1 row is left alone.
+    vocab, masses = 20_000, [0.2, 0.9, 0.95, 0.5, 1.0]
+    generator = torch.Generator().manual_seed(14)
+    logits = torch.randn(len(masses), vocab, generator=generator)
+    logits[:2] *= 12                                    # peaked: a handful of tokens hold the mass
+    rows = [SamplingRow(SamplingParams(temperature=1.0, typical_p=m)) for m in masses]
+    reference = [[TypicalLogitsWarper(m)] if m < 1 else [] for m in masses]
+    expected = per_row_reference(logits, [[0]] * len(masses), reference)
+    batch = SamplingBatch.build(rows, vocab)
+    got = LogitsPipeline([TypicalP(candidates=64)])(logits.clone(), batch)
+    torch.testing.assert_close(got, expected)
+    kept = torch.isfinite(got).sum(dim=1).tolist()
+    assert kept[0] < 64 and kept[1] < 64 and kept[2] > 64 and kept[4] == vocab
