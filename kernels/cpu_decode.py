@@ -22,30 +22,45 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out):  # pragma: 
     batch, num_heads, dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    for task in range(batch * num_kv_heads):
-        b, h = task // num_kv_heads, task % num_kv_heads
+    longest = 0
+    for b in range(batch):
+        longest = max(longest, seq_lens[b])
+    # Scratch shared by every (sequence, KV head): row slices of the caches keep the inner loops contiguous.
+    scores = np.empty((group, longest), dtype=np.float32)
+    acc = np.empty((group, dim), dtype=np.float32)
+    totals = np.empty(group, dtype=np.float32)
+    for b in range(batch):
         length = seq_lens[b]
-        scores = np.empty((group, length), dtype=np.float32)
-        for pos in range(length):
-            block, offset = block_table[b, pos // block_size], pos % block_size
-            for g in range(group):
-                acc = np.float32(0.0)
-                for d in range(dim):
-                    acc += q[b, h * group + g, d] * k_cache[block, offset, h, d]
-                scores[g, pos] = acc * scale
-        for g in range(group):
-            row = scores[g]
-            peak = row.max() if length > 0 else np.float32(0.0)
-            total = np.float32(0.0)
-            acc_v = np.zeros(dim, dtype=np.float32)
+        for h in range(num_kv_heads):
+            queries = q[b, h * group:(h + 1) * group]
             for pos in range(length):
-                weight = np.float32(math.exp(row[pos] - peak))
-                total += weight
-                block, offset = block_table[b, pos // block_size], pos % block_size
+                key = k_cache[block_table[b, pos // block_size], pos % block_size, h]
+                for g in range(group):
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += queries[g, d] * key[d]
+                    scores[g, pos] = dot * scale
+            for g in range(group):
+                peak = np.float32(-np.inf)
+                for pos in range(length):
+                    peak = max(peak, scores[g, pos])
+                total = np.float32(0.0)
+                for pos in range(length):
+                    weight = np.exp(scores[g, pos] - peak)
+                    scores[g, pos] = weight
+                    total += weight
+                totals[g] = total
+            acc[:, :] = 0.0
+            for pos in range(length):
+                value = v_cache[block_table[b, pos // block_size], pos % block_size, h]
+                for g in range(group):
+                    weight = scores[g, pos]
+                    for d in range(dim):
+                        acc[g, d] += weight * value[d]
+            for g in range(group):
+                inverse = np.float32(1.0) / totals[g] if totals[g] > 0 else np.float32(0.0)
                 for d in range(dim):
-                    acc_v[d] += weight * v_cache[block, offset, h, d]
-            for d in range(dim):
-                out[b, h * group + g, d] = acc_v[d] / total if total > 0 else np.float32(0.0)
+                    out[b, h * group + g, d] = acc[g, d] * inverse
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

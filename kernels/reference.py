@@ -104,12 +104,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     max_len = int(seq_lens.max())
     n_blocks = (max_len + block_size - 1) // block_size
     blocks = block_table[:, :n_blocks].long().clamp_min(0)
-    k = k_cache[blocks].flatten(1, 2)[:, :max_len].to(q.dtype)   # [b, L, hkv, d]
-    v = v_cache[blocks].flatten(1, 2)[:, :max_len].to(q.dtype)
-    group = hq // hkv
-    qg = q.view(batch, hkv, group, dim)
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale
+    # [b, hkv, L, d]: a KV head's query group attends as that head's queries, so K/V are never repeated.
+    k = k_cache[blocks].flatten(1, 2)[:, :max_len].to(q.dtype).transpose(1, 2)
+    v = v_cache[blocks].flatten(1, 2)[:, :max_len].to(q.dtype).transpose(1, 2)
     valid = torch.arange(max_len, device=q.device).unsqueeze(0) < seq_lens.unsqueeze(1).to(q.device)
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.einsum("bhgl,blhd->bhgd", probs, v).reshape(batch, hq, dim)
+    out = F.scaled_dot_product_attention(q.view(batch, hkv, hq // hkv, dim), k, v, attn_mask=valid[:, None, None, :],
+                                         scale=scale)
+    return out.reshape(batch, hq, dim)
