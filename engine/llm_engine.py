@@ -28,6 +28,7 @@ from leapgen.engine.admission import CheckedRequest, EngineLimits, RequestError,
 from leapgen.engine.beams import advance_beams
 from leapgen.engine.block_manager import BlockManager
 from leapgen.engine.constraint_state import ConstraintState, step_bitmask
+from leapgen.engine.step_profile import phase
 from leapgen.engine.loader import LoadedModel
 from leapgen.engine.model_runner import FallbackRunner, PagedModelRunner, StepLogits, cache_block_bytes
 from leapgen.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
@@ -219,10 +220,15 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns the outputs of the requests that advanced (updated in place,
         `delta` = the text this step released)."""
+        with phase("step"):
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         for request in self._advanced.values():
             request.clear_deltas()
         self._advanced = {}
-        out = self.scheduler.schedule()
+        with phase("schedule"):
+            out = self.scheduler.schedule()
         for seq in out.preempted:                # recomputed later without its draft
             self._owner[seq.seq_id][1].drop_draft()
         if out.is_empty:
@@ -232,7 +238,8 @@ class LLMEngine:
                                 and seq.num_computed_tokens < seq.num_prompt_tokens)
         draft_rows = frozenset(seq.seq_id for seq, _ in out.scheduled if self._owner[seq.seq_id][1].draft)
         try:
-            step_logits = self.runner.execute(out, prompt_rows | draft_rows)
+            with phase("forward", self.loaded.device):
+                step_logits = self.runner.execute(out, prompt_rows | draft_rows)
         except Exception as exc:                 # the step's requests fail; the engine stays usable
             for seq, _ in out.scheduled:
                 if seq.seq_id in self._owner:
@@ -245,7 +252,8 @@ class LLMEngine:
         ready = self._fork_samples(self._ready_rows(out, step_logits, prompt_rows))
         self._sample_plain([entry for entry in ready if entry[0].params.num_beams == 1])
         self._advance_beams([entry for entry in ready if entry[0].params.num_beams > 1])
-        self._propose()
+        with phase("propose"):
+            self._propose()
         return self._outputs()
 
     def _ready_rows(self, out: SchedulerOutput, step_logits: StepLogits, prompt_rows: frozenset[int]) -> list[_Entry]:
@@ -291,12 +299,14 @@ class LLMEngine:
                 if error is not None:
                     self._fail(request, error)
                 elif not request.finished:      # a sibling sample may have failed it this step
-                    self._guarded(request, self._accept, request, state, tokens[span.start:span.stop], sampled,
-                                  span.start)
+                    with phase("accept"):
+                        self._guarded(request, self._accept, request, state, tokens[span.start:span.stop], sampled,
+                                      span.start)
 
     def _draw(self, entries: list[_Entry]) -> tuple[SamplerOutput, dict[int, Exception]]:
         logits, batch = self._batch(entries)
-        return self.sampler(logits, batch), batch.row_errors
+        with phase("sampling", self.loaded.device):
+            return self.sampler(logits, batch), batch.row_errors
 
     def _accept(self, request: EngineRequest, state: SequenceState, sampled_tokens: list[int], sampled: SamplerOutput,
                 first_row: int) -> None:
@@ -404,8 +414,10 @@ class LLMEngine:
             for i in range(len(entry_rows)):
                 rows.append(SamplingRow(seq.params, seq.prompt_token_ids, output[:accepted + i], state.generator))
                 masks.append(state.draft_masks[i] if state.draft_masks is not None else state.constraint)
-        bitmask, mask_errors = step_bitmask(masks, logits.shape[-1])
-        batch = SamplingBatch.build(rows, logits.shape[-1], self.vocabulary.eos_ids, logits.device, bitmask)
+        with phase("masks"):
+            bitmask, mask_errors = step_bitmask(masks, logits.shape[-1])
+        with phase("sampling"):
+            batch = SamplingBatch.build(rows, logits.shape[-1], self.vocabulary.eos_ids, logits.device, bitmask)
         batch.row_errors.update(mask_errors)
         return logits, batch
 

@@ -15,6 +15,7 @@ from leapgen.engine.fallback import FallbackModel
 from leapgen.engine.loader import LoadedModel
 from leapgen.engine.scheduler import SchedulerOutput
 from leapgen.engine.sequence import Sequence
+from leapgen.engine.step_profile import phase
 
 
 @dataclass
@@ -59,27 +60,31 @@ class PagedModelRunner:
     def execute(self, step: SchedulerOutput, all_positions: frozenset[int] = frozenset()) -> StepLogits:
         """Run the step's forward pass; `all_positions` names sequences that want logits for every new token."""
         self.copy_blocks(step.copies)
-        ids, positions, slots, cu_q, cu_k = [], [], [], [0], [0]
-        gather, rows = [], {}
-        bs = self.block_size
-        for seq, n in step.scheduled:
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            table = seq.block_table
-            ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            cu_q.append(cu_q[-1] + n)
-            cu_k.append(cu_k[-1] + end)
-            if seq.seq_id in all_positions:
-                rows[seq.seq_id] = slice(len(gather), len(gather) + n)
-                gather.extend(range(cu_q[-2], cu_q[-1]))
-            elif end == seq.num_tokens:
-                rows[seq.seq_id] = slice(len(gather), len(gather) + 1)
-                gather.append(cu_q[-1] - 1)
-        metadata = self._metadata(step, slots, cu_q, cu_k)
-        to_device = dict(dtype=torch.long, device=self.device)
+        with phase("inputs"):
+            ids, positions, slots, cu_q, cu_k = [], [], [], [0], [0]
+            gather, rows = [], {}
+            bs = self.block_size
+            for seq, n in step.scheduled:
+                start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+                table = seq.block_table
+                ids.extend(seq.token_ids[start:end])
+                positions.extend(range(start, end))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                cu_q.append(cu_q[-1] + n)
+                cu_k.append(cu_k[-1] + end)
+                if seq.seq_id in all_positions:
+                    rows[seq.seq_id] = slice(len(gather), len(gather) + n)
+                    gather.extend(range(cu_q[-2], cu_q[-1]))
+                elif end == seq.num_tokens:
+                    rows[seq.seq_id] = slice(len(gather), len(gather) + 1)
+                    gather.append(cu_q[-1] - 1)
+            metadata = self._metadata(step, slots, cu_q, cu_k)
+            to_device = dict(dtype=torch.long, device=self.device)
         hidden = self.model(torch.tensor(ids, **to_device), torch.tensor(positions, **to_device), metadata)
-        logits = self.model.compute_logits(hidden[torch.tensor(gather, **to_device)]) if gather else hidden.new_empty(0)
+        if not gather:
+            return StepLogits(hidden.new_empty(0), rows)
+        with phase("lm_head", self.device):
+            logits = self.model.compute_logits(hidden[torch.tensor(gather, **to_device)])
         return StepLogits(logits, rows)
 
     def _metadata(self, step: SchedulerOutput, slots: list[int], cu_q: list[int], cu_k: list[int]) -> AttentionMetadata:

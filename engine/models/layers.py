@@ -14,6 +14,7 @@ from torch import nn
 
 from leapgen.engine.attention_metadata import AttentionMetadata
 from leapgen.engine.config import ModelConfig, RopeScaling
+from leapgen.engine.step_profile import phase
 from leapgen.kernels import flash_attn_varlen, paged_decode_attention, store_kv
 
 
@@ -141,6 +142,11 @@ class PagedAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
+        with phase("attention", x.device):
+            out = self._attend(q, k, v, metadata)
+        return self.o_proj(out.reshape(-1, q_size))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         has_cache = self.k_cache is not None and self.v_cache is not None
         if has_cache:
             store_kv(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
@@ -148,14 +154,12 @@ class PagedAttention(nn.Module):
             if metadata.block_tables is not None:
                 self._require_cache(has_cache, "a prefill that reads cached context (block_tables set)")
                 k, v = self.k_cache, self.v_cache
-            out = flash_attn_varlen(q, k, v, metadata.cu_seqlens_q, metadata.cu_seqlens_k, metadata.max_seqlen_q,
-                                    metadata.max_seqlen_k, causal=True, softmax_scale=self.scale,
-                                    block_table=metadata.block_tables)
-        else:
-            self._require_cache(has_cache, "decode")
-            out = paged_decode_attention(q, self.k_cache, self.v_cache, metadata.block_tables, metadata.context_lens,
-                                         softmax_scale=self.scale)
-        return self.o_proj(out.reshape(-1, q_size))
+            return flash_attn_varlen(q, k, v, metadata.cu_seqlens_q, metadata.cu_seqlens_k, metadata.max_seqlen_q,
+                                     metadata.max_seqlen_k, causal=True, softmax_scale=self.scale,
+                                     block_table=metadata.block_tables)
+        self._require_cache(has_cache, "decode")
+        return paged_decode_attention(q, self.k_cache, self.v_cache, metadata.block_tables, metadata.context_lens,
+                                      softmax_scale=self.scale)
 
     @staticmethod
     def _require_cache(has_cache: bool, what: str) -> None:
