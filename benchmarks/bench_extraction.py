@@ -8,6 +8,10 @@ builds; every system gets the same prompt token ids and the same `--max-tokens`.
 Configurations (`--configs`):
   plain, forced, ngram   leapgen without forced-token jumps, with them (the engine's default), and with them
                          plus prompt-lookup speculation (8 tokens)
+  pipeline               ngram plus prefix caching, as `leapgen extract` runs: at batch 1 each record finds the
+                         instruction and schema cached, as every record after a schema's first does in a
+                         pipeline (the cache is emptied and that shared prefix prefilled, untimed, before each
+                         record); the batched runs start from an empty cache
   xgrammar, llguidance   transformers `generate()` on the same weights with xgrammar's logits processor
                          (`xgrammar.contrib.hf`) or with llguidance's matcher (llguidance ships no transformers
                          processor; `LLGuidanceProcessor` below applies its masks with its numpy helpers)
@@ -72,6 +76,7 @@ LEAPGEN_SYSTEMS: dict[str, dict[str, Any]] = {
     "plain": {"enable_forced_tokens": False},
     "forced": {},
     "ngram": {"speculative": {"method": "ngram", "num_speculative_tokens": 8}},
+    "pipeline": {"speculative": {"method": "ngram", "num_speculative_tokens": 8}, "enable_prefix_caching": True},
 }
 ANCHORS = ("xgrammar", "llguidance")
 WHITESPACES = ("flexible", "compact", "dumps")
@@ -87,6 +92,7 @@ class Case:
     schema: dict
     gold: dict
     prompt_ids: tuple[int, ...]
+    shared_prefix: tuple[int, ...]      # the prompt up to the record's text: the same for every record of the schema
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,9 @@ class Result:
 
 
 class Runner(Protocol):
+    def prepare(self, config: Config, cases: list[Case]) -> None:
+        """Untimed set-up before `run` on the same cases."""
+
     def run(self, config: Config, cases: list[Case], max_tokens: int) -> list[Result]:
         """Extract all `cases` in one go (the runner batches as it can)."""
 
@@ -147,8 +156,11 @@ def load_cases(tokenizer, limit: int | None) -> list[Case]:
         errors = [e.message for e in validator(schema).iter_errors(record["gold"])]
         if errors:
             raise ValueError(f"{where}: gold does not validate: {errors}")
-        prompt = extraction_prompt(tokenizer, {"text": record["text"]}, schema)
-        cases.append(Case(record["id"], record["schema"], schema, record["gold"], tuple(tokenizer.encode(prompt))))
+        prompt = tokenizer.encode(extraction_prompt(tokenizer, {"text": record["text"]}, schema))
+        without_text = tokenizer.encode(extraction_prompt(tokenizer, {"text": ""}, schema))
+        shared = next((i for i, (a, b) in enumerate(zip(prompt, without_text)) if a != b), len(without_text))
+        cases.append(Case(record["id"], record["schema"], schema, record["gold"], tuple(prompt),
+                          tuple(prompt[:shared])))
     return cases[:limit]
 
 
@@ -223,14 +235,24 @@ def is_valid(text: str, schema: dict) -> bool:
 class LeapgenRunner:
     """leapgen's engine, one LLM per system (the engine's options are fixed when it starts).
 
-    Prefix caching is off: the warm-up and the repeats run every prompt again, which a pipeline never does,
-    and transformers caches nothing between calls (this also forgoes the schema prefix records share).
+    Prefix caching is off but in the `pipeline` system: the warm-up and the repeats run every prompt again,
+    which a pipeline never does, and transformers caches nothing between calls.  `pipeline` empties the cache
+    before every run and, for one record, prefills its schema's shared prefix first (see the module docstring).
     """
 
     def __init__(self, systems: set[str], threads: int, batch_size: int) -> None:
         self.llms = {name: leapgen.LLM(None, dtype="float32", threads=threads, kv_cache_memory="1GiB",
-                                       max_num_seqs=batch_size, enable_prefix_caching=False,
-                                       **LEAPGEN_SYSTEMS[name]) for name in sorted(systems)}
+                                       max_num_seqs=batch_size,
+                                       **({"enable_prefix_caching": False} | LEAPGEN_SYSTEMS[name]))
+                     for name in sorted(systems)}
+
+    def prepare(self, config: Config, cases: list[Case]) -> None:
+        llm = self.llms[config.system]
+        if not llm.engine.config.enable_prefix_caching:
+            return
+        llm.reset_prefix_cache()
+        if len(cases) == 1:
+            llm.generate([list(cases[0].shared_prefix)], leapgen.SamplingParams(max_tokens=1))
 
     def run(self, config: Config, cases: list[Case], max_tokens: int) -> list[Result]:
         llm = self.llms[config.system]
@@ -325,6 +347,9 @@ class TransformersRunner:
             results += self._run_batch(config, cases[start:start + self.batch_size], max_tokens)
         return results
 
+    def prepare(self, config: Config, cases: list[Case]) -> None:
+        """Nothing: transformers keeps no state between calls."""
+
     @torch.inference_mode()
     def _run_batch(self, config: Config, cases: list[Case], max_tokens: int) -> list[Result]:
         grammars = [self.grammar(config, c) for c in cases]
@@ -367,6 +392,7 @@ def measure(configs: list[Config], batched: list[Config], runners: dict[str, Run
     for repeat in range(repeats):
         for index, case in enumerate(cases):
             for config in rotated(configs, index + repeat):
+                runners[config.system].prepare(config, [case])
                 start = time.perf_counter()
                 [result] = runners[config.system].run(config, [case], max_tokens)
                 figures[config].seconds.setdefault(case.id, []).append(time.perf_counter() - start)
@@ -374,6 +400,7 @@ def measure(configs: list[Config], batched: list[Config], runners: dict[str, Run
             print(f"  repeat {repeat + 1}/{repeats}: record {index + 1}/{len(cases)} done", flush=True)
     for repeat in range(repeats):
         for config in rotated(batched, repeat):
+            runners[config.system].prepare(config, cases)
             start = time.perf_counter()
             results = runners[config.system].run(config, cases, max_tokens)
             figures[config].batched_rates.append(len(cases) / (time.perf_counter() - start))
@@ -451,7 +478,7 @@ def print_agreement(rows: dict[Config, dict[str, Any]], batched: list[Config], w
     (speculation by itself is lossless, so a difference comes from how drafts and forced jumps combine)."""
     for config in batched:
         print(f"  {config.name}: batched outputs identical to batch 1: {rows[config]['batched_same_as_batch1']}/{n}")
-    for system, reference in (("forced", "plain"), ("ngram", "forced")):
+    for system, reference in (("forced", "plain"), ("ngram", "forced"), ("pipeline", "ngram")):
         ours, theirs = rows.get(Config(system, whitespace)), rows.get(Config(reference, whitespace))
         if ours and theirs:
             same = sum(a["text"] == b["text"] for a, b in zip(ours["records"], theirs["records"]))
@@ -460,7 +487,7 @@ def print_agreement(rows: dict[Config, dict[str, Any]], batched: list[Config], w
 
 def select_configs(chosen: list[str], whitespace: str, caps: bool) -> tuple[list[Config], list[Config]]:
     """(every configuration to run at batch 1, those also run batched: the main table's, not the studies')."""
-    main_configs = [Config(s, whitespace) for s in ("plain", "forced", "ngram", *ANCHORS) if s in chosen]
+    main_configs = [Config(s, whitespace) for s in (*LEAPGEN_SYSTEMS, *ANCHORS) if s in chosen]
     configs = list(main_configs)
     if "whitespace" in chosen:
         configs += [Config("forced", ws) for ws in WHITESPACES]
@@ -484,8 +511,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats; medians are reported")
     parser.add_argument("--limit", type=int, help="only the first N cases (quick checks)")
-    parser.add_argument("--configs", nargs="+", default=["plain", "forced", "ngram", *ANCHORS, "whitespace", "caps"],
-                        choices=["plain", "forced", "ngram", *ANCHORS, "whitespace", "caps"])
+    parser.add_argument("--configs", nargs="+", default=[*LEAPGEN_SYSTEMS, *ANCHORS, "whitespace", "caps"],
+                        choices=[*LEAPGEN_SYSTEMS, *ANCHORS, "whitespace", "caps"])
     parser.add_argument("--whitespace", default=DEFAULT_WHITESPACE, choices=WHITESPACES,
                         help="whitespace of every configuration but the whitespace study's (default: leapgen "
                              "extract's)")

@@ -248,6 +248,15 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block no sequence holds, so later prompts find no prefix hits among them;
+        returns how many were forgotten.  Blocks that running sequences hold stay registered."""
+        forgotten = [block_id for block_id in self._free if self.blocks[block_id].hash is not None]
+        for block_id in forgotten:
+            self._unregister(self.blocks[block_id])
+            self._free.move_to_end(block_id, last=False)
+        return len(forgotten)
+
     # ---- internals -------------------------------------------------------------------------------
 
     def _take_free(self) -> int:

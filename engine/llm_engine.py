@@ -505,6 +505,11 @@ class LLMEngine:
                 self._retire(state, "abort")
         request.output.finished = True
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached KV blocks of finished prompts (e.g. to time prefills from cold, or after the text
+        they cached stops recurring); returns how many blocks were forgotten.  Running requests keep theirs."""
+        return self.block_manager.reset_prefix_cache()
+
     # --- whole batches -------------------------------------------------------------------------------
 
     def generate(self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None,

@@ -118,6 +118,10 @@ class LLM:
         finally:
             self.engine.abort(request_id)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the KV blocks cached from earlier prompts; the number of blocks forgotten."""
+        return self.engine.reset_prefix_cache()
+
     def chat_prompt(self, message: str, system: str | None = None) -> str:
         """`message` wrapped in the model's chat template, ready for the assistant's answer."""
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]

@@ -150,6 +150,27 @@ def test_freed_cached_block_is_revived_by_a_later_hit():
     assert_no_leaks(bm)
 
 
+def test_reset_prefix_cache_forgets_free_blocks_and_keeps_held_ones():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    held, done = Sequence(0, list(range(9))), Sequence(1, [5] * 9)
+    for seq in (held, done):
+        bm.allocate(seq)
+        compute(bm, seq)
+    bm.free(done)
+    assert bm.num_cached_blocks == 4
+    assert bm.reset_prefix_cache() == 2       # done's two full blocks; held's stay registered
+    assert bm.num_cached_blocks == 2
+    again = Sequence(2, [5] * 9)
+    bm.allocate(again)
+    assert again.num_computed_tokens == 0     # no hit among the forgotten blocks
+    twin = Sequence(3, list(range(8)) + [1])
+    bm.allocate(twin)
+    assert twin.num_computed_tokens == 8      # the held prefix is still found
+    for seq in (held, again, twin):
+        bm.free(seq)
+    assert_no_leaks(bm)
+
+
 def test_least_recently_freed_cached_block_is_evicted_first():
     bm = BlockManager(num_blocks=4, block_size=2)
     a, b = Sequence(0, [1, 1, 1]), Sequence(1, [2, 2, 2])

@@ -80,9 +80,13 @@ def test_prefix_cache_hits_do_not_change_outputs(checkpoint):
     engine = engine_for(directory, kv_cache_memory="8MiB", block_size=4)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     first = engine.generate(prompts, params)
+    cached = engine.block_manager.num_cached_blocks
     again = engine.generate(prompts, params)       # full blocks of every prompt are now cached
     assert [o.token_ids for o in first] == [o.token_ids for o in again] == expected
     assert_no_leaks(engine)
+    assert cached > 0 and engine.block_manager.num_cached_blocks == cached   # the same blocks again
+    assert engine.reset_prefix_cache() == cached and engine.block_manager.num_cached_blocks == 0
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected
 
 
 def test_eos_stops_and_max_tokens_caps(tmp_path):
