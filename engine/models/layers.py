@@ -62,18 +62,26 @@ class RotaryEmbedding(nn.Module):
         self._inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(cos, signed_sin)`, both `[tokens, 1, head_dim]`, for `apply_rotary`; the sine's first half is
+        negated once here so that every layer's rotation skips the negation."""
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
         freqs = positions.float().unsqueeze(1) * self._inv_freq.unsqueeze(0)
         angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        sin = angles.sin()
+        sin[:, :freqs.shape[1]].neg_()
+        return angles.cos().to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x [tokens, heads, head_dim]` by its positions' angles (halves layout, as in HF checkpoints)."""
-    first, second = x.chunk(2, dim=-1)
-    rotated = torch.cat((-second, first), dim=-1)
-    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x [tokens, heads, head_dim]` by its positions' angles (halves layout, as in HF checkpoints).
+
+    HF computes `x * cos + cat(-x2, x1) * sin`; `cat(x2, x1) * cat(-sin1, sin2)` is the same product to the
+    bit (negation is exact), and swapping the halves is one flip where HF's form takes a split, a negation
+    and a concatenation.
+    """
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * signed_sin
 
 
 class MergedLinear(nn.Linear):
@@ -134,13 +142,16 @@ class PagedAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split((q_size, kv_size, kv_size), dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, q_size + kv_size:].view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = qkv[:, :q_size + kv_size].split((q_size, kv_size), dim=-1)
+            q = apply_rotary(self.q_norm(q.view(-1, self.num_heads, self.head_dim)), cos, sin)
+            k = apply_rotary(self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim)), cos, sin)
+        else:       # q and k rotate as one tensor of num_heads + num_kv_heads heads
+            qk = apply_rotary(qkv[:, :q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim),
+                              cos, sin)
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
 
         with phase("attention", x.device):
             out = self._attend(q, k, v, metadata)
