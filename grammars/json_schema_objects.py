@@ -14,15 +14,14 @@ from __future__ import annotations
 import json
 import re
 from itertools import combinations, product
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit
+from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, expect
 from .json_schema_ir import NEVER, choice, optional, repeat, seq
+from .json_schema_scalars import string_terminal
 from .json_strings import pattern_regex, regex_escape
-
-if TYPE_CHECKING:
-    from .json_schema import Part, SchemaCompiler
 
 _MAX_PATTERNS = 4
 _MAX_TRIGGERS = 3
@@ -38,52 +37,50 @@ def _matches(pattern: str, name: str, pointer: str) -> bool:
 
 
 class _ObjectBuilder:
-    def __init__(self, compiler: "SchemaCompiler", parts: list["Part"]):
-        self.c = compiler
+    def __init__(self, ctx: SchemaContext, parts: list[Part]):
+        self.ctx = ctx
         self.parts = parts
         self.pointer = parts[0].pointer if parts else ""
         self.order: list[str] = []
         self.required: list[str] = []
-        self.patterns: list[tuple[str, "Part", Any]] = []  # (regex source, owner part, subschema)
+        self.patterns: list[tuple[str, Part, Any]] = []  # (regex source, owner part, subschema)
         self.dependents: dict[str, list[str]] = {}
         self.min_props, self.max_props = 0, None
         for p in parts:
             self._read(p)
 
-    def _read(self, p: "Part") -> None:
-        from .json_schema import _count, _expect
-
+    def _read(self, p: Part) -> None:
         props = p.get("properties", {})
-        _expect(isinstance(props, dict), "properties must be an object", p.at("properties"))
+        expect(isinstance(props, dict), "properties must be an object", p.at("properties"))
         self.order += [n for n in props if n not in self.order]
         req = p.get("required", [])
-        _expect(isinstance(req, list) and all(isinstance(n, str) for n in req), "required must be an array of "
+        expect(isinstance(req, list) and all(isinstance(n, str) for n in req), "required must be an array of "
                 "strings", p.at("required"))
         self.required += [n for n in req if n not in self.required]
         pats = p.get("patternProperties", {})
-        _expect(isinstance(pats, dict), "patternProperties must be an object", p.at("patternProperties"))
+        expect(isinstance(pats, dict), "patternProperties must be an object", p.at("patternProperties"))
         self.patterns += [(k, p, v) for k, v in pats.items()]
         for key in ("dependentRequired", "dependencies"):
             deps = p.get(key, {})
-            _expect(isinstance(deps, dict), f"{key} must be an object", p.at(key))
+            expect(isinstance(deps, dict), f"{key} must be an object", p.at(key))
             for trigger, needed in deps.items():
                 if needed is True or needed == {}:
                     continue
                 if not isinstance(needed, list):
                     raise UnsupportedSchemaError(f"{key} with a schema (dependentSchemas) cannot be enforced",
                                                  p.at(key, trigger))
-                _expect(all(isinstance(n, str) for n in needed), f"{key} lists must hold strings", p.at(key, trigger))
+                expect(all(isinstance(n, str) for n in needed), f"{key} lists must hold strings", p.at(key, trigger))
                 self.dependents.setdefault(trigger, [])
                 self.dependents[trigger] += [n for n in needed if n not in self.dependents[trigger]]
-        n = _count(p, "minProperties")
+        n = count_of(p, "minProperties")
         self.min_props = max(self.min_props, n) if n is not None else self.min_props
-        n = _count(p, "maxProperties")
+        n = count_of(p, "maxProperties")
         self.max_props = n if self.max_props is None else (min(self.max_props, n) if n is not None
                                                            else self.max_props)
 
     # ---- value schemas per key ------------------------------------------------------------------
 
-    def value_parts(self, name: str) -> list["Part"] | None:
+    def value_parts(self, name: str) -> list[Part] | None:
         """The conjunction a key's value must satisfy, or None when the key may not appear."""
         out = []
         for p in self.parts:
@@ -100,12 +97,13 @@ class _ObjectBuilder:
                 out.append(p.sub(p.get("additionalProperties"), "additionalProperties"))
             if p.has("propertyNames"):
                 names = p.sub(p.get("propertyNames"), "propertyNames")
-                if not self.c.validator([names]).is_valid(name):
+                if not self.ctx.validator([names]).is_valid(name):
                     return None
         return out
 
-    def extras(self, declared: set[str]) -> Expr:
-        """One member `"key": value` for any key not declared, split into classes by patternProperties."""
+    def extras(self, declared: list[str]) -> Expr:
+        """One member `"key": value` for any key not declared, split into classes by patternProperties;
+        `declared` in schema order, so the excluded names (and the grammar) do not depend on hash order."""
         at: dict[str, str] = {}  # each distinct patternProperties pattern, with its first pointer
         for pattern, owner, _ in self.patterns:
             at.setdefault(pattern, owner.at("patternProperties", pattern))
@@ -115,12 +113,12 @@ class _ObjectBuilder:
         explicit = any(p.has("additionalProperties") for p in self.parts)
         names = [p.sub(p.get("propertyNames"), "propertyNames") for p in self.parts if p.has("propertyNames")]
         name_parts = self._string_parts(names)
-        if self.c.string_terminal(name_parts, list(declared)) == NEVER:
+        if string_terminal(self.ctx, name_parts, declared) == NEVER:
             return NEVER
         classes = []
         for size in range(len(regexes) + 1):
             for chosen in combinations(regexes, size):
-                if not chosen and not explicit and not self.c.options.additional_properties:
+                if not chosen and not explicit and not self.ctx.options.additional_properties:
                     continue  # extras only where the schema allows them explicitly
                 value = []
                 for p in self.parts:
@@ -130,25 +128,23 @@ class _ObjectBuilder:
                         value += hits
                     elif p.has("additionalProperties"):
                         value.append(p.sub(p.get("additionalProperties"), "additionalProperties"))
-                value_expr = self.c.nested(value)
+                value_expr = self.ctx.nested(value)
                 if value_expr == NEVER:
                     continue
-                key = self.c.string_terminal(name_parts, list(declared), tuple((r, at[r]) for r in chosen),
-                                             tuple((r, at[r]) for r in regexes if r not in chosen))
-                classes.append(seq(key, self.c.punct.colon, value_expr))
+                key = string_terminal(self.ctx, name_parts, declared, tuple((r, at[r]) for r in chosen),
+                                      tuple((r, at[r]) for r in regexes if r not in chosen))
+                classes.append(seq(key, self.ctx.punct.colon, value_expr))
         return choice(classes)
 
-    def _string_parts(self, names: list["Part"]) -> list["Part"]:
+    def _string_parts(self, names: list[Part]) -> list[Part]:
         """The string-keyword view of propertyNames conjuncts (keys are always strings)."""
-        from .json_schema import _STRING_KEYS
-
-        expanded = self.c._expand(names)
+        expanded = self.ctx.expand(names)
         if expanded is None:
             return [self.parts[0].sub({"maxLength": 0, "minLength": 1}, "propertyNames")]
         out = []
         for part in expanded[0]:
-            other = {k for k in part.schema if k not in _STRING_KEYS} - {"type", "$ref", "allOf"}
-            other -= {k for k in other if k not in _validation()}
+            other = {k for k in part.schema if k not in STRING_KEYS} - {"type", "$ref", "allOf"}
+            other -= {k for k in other if k not in VALIDATION}
             if other:
                 raise UnsupportedSchemaError(f"propertyNames with {sorted(other)} cannot be enforced on extra keys",
                                              part.pointer)
@@ -168,11 +164,11 @@ class _ObjectBuilder:
         values: dict[str, Expr] = {}
         for name in names:
             parts = self.value_parts(name)
-            values[name] = NEVER if parts is None else self.c.nested(parts)
-        extra = self.extras(set(names))
-        members = {n: self.c.share(seq(Lit(json.dumps(n, ensure_ascii=False)), self.c.punct.colon, v), self.pointer)
+            values[name] = NEVER if parts is None else self.ctx.nested(parts)
+        extra = self.extras(names)
+        members = {n: self.ctx.share(seq(Lit(json.dumps(n, ensure_ascii=False)), self.ctx.punct.colon, v), self.pointer)
                    for n, v in values.items() if v != NEVER}
-        extra = self.c.share(extra, self.pointer)
+        extra = self.ctx.share(extra, self.pointer)
         triggers = [t for t in self.dependents if t in members and t not in self.required]
         if len(triggers) > _MAX_TRIGGERS:
             raise UnsupportedSchemaError(f"more than {_MAX_TRIGGERS} optional dependentRequired triggers",
@@ -192,14 +188,14 @@ class _ObjectBuilder:
             variants.append(self._layout(names, members, extra, required, forbidden))
         result = choice(variants)
         if result == NEVER:
-            return self.c.never("no object satisfies the property constraints", self.pointer)
+            return self.ctx.never("no object satisfies the property constraints", self.pointer)
         return result
 
     def _layout(self, names, members, extra, required: set, forbidden: set) -> Expr:
         if any(n in forbidden or n not in members for n in required):
             return NEVER
         slots = [(members[n], n in required) for n in names if n in members and n not in forbidden]
-        pu = self.c.punct
+        pu = self.ctx.punct
         lo, hi = self.min_props, self.max_props
         if lo == 0 and hi is None:
             body = self._uncounted(slots, extra)
@@ -212,7 +208,7 @@ class _ObjectBuilder:
 
     def _uncounted(self, slots, extra) -> Expr:
         """Non-empty member lists: the first member present picks which slots may precede it."""
-        comma = self.c.punct.comma
+        comma = self.ctx.punct.comma
         extras_tail = repeat(seq(comma, extra))
         tails = [extras_tail]  # tails[k]: slots k.. after something was written
         for member, req in reversed(slots):
@@ -229,7 +225,7 @@ class _ObjectBuilder:
 
     def _counted(self, slots, extra, lo: int, hi: int | None) -> Expr:
         """Member lists whose length is in [lo, hi], tracked by (slot, count) rule states."""
-        comma = self.c.punct.comma
+        comma = self.ctx.punct.comma
         n = len(slots)
         clip = hi if hi is not None else lo
         memo: dict[tuple, Expr] = {}
@@ -246,7 +242,7 @@ class _ObjectBuilder:
                 member, req = slots[i]
                 take = seq(comma, member, after(i + 1, count + 1))
                 body = take if req else choice([take, after(i + 1, count)])
-            memo[key] = body = self.c.share(body, self.pointer)
+            memo[key] = body = self.ctx.share(body, self.pointer)
             return body
 
         def first(i: int) -> Expr:
@@ -259,15 +255,9 @@ class _ObjectBuilder:
         return first(0) if hi != 0 else NEVER
 
 
-def _validation() -> set:
-    from .json_schema import _VALIDATION
-
-    return _VALIDATION
-
-
-def build_object(compiler: "SchemaCompiler", parts: list["Part"]) -> Expr:
+def build_object(ctx: SchemaContext, parts: list[Part]) -> Expr:
     """The IR for objects satisfying every object keyword of `parts`."""
     try:
-        return _ObjectBuilder(compiler, parts).build()
+        return _ObjectBuilder(ctx, parts).build()
     except re.error as exc:
         raise SchemaError(f"bad patternProperties regex: {exc}", parts[0].pointer if parts else "") from None

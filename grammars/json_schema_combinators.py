@@ -1,0 +1,162 @@
+"""Combinators: anyOf/oneOf distributed over the rest of the conjunction, if/then/else, and `not` on the
+shapes that negate exactly.  (allOf needs nothing here: the compiler flattens it into more conjuncts.)
+
+oneOf is compiled as anyOf only where the branches provably exclude each other (`_disjoint`); otherwise
+the schema is refused, since a grammar cannot count how many branches an instance matches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import UnsupportedSchemaError
+from .ir import Expr
+from .json_schema_context import VALIDATION, Branches, Part, SchemaContext, expect, narrow_types
+from .json_schema_ir import choice, json_equal
+
+_MAX_DISTRIBUTED_BRANCHES = 64
+
+
+def distribute(ctx: SchemaContext, parts: list[Part], owner: Part, keyword: str) -> Expr:
+    """anyOf/oneOf of `owner` as a choice, each branch compiled together with the other conjuncts."""
+    branches = owner.get(keyword)
+    expect(isinstance(branches, list) and branches, f"{keyword} must be a non-empty array", owner.at(keyword))
+    expect(len(branches) <= _MAX_DISTRIBUTED_BRANCHES, f"{keyword} has too many branches", owner.at(keyword))
+    rest = [Part(p.schema, p.pointer, p.base, p.skip | {keyword}) if p is owner else p for p in parts]
+    subs = [owner.sub(b, keyword, i) for i, b in enumerate(branches)]
+    if keyword == "oneOf" and len(subs) > 1:
+        _require_exclusive(ctx, rest, subs, owner.at(keyword))
+    return choice(ctx.compile(rest + [s]) for s in subs)
+
+
+def _require_exclusive(ctx: SchemaContext, rest: list[Part], subs: list[Part], pointer: str) -> None:
+    """oneOf is a union only when no instance can match two branches; prove that or refuse."""
+    sigs = [_signature(ctx, rest + [s]) for s in subs]
+    for i in range(len(sigs)):
+        for j in range(i + 1, len(sigs)):
+            if not _disjoint(sigs[i], sigs[j]):
+                raise UnsupportedSchemaError(
+                    f"oneOf branches {i} and {j} may both match one instance; exclusivity cannot be enforced",
+                    pointer)
+
+
+def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
+    """What a conjunction pins down cheaply: types, enum values, required keys with their constants."""
+    expanded = ctx.expand(parts)
+    if expanded is None:
+        return None
+    parts = expanded[0]
+    branches = Branches()
+    values = None
+    required: set = set()
+    consts: dict[str, list] = {}
+    closed: set | None = None
+    for p in parts:
+        narrow_types(p, branches)
+        for key in ("enum", "const"):
+            if p.has(key):
+                vals = [p.get(key)] if key == "const" else list(p.get(key) or [])
+                values = vals if values is None else [v for v in values if any(json_equal(v, w) for w in vals)]
+        req = p.get("required", [])
+        required |= set(req) if isinstance(req, list) else set()
+        props = p.get("properties", {})
+        if isinstance(props, dict):
+            for name, sub in props.items():
+                if isinstance(sub, dict) and ("const" in sub or "enum" in sub):
+                    consts[name] = [sub["const"]] if "const" in sub else list(sub.get("enum") or [])
+        if p.get("additionalProperties") is False and not p.has("patternProperties"):
+            names = set(props) if isinstance(props, dict) else set()
+            closed = names if closed is None else closed & names
+    types = {"integer" if t == "number" and branches.integer_only else t for t in branches.types}
+    if values is not None:
+        types = {_type_of(v) for v in values}
+    return {"types": types, "values": values, "required": required, "consts": consts, "closed": closed}
+
+
+def conditional(ctx: SchemaContext, parts: list[Part], owner: Part) -> Expr:
+    """if/then/else as (if ∧ then) ∪ (¬if ∧ else), where ¬if is one of the shapes `not` handles."""
+    rest = [Part(p.schema, p.pointer, p.base, p.skip | {"if", "then", "else"}) if p is owner else p for p in parts]
+    cond = owner.sub(owner.get("if"), "if")
+    then = [owner.sub(owner.get("then"), "then")] if owner.has("then") else []
+    other = [owner.sub(owner.get("else"), "else")] if owner.has("else") else []
+    negated = owner.sub({"not": owner.get("if")}, "if")
+    return choice([ctx.compile(rest + [cond] + then), ctx.compile(rest + [negated] + other)])
+
+
+def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
+    """`not` on the shapes that negate exactly: types, enum/const values, false/true."""
+    inner = part.get("not")
+    pointer = part.at("not")
+    if inner is True or inner == {}:
+        branches.types.clear()
+        return
+    if inner is False:
+        return
+    expect(isinstance(inner, dict), "not must be a schema", pointer)
+    keys = {k for k in inner if k in VALIDATION}
+    if keys == {"type"}:
+        negated = Branches()
+        narrow_types(Part(inner, pointer, part.base), negated)
+        if "number" in negated.types and not negated.integer_only:
+            branches.types -= negated.types
+        elif "number" in negated.types:  # not integer: numbers stay, integers go
+            branches.types -= negated.types - {"number"}
+            if branches.integer_only:
+                branches.types.discard("number")
+            else:
+                excluded.append(("non-integer",))
+        else:
+            branches.types -= negated.types
+        return
+    if keys in ({"enum"}, {"const"}):
+        values = [inner["const"]] if "const" in inner else inner["enum"]
+        expect(isinstance(values, list), "enum must be an array", pointer + "/enum")
+        excluded.extend(values)
+        return
+    raise UnsupportedSchemaError(f"not with keywords {sorted(keys)} cannot be negated exactly", pointer)
+
+
+def _type_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or (isinstance(value, float) and value == int(value)):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _types_overlap(a: set, b: set) -> bool:
+    def widen(s):
+        return s | ({"integer"} if "number" in s else set())
+    a, b = widen(a), widen(b)
+    return bool(a & b) or ("number" in a and "integer" in b) or ("integer" in a and "number" in b)
+
+
+def _disjoint(a: dict | None, b: dict | None) -> bool:
+    """True when no instance can satisfy both signatures (sound, not complete)."""
+    if a is None or b is None:
+        return True
+    if a["values"] is not None and b["values"] is not None:
+        return not any(json_equal(v, w) for v in a["values"] for w in b["values"])
+    for x, y in ((a, b), (b, a)):
+        if x["values"] is not None and not any(_type_of(v) in y["types"] or (_type_of(v) == "integer" and "number"
+                                                                             in y["types"]) for v in x["values"]):
+            return True
+    if not _types_overlap(a["types"], b["types"]):
+        return True
+    if a["types"] & b["types"] - {"object"} and not (a["types"] <= {"object"} or b["types"] <= {"object"}):
+        return False
+    # Both can only be objects from here on (or overlap only on objects): look for a discriminating key.
+    if (a["types"] & b["types"]) - {"object"}:
+        return False
+    for name in a["required"] & b["required"]:
+        if name in a["consts"] and name in b["consts"]:
+            if not any(json_equal(v, w) for v in a["consts"][name] for w in b["consts"][name]):
+                return True
+    for x, y in ((a, b), (b, a)):
+        if y["closed"] is not None and x["required"] - y["closed"]:
+            return True
+    return False

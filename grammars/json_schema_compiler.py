@@ -1,0 +1,278 @@
+"""The dispatcher of the JSON schema front end: conjunctions of subschemas -> grammar IR.
+
+A schema is translated as a *conjunction* of subschemas (`allOf`, `$ref`
+siblings and merged keywords all just add conjuncts); each JSON type the
+conjunction admits becomes one branch, built from every conjunct's keywords
+for that type by the builder modules (json_schema_scalars, _arrays, _objects,
+_combinators), which see this compiler only as a SchemaContext.  Referenced
+subschemas become named rules, so recursive schemas stay finite.
+
+Limits, each refused with UnsupportedSchemaError at the JSON pointer where it is hit: the
+document may nest objects and arrays MAX_DOCUMENT_DEPTH deep; subschemas compiled inside each
+other (properties, items, anyOf branches..., through $ref) MAX_SUBSCHEMA_DEPTH deep; and one
+schema compiles at most MAX_SUBSCHEMAS subschemas, counting each conjunct of each conjunction,
+which bounds compile time where branches multiply (allOf of many anyOf) to about a second.
+The largest schemas of JSONSchemaBench stay well inside: depth 24, 22 levels, 4,152 subschemas.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import SchemaError, UnsupportedSchemaError
+from .ir import Expr, Grammar, Lit, Ref, Terminal
+from .json_schema_arrays import build_array, item_cap, sequence
+from .json_schema_combinators import conditional, distribute, negate
+from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, JsonSchemaOptions, Part, expect,
+                                  narrow_types)
+from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
+from .json_schema_objects import build_object
+from .json_schema_refs import RefResolver, escape_token
+from .json_schema_scalars import enumerated, number, string_terminal
+
+MAX_SUBSCHEMA_DEPTH = 64  # the limits: see the module docstring
+MAX_DOCUMENT_DEPTH = 2 * MAX_SUBSCHEMA_DEPTH + 1  # properties/anyOf spend two JSON levels per subschema
+MAX_SUBSCHEMAS = 20_000
+
+
+class SchemaCompiler:
+    """Translates one schema document into a Grammar (see module docstring); a SchemaContext."""
+
+    def __init__(self, schema: Any, options: JsonSchemaOptions):
+        expect(isinstance(schema, (dict, bool)), f"a schema must be an object or a boolean, not "
+               f"{type(schema).__name__}", "")
+        _check_document_depth(schema)  # first: the resolver, jsonschema and enum values recurse through it
+        self.root = schema
+        self.options = options
+        dialect = schema.get("$schema", "") if isinstance(schema, dict) else ""
+        dialect = dialect if isinstance(dialect, str) else ""
+        self.legacy = any(f"draft-0{n}" in dialect for n in (3, 4, 5, 6, 7))  # $ref siblings ignored
+        self.draft4 = "draft-04" in dialect or "draft-03" in dialect
+        self.refs = RefResolver(schema, "id" if self.draft4 else "$id")
+        self.punct = punctuation(options.whitespace, options.max_indent)
+        self.rules: dict[str, Expr] = {}
+        self._memo: dict[tuple, str] = {}
+        self._active: dict[tuple, int] = {}
+        self._depth = 0
+        self._nesting = 0
+        self._compiled = 0
+        self._names: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}  # inlined_size of each rule
+        self._validator = None
+        self.why_never: list[str] = []
+
+    # ---- entry -------------------------------------------------------------------------------------
+
+    def grammar(self) -> Grammar:
+        """The grammar for the whole document; SchemaError if nothing can satisfy it."""
+        if self.options.check_schema:
+            self._check_metaschema()
+        start = self.compile([Part(self.root, "", self.refs.root_base)])
+        if start == NEVER:
+            reason = self.why_never[0] if self.why_never else "no JSON value satisfies it"
+            raise SchemaError(f"schema is unsatisfiable: {reason}", "")
+        self.rules["start"] = start
+        return Grammar(rules=self.rules, start="start")
+
+    def _check_metaschema(self) -> None:
+        import jsonschema
+        from jsonschema.validators import validator_for
+
+        cls = validator_for(self.root, default=jsonschema.Draft202012Validator)
+        error = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(self.root))
+        if error is not None:
+            pointer = "".join("/" + escape_token(str(t)) for t in error.absolute_path)
+            raise SchemaError(f"schema does not match its metaschema: {error.message}", pointer)
+
+    def never(self, reason: str, pointer: str) -> Expr:
+        self.why_never.append(f"{reason} (at {pointer or '/'})")
+        return NEVER
+
+    def share(self, expr: Expr, pointer: str) -> Expr:
+        """Name an expression the layout mentions several times, so the IR stays a small DAG
+        (walking it as a tree would double the work at every nesting level)."""
+        if isinstance(expr, (Lit, Terminal, Ref)) or expr in (NEVER, EMPTY):
+            return expr
+        name = self.rule_name(pointer + "_member")
+        self.rules[name] = expr
+        return Ref(name)
+
+    def rule_name(self, hint: str) -> str:
+        base = re.sub(r"[^A-Za-z0-9_]+", "_", hint).strip("_")[:40] or "root"
+        n = self._names.get(base, 0)
+        self._names[base] = n + 1
+        return f"{base}_{n}" if n else base
+
+    # ---- conjunctions ------------------------------------------------------------------------------
+
+    def expand(self, parts: list[Part]) -> tuple[list[Part], bool] | None:
+        """Flatten allOf and $ref into plain conjuncts; None if a conjunct is `false`."""
+        out: list[Part] = []
+        seen: set = set()
+        via_ref = False
+        stack = list(reversed(parts))
+        while stack:
+            part = stack.pop()
+            key = (part.base, part.pointer, part.skip)
+            if key in seen:
+                continue
+            seen.add(key)
+            schema = part.schema
+            if schema is True:
+                continue
+            if schema is False:
+                self.never("the schema is false", part.pointer)
+                return None
+            expect(isinstance(schema, dict), f"a schema must be an object or a boolean, not "
+                   f"{type(schema).__name__}", part.pointer)
+            base = self.refs.base_for(schema, part.base)
+            part = Part(schema, part.pointer, base, part.skip)
+            pending: list[Part] = []
+            if part.has("$ref"):
+                target = self.refs.resolve(schema["$ref"], base, part.pointer)
+                pending.append(Part(target.schema, target.pointer, target.base))
+                via_ref = True
+                if self.legacy:  # before 2019-09 a $ref replaces its siblings
+                    stack.extend(reversed(pending))
+                    continue
+            if part.has("allOf"):
+                subs = schema["allOf"]
+                expect(isinstance(subs, list) and subs, "allOf must be a non-empty array", part.at("allOf"))
+                pending += [part.sub(s, "allOf", i) for i, s in enumerate(subs)]
+            for keyword in UNSUPPORTED:
+                if part.has(keyword):
+                    raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
+            if any(k in VALIDATION and k not in ("allOf",) for k in schema if k not in part.skip):
+                out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}))  # expanded once
+            stack.extend(reversed(pending))
+        return out, via_ref
+
+    def compile(self, parts: list[Part]) -> Expr:
+        """The IR for instances valid against every part."""
+        pointer = parts[0].pointer if parts else ""
+        self._compiled += max(len(parts), 1)  # each conjunct is a subschema compiled
+        if self._compiled > MAX_SUBSCHEMAS:
+            raise UnsupportedSchemaError(f"schema needs more than {MAX_SUBSCHEMAS} subschemas compiled", pointer)
+        if self._nesting == MAX_SUBSCHEMA_DEPTH:
+            raise UnsupportedSchemaError(f"subschemas nested deeper than {MAX_SUBSCHEMA_DEPTH}", pointer)
+        self._nesting += 1
+        try:
+            return self._compile(parts)
+        finally:
+            self._nesting -= 1
+
+    def _compile(self, parts: list[Part]) -> Expr:
+        expanded = self.expand(parts)
+        if expanded is None:
+            return NEVER
+        parts, via_ref = expanded
+        if not parts:
+            return self._any_value()
+        if not via_ref:
+            return self._compile_parts(parts)
+        key = tuple(sorted((p.base, p.pointer, tuple(sorted(p.skip))) for p in parts))
+        if key in self._memo:
+            return Ref(self._memo[key])
+        if key in self._active:
+            if self._active[key] == self._depth:
+                raise SchemaError("$ref cycle that consumes no input", parts[0].pointer if parts else "")
+            name = self.rule_name(parts[0].pointer if parts else "any")
+            self._memo[key] = name
+            return Ref(name)
+        self._active[key] = self._depth
+        body = self._compile_parts(parts)
+        del self._active[key]
+        if key in self._memo:  # referenced recursively while compiling
+            self.rules[self._memo[key]] = body
+            return Ref(self._memo[key])
+        if isinstance(body, (Lit, Terminal)) or body == NEVER:
+            return body
+        name = self.rule_name(parts[0].pointer if parts else "any")
+        self._memo[key] = name
+        self.rules[name] = body
+        return Ref(name)
+
+    def _any_value(self) -> Expr:
+        """Any JSON value (one shared recursive rule)."""
+        if "any_value" not in self.rules:
+            pu = self.punct
+            value = Ref("any_value")
+            string = string_terminal(self, [], [])
+            member = seq(string, pu.colon, value)
+            self.rules["any_value"] = choice([
+                Lit("null"), Lit("true"), Lit("false"), number(self, [], False, []), string,
+                choice([pu.obj_empty, seq(pu.obj_open, member, repeat(seq(pu.comma, member)), pu.obj_close)]),
+                sequence(self, [], value, 0, item_cap(self, 0, [], value), "any_value"),
+            ])
+        return Ref("any_value")
+
+    def nested(self, parts: list[Part]) -> Expr:
+        """Compile a subschema one structural level down (inside an object or array)."""
+        self._depth += 1
+        try:
+            return self.compile(parts)
+        finally:
+            self._depth -= 1
+
+    def _compile_parts(self, parts: list[Part]) -> Expr:
+        if any(p.has("enum") or p.has("const") for p in parts):
+            return enumerated(self, parts)
+        for part in parts:
+            for keyword in ("anyOf", "oneOf"):
+                if part.has(keyword):
+                    return distribute(self, parts, part, keyword)
+        for part in parts:
+            if part.has("if"):
+                return conditional(self, parts, part)
+        branches = Branches()
+        for part in parts:
+            narrow_types(part, branches)
+        excluded: list[Any] = []
+        for part in parts:
+            if part.has("not"):
+                negate(part, branches, excluded)
+        alternatives = []
+        for t in TYPES:
+            if t in branches.types:
+                alternatives.append(self._type_branch(t, parts, branches, excluded))
+        if not any(a != NEVER for a in alternatives):
+            if not branches.types:
+                return self.never("no type is allowed by all of the conjuncts", parts[0].pointer if parts else "")
+        return choice(alternatives)
+
+    def _type_branch(self, t: str, parts: list[Part], branches: Branches, excluded: list[Any]) -> Expr:
+        if t == "null":
+            return NEVER if any(v is None for v in excluded) else Lit("null")
+        if t == "boolean":
+            return choice(Lit(json.dumps(b)) for b in (True, False) if not any(v is b for v in excluded))
+        if t == "number":
+            return number(self, parts, branches.integer_only, excluded)
+        if t == "string":
+            return string_terminal(self, parts, [v for v in excluded if isinstance(v, str)])
+        if any(isinstance(v, list if t == "array" else dict) for v in excluded):
+            raise UnsupportedSchemaError(f"not with {t} values cannot be negated exactly", parts[0].pointer)
+        return build_array(self, parts) if t == "array" else build_object(self, parts)
+
+    def validator(self, parts: list[Part]) -> Any:
+        """A jsonschema validator for the conjunction of `parts` (refs resolve in this document)."""
+        import jsonschema
+        from jsonschema.validators import validator_for
+
+        if self._validator is None:
+            cls = validator_for(self.root, default=jsonschema.Draft202012Validator) if isinstance(
+                self.root, dict) else jsonschema.Draft202012Validator
+            self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
+        return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
+
+
+def _check_document_depth(document: Any) -> None:
+    """Refuse a document nested deeper than MAX_DOCUMENT_DEPTH (without recursing itself)."""
+    stack = [(document, "", 1)] if isinstance(document, (dict, list)) else []
+    while stack:
+        value, pointer, depth = stack.pop()
+        if depth > MAX_DOCUMENT_DEPTH:
+            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays", pointer)
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack += [(v, f"{pointer}/{escape_token(str(k))}", depth + 1) for k, v in items if isinstance(v, (dict, list))]

@@ -1,0 +1,175 @@
+"""What the JSON schema builders share: options, conjuncts (`Part`), keyword sets, type narrowing, and
+`SchemaContext`, the view of the compiler that each builder module is handed.
+
+The builders (scalars, arrays, objects, combinators) take a SchemaContext instead of importing the
+compiler, so they depend on this module only and the compiler is the one place that ties them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .errors import SchemaError
+from .ir import Expr
+from .json_schema_ir import Punctuation
+from .json_schema_refs import escape_token
+
+TYPES = ("null", "boolean", "number", "string", "array", "object")
+
+# Keywords that validate and that this front end cannot enforce exactly in any form.
+UNSUPPORTED = ("contains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
+               "$dynamicRef", "$recursiveRef")
+# Keywords that constrain instances (the rest are annotations or unknown, ignored as JSON Schema says).
+VALIDATION = {"type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
+              "propertyNames", "minProperties", "maxProperties", "items", "prefixItems", "additionalItems",
+              "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
+              "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+              "exclusiveMaximum", "multipleOf", "dependentRequired", "dependencies", *UNSUPPORTED}
+STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
+# A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
+# outgrow the automaton's budget for one terminal.
+MAX_LENGTH_CAP = 1000
+
+
+@dataclass(frozen=True)
+class JsonSchemaOptions:
+    """How a schema becomes a grammar.
+
+    whitespace: 'flexible' (bounded whitespace around punctuation, the default),
+    'dumps' (exactly json.dumps' ", " / ": " layout) or 'compact' (none).
+    additional_properties: False disallows extra object keys unless the schema
+    allows them explicitly (JSON Schema's own default, True, allows them).
+    strict_formats: raise on formats leapgen does not know instead of treating
+    them as annotations (as draft 2020-12 does by default).
+    check_schema: also validate the schema against its metaschema (costs ~1 ms).
+
+    Caps against runaway values (None: off), each applied only where the schema sets no bound of its own
+    and never below what the schema requires, so every instance within the caps stays reachable:
+    max_string_length: characters of a string (keys and pattern/format strings too) without maxLength,
+    at least its minLength; a pattern or format is capped only where intersecting it is affordable.
+    max_items: items of an array without maxItems, at least minItems and the prefixItems count; an
+    array whose capped automaton would be too large (capped arrays nested deep) stays uncapped.
+    max_number_digits: digits before the point of a number without both minimum and maximum, at least
+    what its bound needs, and digits after the point and in the exponent of any number.
+    """
+
+    whitespace: str = "flexible"
+    additional_properties: bool = True
+    max_indent: int = 20
+    strict_formats: bool = False
+    check_schema: bool = False
+    max_string_length: int | None = None
+    max_items: int | None = None
+    max_number_digits: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_cap("max_string_length", self.max_string_length, MAX_LENGTH_CAP)
+        _check_cap("max_items", self.max_items, None)
+        _check_cap("max_number_digits", self.max_number_digits, MAX_LENGTH_CAP)
+
+
+def _check_cap(name: str, value: Any, ceiling: int | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"JSON schema option {name} must be an int >= 1 or None, not {value!r}")
+    if ceiling is not None and value > ceiling:
+        raise ValueError(f"JSON schema option {name} must be at most {ceiling}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One conjunct: a subschema, where it is, its base URI, and keywords already accounted for."""
+
+    schema: Any
+    pointer: str
+    base: str
+    skip: frozenset = frozenset()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return default if key in self.skip or not isinstance(self.schema, dict) else self.schema.get(key, default)
+
+    def has(self, key: str) -> bool:
+        return key not in self.skip and isinstance(self.schema, dict) and key in self.schema
+
+    def at(self, *tokens: Any) -> str:
+        return self.pointer + "".join("/" + escape_token(str(t)) for t in tokens)
+
+    def sub(self, schema: Any, *tokens: Any) -> "Part":
+        return Part(schema, self.at(*tokens), self.base)
+
+
+class SchemaContext(Protocol):
+    """The compiler as the builders see it: its options and rules, and the way back into it for subschemas."""
+
+    options: JsonSchemaOptions
+    punct: Punctuation
+    rules: dict[str, Expr]
+    sizes: dict[str, int]  # inlined_size of each rule
+
+    def compile(self, parts: list[Part]) -> Expr:
+        """The IR for instances valid against every part."""
+
+    def nested(self, parts: list[Part]) -> Expr:
+        """Compile a subschema one structural level down (inside an object or array)."""
+
+    def expand(self, parts: list[Part]) -> tuple[list[Part], bool] | None:
+        """Flatten allOf and $ref into plain conjuncts (and whether a $ref was followed); None if a
+        conjunct is `false`."""
+
+    def never(self, reason: str, pointer: str) -> Expr:
+        """NEVER, remembering why for the error if the whole schema ends up unsatisfiable."""
+
+    def share(self, expr: Expr, pointer: str) -> Expr:
+        """`expr` as a named rule where it is worth one, so the IR stays a small DAG."""
+
+    def rule_name(self, hint: str) -> str:
+        """A fresh rule name built from `hint`."""
+
+    def validator(self, parts: list[Part]) -> Any:
+        """A jsonschema validator for the conjunction of `parts` (refs resolve in this document)."""
+
+
+def expect(cond: bool, message: str, pointer: str) -> None:
+    if not cond:
+        raise SchemaError(message, pointer)
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def count_of(part: Part, key: str) -> int | None:
+    """The non-negative integer keyword `key` of `part` (minItems, maxLength...), None when absent."""
+    value = part.get(key)
+    if value is None:
+        return None
+    expect(is_number(value) and value >= 0 and value == int(value), f"{key} must be a non-negative integer",
+           part.at(key))
+    return int(value)
+
+
+@dataclass
+class Branches:
+    """The JSON types a conjunction admits; 'number' may be restricted to integers."""
+
+    types: set = field(default_factory=lambda: set(TYPES))
+    integer_only: bool = False
+
+
+def narrow_types(part: Part, branches: Branches) -> None:
+    """Intersect `branches` with the `type` keyword of `part`."""
+    if not part.has("type"):
+        return
+    declared = part.get("type")
+    names = declared if isinstance(declared, list) else [declared]
+    allowed: set = set()
+    integer = False
+    for name in names:
+        expect(name in TYPES or name == "integer", f"unknown type {name!r}", part.at("type"))
+        allowed.add("number" if name == "integer" else name)
+        integer = integer or name == "integer"
+    if integer and "number" not in names:
+        branches.integer_only = True
+    branches.types &= allowed

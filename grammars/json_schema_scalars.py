@@ -1,0 +1,171 @@
+"""Scalars: enum/const values, numbers (bounds, multipleOf, digit caps) and strings (lengths, pattern, format).
+
+Each becomes one Terminal (or a choice of literals for enum/const), so the runtime matches it as a single
+regex intersection.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from .errors import SchemaError, UnsupportedSchemaError
+from .ir import Expr, Terminal
+from .json_numbers import DECIMAL, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
+from .json_schema_context import Part, SchemaContext, count_of, expect, is_number
+from .json_schema_ir import NEVER, choice, json_equal, literal, number_literal_regex
+from .json_strings import FORMATS, capped_length, format_pattern, pattern_regex, regex_escape, string_regex
+
+Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
+
+
+def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
+    """The enum/const values of `parts` that satisfy every other keyword of the conjunction."""
+    values: list[Any] | None = None
+    for part in parts:
+        for key in ("enum", "const"):
+            if not part.has(key):
+                continue
+            candidates = [part.get(key)] if key == "const" else part.get(key)
+            expect(isinstance(candidates, list), "enum must be an array", part.at(key))
+            if values is None:
+                values = []
+                for v in candidates:
+                    if not any(json_equal(v, w) for w in values):
+                        values.append(v)
+            else:
+                values = [v for v in values if any(json_equal(v, c) for c in candidates)]
+    assert values is not None
+    try:
+        validator = ctx.validator(parts)
+        values = [v for v in values if validator.is_valid(v)]
+    except Exception as exc:  # unresolvable refs, bad regexes: the schema itself is at fault
+        raise SchemaError(f"cannot check enum values against the schema: {exc}", parts[0].pointer) from None
+    if not values:
+        return ctx.never("no enum/const value satisfies the schema", parts[0].pointer)
+    return choice(literal(v, ctx.punct) for v in values)
+
+
+def _decimal(x: Any, pointer: str) -> Decimal:
+    expect(is_number(x), "expected a number", pointer)
+    d = Decimal(str(x))
+    expect(d.is_finite(), "expected a finite number", pointer)
+    return d
+
+
+def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: list[Any]) -> Expr:
+    """The number terminal for the numeric keywords of `parts`, none of the `excluded` values (a
+    ("non-integer",) entry there excludes integers)."""
+    lo: tuple[Decimal, bool] | None = None
+    hi: tuple[Decimal, bool] | None = None
+    multiples: list[tuple[Decimal, str]] = []
+
+    def tighter(cur, new, upper):
+        if cur is None:
+            return new
+        if new[0] != cur[0]:
+            return new if (new[0] < cur[0]) == upper else cur
+        return (cur[0], cur[1] or new[1])
+
+    for p in parts:
+        legacy_min = p.get("exclusiveMinimum") is True
+        legacy_max = p.get("exclusiveMaximum") is True
+        if p.has("minimum"):
+            lo = tighter(lo, (_decimal(p.get("minimum"), p.at("minimum")), legacy_min), False)
+        if p.has("maximum"):
+            hi = tighter(hi, (_decimal(p.get("maximum"), p.at("maximum")), legacy_max), True)
+        if p.has("exclusiveMinimum") and not isinstance(p.get("exclusiveMinimum"), bool):
+            lo = tighter(lo, (_decimal(p.get("exclusiveMinimum"), p.at("exclusiveMinimum")), True), False)
+        if p.has("exclusiveMaximum") and not isinstance(p.get("exclusiveMaximum"), bool):
+            hi = tighter(hi, (_decimal(p.get("exclusiveMaximum"), p.at("exclusiveMaximum")), True), True)
+        if p.has("multipleOf"):
+            k = _decimal(p.get("multipleOf"), p.at("multipleOf"))
+            expect(k > 0, "multipleOf must be positive", p.at("multipleOf"))
+            multiples.append((k, p.at("multipleOf")))
+    pointer = parts[0].pointer if parts else ""
+    if lo and hi and (lo[0] > hi[0] or (lo[0] == hi[0] and (lo[1] or hi[1]))):
+        return ctx.never(f"minimum {lo[0]} is above maximum {hi[0]}", pointer)
+    if integer_only and lo and hi:
+        first = int(lo[0].to_integral_value("ROUND_FLOOR")) + 1 if lo[1] or lo[0] != int(lo[0]) else int(lo[0])
+        if lo[1] and lo[0] != int(lo[0]):
+            first = int(lo[0].to_integral_value("ROUND_CEILING"))
+        last = int(hi[0].to_integral_value("ROUND_CEILING")) - 1 if hi[1] or hi[0] != int(hi[0]) else int(hi[0])
+        if hi[1] and hi[0] != int(hi[0]):
+            last = int(hi[0].to_integral_value("ROUND_FLOOR"))
+        if first > last:
+            return ctx.never(f"no integer between {lo[0]} and {hi[0]}", pointer)
+    also: list[str] = []
+    if lo:
+        also.append(at_least(*lo))
+    if hi:
+        also.append(at_most(*hi))
+    integral = integer_only
+    for k, at in multiples:
+        regex = multiple_of_regex(k, integer_only)
+        if regex is None and lo and hi and (hi[0] - lo[0]) / k <= 256:
+            start = (lo[0] / k).to_integral_value("ROUND_CEILING")
+            stop = (hi[0] / k).to_integral_value("ROUND_FLOOR")
+            regex = "(?:" + "|".join(number_literal_regex(n * k) for n in range(int(start), int(stop) + 1)) + ")"
+        if regex is None:
+            raise UnsupportedSchemaError(f"multipleOf {k} cannot be enforced exactly for this range", at)
+        also.append(regex)
+        integral = integral or k == k.to_integral_value()
+    main = INTEGER_VALUE if integral else (DECIMAL if also else NUMBER)
+    if ctx.options.max_number_digits is not None:
+        bounds = [b[0] for b in (lo, hi) if b is not None]
+        also.append(_digit_cap(ctx.options.max_number_digits, bounds, [k for k, _ in multiples],
+                               whole_open=len(bounds) < 2))
+    exclude = tuple(number_literal_regex(v) for v in excluded if is_number(v))
+    if ("non-integer",) in excluded:
+        if integral:
+            return NEVER
+        also.append(DECIMAL)
+        exclude += (INTEGER_VALUE,)
+    return Terminal(main, tuple(also), exclude)
+
+
+def _digit_cap(cap: int, bounds: list[Decimal], multiples: list[Decimal], whole_open: bool) -> str:
+    """The max_number_digits (`cap`) regex for a number with these bounds and multipleOf steps; the integer
+    part is capped only where the bounds leave it open (`whole_open`).  The caps keep room for the first
+    allowed value past each bound (at most one step away, the step being a multiple of every multipleOf) and
+    for one more fraction digit than the schema's own numbers have, so a value between two exclusive bounds
+    always remains."""
+    step = Decimal(1)
+    for k in multiples:
+        step *= max(k, Decimal(1))
+    edge = max((abs(b) for b in bounds), default=Decimal(0)) + step
+    int_digits = max(cap, len(str(int(edge)))) if whole_open else None
+    frac = max((max(0, -d.normalize().as_tuple().exponent) for d in bounds + multiples), default=-1)
+    return digit_cap(int_digits, max(cap, frac + 1))
+
+
+def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], key_patterns: Patterns = (),
+                    other_key_patterns: Patterns = ()) -> Expr:
+    """The quoted-string terminal for the string keywords of `parts`, none of the `excluded` values; for
+    property names also matching every pattern of `key_patterns` and none of `other_key_patterns`."""
+    lo, hi = 0, None
+    patterns = list(key_patterns)
+    for p in parts:
+        n = count_of(p, "minLength")
+        lo = max(lo, n) if n is not None else lo
+        n = count_of(p, "maxLength")
+        hi = n if hi is None else (min(hi, n) if n is not None else hi)
+        if p.has("pattern"):
+            expect(isinstance(p.get("pattern"), str), "pattern must be a string", p.at("pattern"))
+            patterns.append((p.get("pattern"), p.at("pattern")))
+        fmt = p.get("format")
+        if fmt in FORMATS:
+            patterns.append((format_pattern(fmt), ""))
+        elif fmt is not None and ctx.options.strict_formats:
+            raise UnsupportedSchemaError(f"format {fmt!r} is not supported", p.at("format"))
+    if hi is not None and lo > hi:
+        return ctx.never(f"minLength {lo} is above maxLength {hi}", parts[0].pointer if parts else "")
+    also = tuple(pattern_regex(*pattern) for pattern in patterns)
+    exclude = tuple(regex_escape(json.dumps(v, ensure_ascii=False)) for v in excluded) + tuple(
+        pattern_regex(*pattern) for pattern in other_key_patterns)
+    if hi is None and ctx.options.max_string_length is not None:
+        hi = capped_length(ctx.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)
+    if lo == 0 and hi is None and also:
+        return Terminal(also[0], also[1:], exclude)
+    return Terminal(string_regex(lo, hi), also, exclude)
