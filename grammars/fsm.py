@@ -43,11 +43,10 @@ class DFA:
         than `limit` states are reachable."""
         cache = self.__dict__.setdefault("_signatures", {})
         if state not in cache:
-            ranges = self.ranges()
             order = {state: 0}
             queue = [state]
             for s in queue:
-                for _, _, t in ranges[s]:
+                for _, _, t in self.state_ranges(s):
                     if t not in order:
                         if len(order) >= limit:
                             cache[state] = None
@@ -64,8 +63,20 @@ class DFA:
         """Per state, the maximal byte ranges (lo, hi, target) of its transitions (cached)."""
         cached = self.__dict__.get("_ranges")
         if cached is None:
-            cached = self.__dict__["_ranges"] = [_row_ranges(row) for row in self.trans]
+            cached = self.__dict__["_ranges"] = _row_ranges(self.trans)
         return cached
+
+    def state_ranges(self, state: int) -> list[tuple[int, int, int]]:
+        """`ranges()[state]`, without computing every state's (a signature visits a few states of DFAs that
+        may have tens of thousands)."""
+        full = self.__dict__.get("_ranges")
+        if full is not None:
+            return full[state]
+        each = self.__dict__.setdefault("_state_ranges", {})
+        hit = each.get(state)
+        if hit is None:
+            hit = each[state] = _row_ranges(self.trans[state:state + 1])[0]
+        return hit
 
 
 @dataclass(eq=False)
@@ -119,16 +130,22 @@ class NFA:
         self.epsilon(src, first)
 
 
-def _row_ranges(row: np.ndarray) -> list[tuple[int, int, int]]:
-    """Maximal byte ranges of one transition row with the same live target."""
-    out = []
-    change = np.flatnonzero(np.diff(row)) + 1
-    starts = np.concatenate(([0], change))
-    ends = np.concatenate((change, [256]))
-    for lo, hi in zip(starts.tolist(), ends.tolist()):
-        t = int(row[lo])
-        if t >= 0:
-            out.append((lo, hi - 1, t))
+def _row_ranges(trans: np.ndarray) -> list[list[tuple[int, int, int]]]:
+    """Per row of `trans [n, 256]`, its maximal byte ranges with the same live target, found for all rows
+    at once (per-row numpy calls cost more than the work on the DFAs of large enums)."""
+    starts = np.ones(trans.shape, bool)
+    starts[:, 1:] = trans[:, 1:] != trans[:, :-1]
+    rows, los = np.nonzero(starts)              # row-major: each row's runs in byte order
+    his = np.empty_like(los)
+    his[:-1] = los[1:] - 1
+    ends_row = np.ones(len(rows), bool)
+    ends_row[:-1] = rows[1:] != rows[:-1]
+    his[ends_row] = 255
+    targets = trans[rows, los]
+    live = targets >= 0
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(len(trans))]
+    for row, lo, hi, t in zip(rows[live].tolist(), los[live].tolist(), his[live].tolist(), targets[live].tolist()):
+        out[row].append((lo, hi, t))
     return out
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 from .errors import UnsupportedSchemaError
 from .ir import Expr, Lit, Ref, Terminal
-from .json_schema_context import Branches, Part, SchemaContext, count_of, expect, narrow_types
-from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, json_equal, literal, optional, repeat, seq
+from .json_schema_context import (Branches, Part, SchemaContext, count_of, enum_values, expect, narrow_types,
+                                  satisfying)
+from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
 
 _MAX_UNIQUE_VALUES = 8
 # Automaton nodes the item cap may add: the automaton writes a capped array's items out one by one, so
@@ -124,16 +125,9 @@ def _finite_values(ctx: SchemaContext, parts: list[Part]) -> list[Any] | None:
     if expanded is None:
         return []
     parts = expanded[0]
-    if any(p.has("enum") or p.has("const") for p in parts):
-        values = None
-        for p in parts:
-            for key in ("enum", "const"):
-                if p.has(key):
-                    vals = [p.get(key)] if key == "const" else list(p.get(key))
-                    values = vals if values is None else [v for v in values if
-                                                          any(json_equal(v, w) for w in vals)]
-        validator = ctx.validator(parts)
-        return [v for v in values if validator.is_valid(v)]
+    values = enum_values(parts)
+    if values is not None:
+        return satisfying(ctx, parts, values)
     branches = Branches()
     for p in parts:
         narrow_types(p, branches)

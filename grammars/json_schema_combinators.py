@@ -11,8 +11,8 @@ from typing import Any
 
 from .errors import UnsupportedSchemaError
 from .ir import Expr
-from .json_schema_context import VALIDATION, Branches, Part, SchemaContext, expect, narrow_types
-from .json_schema_ir import choice, json_equal
+from .json_schema_context import VALIDATION, Branches, Part, SchemaContext, enum_values, expect, narrow_types
+from .json_schema_ir import choice, json_key
 
 _MAX_DISTRIBUTED_BRANCHES = 64
 
@@ -47,16 +47,12 @@ def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
         return None
     parts = expanded[0]
     branches = Branches()
-    values = None
+    values = enum_values(parts)
     required: set = set()
     consts: dict[str, list] = {}
     closed: set | None = None
     for p in parts:
         narrow_types(p, branches)
-        for key in ("enum", "const"):
-            if p.has(key):
-                vals = [p.get(key)] if key == "const" else list(p.get(key) or [])
-                values = vals if values is None else [v for v in values if any(json_equal(v, w) for w in vals)]
         req = p.get("required", [])
         required |= set(req) if isinstance(req, list) else set()
         props = p.get("properties", {})
@@ -140,7 +136,7 @@ def _disjoint(a: dict | None, b: dict | None) -> bool:
     if a is None or b is None:
         return True
     if a["values"] is not None and b["values"] is not None:
-        return not any(json_equal(v, w) for v in a["values"] for w in b["values"])
+        return not _keys(a["values"]) & _keys(b["values"])
     for x, y in ((a, b), (b, a)):
         if x["values"] is not None and not any(_type_of(v) in y["types"] or (_type_of(v) == "integer" and "number"
                                                                              in y["types"]) for v in x["values"]):
@@ -154,9 +150,13 @@ def _disjoint(a: dict | None, b: dict | None) -> bool:
         return False
     for name in a["required"] & b["required"]:
         if name in a["consts"] and name in b["consts"]:
-            if not any(json_equal(v, w) for v in a["consts"][name] for w in b["consts"][name]):
+            if not _keys(a["consts"][name]) & _keys(b["consts"][name]):
                 return True
     for x, y in ((a, b), (b, a)):
         if y["closed"] is not None and x["required"] - y["closed"]:
             return True
     return False
+
+
+def _keys(values: list[Any]) -> set:
+    return {json_key(v) for v in values}

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from .errors import SchemaError
 from .ir import Expr
-from .json_schema_ir import Punctuation
+from .json_schema_ir import Punctuation, json_key
 from .json_schema_refs import escape_token
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
@@ -26,6 +26,7 @@ VALIDATION = {"type", "enum", "const", "properties", "required", "additionalProp
               "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
               "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
               "exclusiveMaximum", "multipleOf", "dependentRequired", "dependencies", *UNSUPPORTED}
+_CONSTRAINING = (VALIDATION | {"$ref"}) - {"enum", "const"}
 STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 # A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
 # outgrow the automaton's budget for one terminal.
@@ -138,6 +139,35 @@ def expect(cond: bool, message: str, pointer: str) -> None:
 
 def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def enum_values(parts: list[Part]) -> list[Any] | None:
+    """The values that every enum and const of `parts` allows, each once (JSON equality), in the order of
+    the first that names them; None when no part has either keyword."""
+    values: dict[Any, Any] | None = None
+    for part in parts:
+        for key in ("enum", "const"):
+            if not part.has(key):
+                continue
+            candidates = [part.get(key)] if key == "const" else part.get(key)
+            expect(isinstance(candidates, list), "enum must be an array", part.at(key))
+            keyed: dict[Any, Any] = {}
+            for value in candidates:
+                keyed.setdefault(json_key(value), value)
+            values = keyed if values is None else {k: v for k, v in values.items() if k in keyed}
+    return None if values is None else list(values.values())
+
+
+def satisfying(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list[Any]:
+    """The `values` (from `enum_values(parts)`) that satisfy the other keywords of `parts`.  They are checked
+    without the enum and const lists, which would make each check as long as the enum, and not at all when
+    nothing else constrains them."""
+    rest = [Part({k: v for k, v in p.schema.items() if k not in ("enum", "const")}, p.pointer, p.base, p.skip)
+            if isinstance(p.schema, dict) else p for p in parts]
+    if all(p.schema is True or (isinstance(p.schema, dict) and not p.schema.keys() & _CONSTRAINING) for p in rest):
+        return values
+    validator = ctx.validator(rest)
+    return [v for v in values if validator.is_valid(v)]
 
 
 def count_of(part: Part, key: str) -> int | None:

@@ -10,13 +10,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Hashable
 
 from .ir import Choice, Expr, Grammar, Lit, Ref, Repeat, Seq, Terminal
 from .json_strings import regex_escape
 
 NEVER = Choice(())
 EMPTY = Seq(())
+
+
+# json.dumps with keyword arguments builds a new encoder per call (10 us, most of a 10,000-value enum's IR).
+json_text = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def seq(*items: Expr) -> Expr:
@@ -40,12 +44,11 @@ def seq(*items: Expr) -> Expr:
 
 def choice(items) -> Expr:
     """A choice without NEVER branches or duplicates; NEVER if nothing is left."""
-    out: list[Expr] = []
+    out: dict[Expr, None] = {}       # ordered, and linear where a list's `in` made large enums quadratic
     for item in items:
         for alt in item.items if isinstance(item, Choice) else (item,):
-            if alt not in out:
-                out.append(alt)
-    return out[0] if len(out) == 1 else Choice(tuple(out))
+            out.setdefault(alt)
+    return next(iter(out)) if len(out) == 1 else Choice(tuple(out))
 
 
 def repeat(item: Expr, lo: int = 0, hi: int | None = None) -> Expr:
@@ -146,7 +149,7 @@ def number_literal_regex(value: Any) -> str:
 def literal(value: Any, punct: Punctuation) -> Expr:
     """The JSON value `value` (from an enum or const), in the given whitespace style."""
     if value is None or isinstance(value, bool) or isinstance(value, str):
-        return Lit(json.dumps(value, ensure_ascii=False))
+        return Lit(json_text(value))
     if isinstance(value, (int, float)):
         return Terminal(number_literal_regex(value))
     if isinstance(value, list):
@@ -161,20 +164,26 @@ def literal(value: Any, punct: Punctuation) -> Expr:
             return punct.obj_empty
         items = [punct.obj_open]
         for i, (key, item) in enumerate(value.items()):
-            items += ([punct.comma] if i else []) + [Lit(json.dumps(key, ensure_ascii=False)), punct.colon,
+            items += ([punct.comma] if i else []) + [Lit(json_text(key)), punct.colon,
                                                      literal(item, punct)]
         return seq(*items, punct.obj_close)
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
+def json_key(value: Any) -> Hashable:
+    """A key that is equal for exactly the values JSON Schema calls equal: numbers by value (1 and 1.0),
+    booleans apart from numbers, arrays and objects by content; dedupes and intersects enums in linear time."""
+    if isinstance(value, bool):
+        return ("boolean", value)
+    if isinstance(value, (int, float)):
+        return ("number", value)
+    if isinstance(value, list):
+        return ("array", tuple(json_key(item) for item in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((key, json_key(item)) for key, item in value.items()))
+    return (type(value).__name__, value)
+
+
 def json_equal(a: Any, b: Any) -> bool:
-    """JSON Schema equality: numbers by value, booleans never equal to numbers, containers recursively."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
+    """JSON Schema equality (see `json_key`)."""
+    return json_key(a) == json_key(b)

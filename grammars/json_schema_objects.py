@@ -11,7 +11,6 @@ whether each trigger key is present.
 
 from __future__ import annotations
 
-import json
 import re
 from itertools import combinations, product
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, expect
-from .json_schema_ir import NEVER, choice, optional, repeat, seq
+from .json_schema_ir import NEVER, choice, json_text, optional, repeat, seq
 from .json_schema_scalars import string_terminal
 from .json_strings import pattern_regex, regex_escape
 
@@ -28,12 +27,12 @@ _MAX_TRIGGERS = 3
 
 
 def _key_regex(name: str) -> str:
-    return regex_escape(json.dumps(name, ensure_ascii=False))
+    return regex_escape(json_text(name))
 
 
 def _matches(pattern: str, name: str, pointer: str) -> bool:
     """Whether the JSON key `name` matches an ECMA `pattern` (as the grammar will judge it)."""
-    return re.fullmatch(pattern_regex(pattern, pointer), json.dumps(name, ensure_ascii=False)) is not None
+    return re.fullmatch(pattern_regex(pattern, pointer), json_text(name)) is not None
 
 
 class _ObjectBuilder:
@@ -166,7 +165,7 @@ class _ObjectBuilder:
             parts = self.value_parts(name)
             values[name] = NEVER if parts is None else self.ctx.nested(parts)
         extra = self.extras(names)
-        members = {n: self.ctx.share(seq(Lit(json.dumps(n, ensure_ascii=False)), self.ctx.punct.colon, v), self.pointer)
+        members = {n: self.ctx.share(seq(Lit(json_text(n)), self.ctx.punct.colon, v), self.pointer)
                    for n, v in values.items() if v != NEVER}
         extra = self.ctx.share(extra, self.pointer)
         triggers = [t for t in self.dependents if t in members and t not in self.required]

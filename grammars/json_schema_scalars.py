@@ -6,15 +6,14 @@ regex intersection.
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
 from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Terminal
 from .json_numbers import DECIMAL, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
-from .json_schema_context import Part, SchemaContext, count_of, expect, is_number
-from .json_schema_ir import NEVER, choice, json_equal, literal, number_literal_regex
+from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
+from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_regex
 from .json_strings import FORMATS, capped_length, format_pattern, pattern_regex, regex_escape, string_regex
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
@@ -22,24 +21,10 @@ Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON poin
 
 def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
     """The enum/const values of `parts` that satisfy every other keyword of the conjunction."""
-    values: list[Any] | None = None
-    for part in parts:
-        for key in ("enum", "const"):
-            if not part.has(key):
-                continue
-            candidates = [part.get(key)] if key == "const" else part.get(key)
-            expect(isinstance(candidates, list), "enum must be an array", part.at(key))
-            if values is None:
-                values = []
-                for v in candidates:
-                    if not any(json_equal(v, w) for w in values):
-                        values.append(v)
-            else:
-                values = [v for v in values if any(json_equal(v, c) for c in candidates)]
+    values = enum_values(parts)
     assert values is not None
     try:
-        validator = ctx.validator(parts)
-        values = [v for v in values if validator.is_valid(v)]
+        values = satisfying(ctx, parts, values)
     except Exception as exc:  # unresolvable refs, bad regexes: the schema itself is at fault
         raise SchemaError(f"cannot check enum values against the schema: {exc}", parts[0].pointer) from None
     if not values:
@@ -162,7 +147,7 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     if hi is not None and lo > hi:
         return ctx.never(f"minLength {lo} is above maxLength {hi}", parts[0].pointer if parts else "")
     also = tuple(pattern_regex(*pattern) for pattern in patterns)
-    exclude = tuple(regex_escape(json.dumps(v, ensure_ascii=False)) for v in excluded) + tuple(
+    exclude = tuple(regex_escape(json_text(v)) for v in excluded) + tuple(
         pattern_regex(*pattern) for pattern in other_key_patterns)
     if hi is None and ctx.options.max_string_length is not None:
         hi = capped_length(ctx.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)

@@ -352,7 +352,13 @@ def literal_dfa(text: str) -> DFA:
 
 @functools.lru_cache(maxsize=4096)
 def literals_dfa(texts: tuple[str, ...]) -> DFA:
-    """DFA of exactly the UTF-8 encodings of `texts`: their byte trie, minimised (memoised)."""
+    """DFA of exactly the UTF-8 encodings of `texts`: their byte trie with equal subtrees merged (memoised).
+
+    A trie's states are created after their parents, so walking them backwards meets every state after
+    its children: a register of (accepting, transitions to merged children) merges equal subtrees in one
+    pass, which gives the minimal DFA of a finite language in time linear in the trie (a 10,000-word enum
+    in milliseconds, where generic minimisation takes seconds).
+    """
     rows: list[dict[int, int]] = [{}]
     accept = [False]
     for text in texts:
@@ -365,12 +371,25 @@ def literals_dfa(texts: tuple[str, ...]) -> DFA:
                 accept.append(False)
             s = t
         accept[s] = True
-    trans = np.full((len(rows), 256), -1, np.int32)
-    for s, row in enumerate(rows):
-        if row:
-            trans[s, list(row)] = list(row.values())
-    dfa = DFA(trans, np.array(accept, bool))
-    return dfa if len(texts) == 1 else minimize(dfa)
+    merged: list[int] = [0] * len(rows)
+    register: dict[tuple[bool, tuple[tuple[int, int], ...]], int] = {}
+    for s in range(len(rows) - 1, -1, -1):
+        row = rows[s]
+        if len(row) == 1:           # most trie states: no sort needed for a canonical key
+            [(b, t)] = row.items()
+            edges: tuple[tuple[int, int], ...] = ((b, merged[t]),)
+        else:
+            edges = tuple(sorted((b, merged[t]) for b, t in row.items()))
+        merged[s] = register.setdefault((accept[s], edges), len(register))
+    # The start state is registered last (no other state has its language); number states backwards so it is 0.
+    last = len(register) - 1
+    trans = np.full((len(register), 256), -1, np.int32)
+    final = np.zeros(len(register), bool)
+    for (accepting, edges), index in register.items():
+        final[last - index] = accepting
+        for b, t in edges:
+            trans[last - index, b] = last - t
+    return DFA(trans, final)
 
 
 def dfa_fullmatch(dfa: DFA, data: bytes) -> bool:
