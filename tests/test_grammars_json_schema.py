@@ -180,6 +180,26 @@ def test_combinators_refs_and_recursion():
     check({"enum": [1, "a", {"k": [True]}], "not": {"const": "a"}}, valid=[1, 1.0, {"k": [True]}], invalid=["a"])
 
 
+def test_enums_use_json_equality_and_every_keyword():
+    # 1 and 1.0 are one value, true is not 1; enums of two parts intersect; other keywords still filter
+    check({"enum": [1, 1.0, True, [1], [1.0], {"a": 1}, {"a": 1.0}, "x"], "not": {"type": "string"}},
+          valid=[1, True, [1], {"a": 1}], invalid=["x", False, 2, [True]])
+    check({"allOf": [{"enum": [1, 2, "a", None]}, {"enum": [2.0, "a", False]}], "type": ["integer", "null"]},
+          valid=[2], invalid=["a", 1, None, False])
+    check({"enum": ["ab", "abc", "b"], "minLength": 2, "const": "ab"}, valid=["ab"], invalid=["abc", "b"])
+
+
+def test_a_large_enum_compiles_to_its_values():
+    rng = random.Random(5)
+    words = sorted({"".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1, 9))) for _ in range(3000)})
+    tokenizer = byte_level_bpe()
+    grammar = compile_json_schema({"enum": words + words[:100]}, tokenizer)
+    for word in words[::97]:
+        assert accepts(grammar, tokenizer, json.dumps(word))
+    for wrong in ("zz", words[0] + "z", ""):
+        assert (wrong in words) == accepts(grammar, tokenizer, json.dumps(wrong))
+
+
 @pytest.mark.parametrize("whitespace", ["flexible", "dumps"])
 def test_dumps_layout_is_accepted(whitespace):
     value = {"a": [1, 2, {"b": None}], "c": "d"}
