@@ -17,6 +17,7 @@ if TYPE_CHECKING:   # static analysers and IDEs see the real names
     from leapgen.decoding.sampling_params import SamplingParams
     from leapgen.decoding.speculative import SpeculativeConfig
     from leapgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+    from leapgen.engine.step_profile import StepProfile
     from leapgen.extraction import extract
     from leapgen.llm import LLM, generate
 
@@ -35,10 +36,12 @@ _LAZY = {
     "RequestMetrics": "leapgen.engine.outputs",
     "SpeculativeConfig": "leapgen.decoding.speculative",
     "extract": "leapgen.extraction",
+    "StepProfile": "leapgen.engine.step_profile",
 }
 
 __all__ = ["LLM", "SamplingParams", "generate", "JsonSchema", "Regex", "Grammar", "RequestOutput", "CompletionOutput",
-           "TokenLogprob", "RequestMetrics", "SpeculativeConfig", "from_response_format", "extract"]
+           "TokenLogprob", "RequestMetrics", "SpeculativeConfig", "from_response_format", "extract",
+           "StepProfile"]
 __version__ = "0.1.0"
 
 
