@@ -134,6 +134,13 @@ def punctuation(style: str, max_indent: int) -> Punctuation:
 
 def number_literal_regex(value: Any) -> str:
     """Every JSON spelling (without exponent) of the number `value`: 2 matches 2, 2.0, 2.00."""
+    whole, tail = number_literal_parts(value)
+    return whole + tail
+
+
+def number_literal_parts(value: Any) -> tuple[str, str]:
+    """`number_literal_regex(value)` as its fixed text (sign and integer digits) and the regex of its
+    fraction, which all integers share: an enum of many numbers becomes one set of literals and one tail."""
     d = Decimal(str(value))
     if not d.is_finite():
         raise ValueError(f"{value!r} is not a JSON number")
@@ -142,8 +149,7 @@ def number_literal_regex(value: Any) -> str:
     whole = int(d)
     frac = format(d - whole, "f")
     frac = frac.split(".")[1].rstrip("0") if "." in frac else ""
-    tail = rf"\.{frac}0*" if frac else r"(?:\.0+)?"
-    return f"{sign}{whole}{tail}"
+    return f"{sign}{whole}", rf"\.{frac}0*" if frac else r"(?:\.0+)?"
 
 
 def literal(value: Any, punct: Punctuation) -> Expr:

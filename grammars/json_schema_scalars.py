@@ -10,10 +10,10 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Terminal
+from .ir import Expr, Lit, Terminal
 from .json_numbers import DECIMAL, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
-from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_regex
+from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, seq
 from .json_strings import FORMATS, capped_length, format_pattern, pattern_regex, regex_escape, string_regex
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
@@ -29,7 +29,13 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
         raise SchemaError(f"cannot check enum values against the schema: {exc}", parts[0].pointer) from None
     if not values:
         return ctx.never("no enum/const value satisfies the schema", parts[0].pointer)
-    return choice(literal(v, ctx.punct) for v in values)
+    by_tail: dict[str, list[Expr]] = {}         # numbers with the same fraction regex share one terminal
+    for value in values:
+        if is_number(value):
+            whole, tail = number_literal_parts(value)
+            by_tail.setdefault(tail, []).append(Lit(whole))
+    numbers = [seq(choice(wholes), Terminal(tail)) for tail, wholes in by_tail.items()]
+    return choice([*numbers, *(literal(v, ctx.punct) for v in values if not is_number(v))])
 
 
 def _decimal(x: Any, pointer: str) -> Decimal:

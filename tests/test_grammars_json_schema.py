@@ -187,6 +187,11 @@ def test_enums_use_json_equality_and_every_keyword():
     check({"allOf": [{"enum": [1, 2, "a", None]}, {"enum": [2.0, "a", False]}], "type": ["integer", "null"]},
           valid=[2], invalid=["a", 1, None, False])
     check({"enum": ["ab", "abc", "b"], "minLength": 2, "const": "ab"}, valid=["ab"], invalid=["abc", "b"])
+    grammar = json_schema_to_grammar({"enum": [1, 2.5, -3, 10 ** 20, "1", 0.25]})
+    for text in ("1", "1.0", "2.5", "2.50", "-3", "-3.00", str(10 ** 20), '"1"', "0.25"):
+        assert ir_accepts(grammar, text), text
+    for text in ("2", "25", "-3.5", "0", "1.5", "10", "0.2", "-1"):
+        assert not ir_accepts(grammar, text), text
 
 
 def test_a_large_enum_compiles_to_its_values():
