@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import ir
-from .errors import GrammarError
+from .errors import EmptyLanguageError, GrammarError
 from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
@@ -240,10 +240,13 @@ class _Compiler:
             self.build(nfa, expr.item, cur, nxt)
             cur = nxt
         if expr.max is None:
-            loop_end = nfa.node()
-            self.build(nfa, expr.item, cur, loop_end)
-            nfa.epsilon(loop_end, cur)
-            nfa.epsilon(cur, dst)
+            # The loop gets a node of its own: looping back to `src` would let a path that took one
+            # repetition re-enter whatever else leaves src (the other branches of a choice).
+            loop, loop_end = nfa.node(), nfa.node()
+            nfa.epsilon(cur, loop)
+            self.build(nfa, expr.item, loop, loop_end)
+            nfa.epsilon(loop_end, loop)
+            nfa.epsilon(loop, dst)
             return
         for _ in range(expr.max - expr.min):
             nfa.epsilon(cur, dst)
@@ -279,7 +282,7 @@ def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[s
             break
         productive |= now
     if start not in productive:
-        raise GrammarError("the grammar matches no string at all")
+        raise EmptyLanguageError("the grammar matches no string at all")
     out = {}
     for name, rule in rules.items():
         ok = live[name]

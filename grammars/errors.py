@@ -7,6 +7,10 @@ class GrammarError(ValueError):
     """A constraint that cannot be compiled (base class of all constraint errors)."""
 
 
+class EmptyLanguageError(GrammarError):
+    """A grammar that matches no string at all (its front end may know better where that comes from)."""
+
+
 class RegexError(GrammarError):
     """An invalid or unsupported regex; `position` is the offset in `pattern`."""
 

@@ -15,7 +15,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from .errors import SchemaError, UnsupportedSchemaError
+from .errors import EmptyLanguageError, SchemaError, UnsupportedSchemaError
 from .ir import Grammar
 from .json_schema_arrays import MAX_ITEM_CAP_NODES
 from .json_schema_compiler import MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS, SchemaCompiler
@@ -30,7 +30,14 @@ __all__ = ["MAX_DOCUMENT_DEPTH", "MAX_LENGTH_CAP", "MAX_SUBSCHEMAS", "MAX_SUBSCH
 def compile_json_schema(schema: Any, tokenizer: Any, **options: Any) -> CompiledGrammar:
     """Compile a JSON schema (dict, bool or JSON text) for an HF tokenizer or a Vocabulary; options: see
     JsonSchemaOptions."""
-    return CompiledGrammar.from_ir(json_schema_to_grammar(schema, **options), tokenizer)
+    grammar = json_schema_to_grammar(schema, **options)
+    try:
+        return CompiledGrammar.from_ir(grammar, tokenizer)
+    except EmptyLanguageError:
+        # The IR already refuses what it can see is empty, with its pointer; this is emptiness only the
+        # automata show: regexes of one value that do not intersect, or recursion that never ends.
+        raise SchemaError("schema is unsatisfiable: the constraints of some value admit no text (keywords of one "
+                          "string or number that exclude each other, or $ref recursion with no way out)", "") from None
 
 
 def json_schema_to_grammar(schema: Any, **options: Any) -> Grammar:

@@ -258,10 +258,13 @@ class _Builder:
             self.seq(sub.data, cur, nxt, flags, False, False)
             cur = nxt
         if hi is C.MAXREPEAT:
-            loop_end = nfa.node()
-            self.seq(sub.data, cur, loop_end, flags, False, False)
-            nfa.epsilon(loop_end, cur)
-            nfa.epsilon(cur, dst)
+            # A loop node of its own: looping back to `src` let `a*b|c` match "ac" (the loop re-entered
+            # the other branches that leave src).
+            loop, loop_end = nfa.node(), nfa.node()
+            nfa.epsilon(cur, loop)
+            self.seq(sub.data, loop, loop_end, flags, False, False)
+            nfa.epsilon(loop_end, loop)
+            nfa.epsilon(loop, dst)
             return
         for _ in range(hi - lo):
             nfa.epsilon(cur, dst)

@@ -151,6 +151,16 @@ def _grammar_accepts(g, text: str) -> bool:
     return state is not None and g.closure(state)[1]
 
 
+def test_a_repetition_opening_a_choice_branch_does_not_leak_into_the_others():
+    rules = {"start": ir.Choice((ir.Seq((ir.Repeat(ir.Seq((ir.Lit("a"), ir.Terminal("[0-9]"))), 0, None), ir.Lit("b"))),
+                                 ir.Lit("c")))}
+    g = compile_grammar(ir.Grammar(rules, "start"), tu.byte_level_bpe())
+    for text in ("b", "a1b", "a1a2b", "c"):
+        assert _grammar_accepts(g, text), text
+    for text in ("a1c", "a1", "cb"):
+        assert not _grammar_accepts(g, text), text
+
+
 def test_recursive_ir_grammar_nests_without_unrolling():
     rules = {
         "value": ir.Choice((ir.Terminal(r"[0-9]+"), ir.Ref("list"))),

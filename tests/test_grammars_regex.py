@@ -9,6 +9,8 @@ from leapgen.grammars.errors import RegexError
 from leapgen.grammars.regex import MAX_GROUP_DEPTH, dfa_fullmatch, regex_dfa, terminal_dfa, utf8_sequences
 
 PATTERNS = [
+    r"a*b|c",               # a star at the start of a branch once looped back into the other branches
+    r"(?:x|y*)z|w*|v",
     r"[a-z]+\d{2,4}",
     r"(ab|cd)*e?",
     r"\w+@\w+\.(com|org)",
