@@ -1,0 +1,122 @@
+"""Fuzzing the JSON schema compiler (issue 14): random schemas, valid and invalid instances, mask walks.
+
+Each test draws schemas from the keywords the compiler supports (tests/fuzz_schemas.py; the oracle in fuzz_oracle.py, the checks in fuzz_checks.py) and checks, under
+cl100k and SmolLM2's tokenizer (when the default model is installed):
+
+- every compile (with its first mask) stays under COMPILE_BOUND_S, and a refusal is a SchemaError
+  (UnsupportedSchemaError for what cannot be enforced); one that claims "unsatisfiable" has no instance;
+- hypothesis-jsonschema's instances that jsonschema confirms valid, laid out as the whitespace option
+  expects, are accepted token by token (the bitmask and is_token_allowed agree), eos allowed at the end;
+- mutated instances that jsonschema calls invalid are never accepted to completion;
+- random walks over the masks under a token budget finish, and what they write validates.
+
+The CI variants have fixed seeds and are small (about a minute on two cores); the `slow` ones draw
+LONG_FACTOR times as many schemas.  benchmarks/fuzz_constraints.py runs the long campaign.  The CI schemas
+keep clear of fuzz_schemas.KNOWN_BUGS, compiler bugs found by this fuzzer and still open; the tests at the
+end pin down each bug it found (strict xfails for the open ones).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings, strategies as st
+
+from fuzz_checks import Fuzzer, tokenizer_factories
+from fuzz_schemas import KNOWN_BUGS, WHITESPACES, schemas
+from leapgen.grammars import SchemaError, compile_json_schema, compile_regex
+from tokenizers_util import accepts, byte_level_bpe
+
+# Schemas per test: about 50 s of calls on two cores, plus a few seconds loading the tokenizers.
+CI_SCHEMAS = {"compile": 600, "valid": 700, "invalid": 700, "walks": 550}
+LONG_FACTOR = 4      # the slow variants: about 3.5 min (the campaign script runs the long fuzzing)
+
+
+@pytest.fixture(scope="module")
+def tokenizers() -> dict:
+    """cl100k, and SmolLM2's tokenizer when the default model is installed (each loaded once per process)."""
+    from leapgen.engine.default_model import DefaultModelNotFoundError
+
+    out = {}
+    for name, factory in tokenizer_factories().items():
+        try:
+            out[name] = factory()
+        except DefaultModelNotFoundError as exc:
+            warnings.warn(f"fuzzing without {name}: {exc}")
+    return out
+
+
+def budgets(test: str) -> list:
+    ci = CI_SCHEMAS[test]
+    return [pytest.param(ci, id="ci"), pytest.param(ci * LONG_FACTOR, id="long", marks=pytest.mark.slow)]
+
+
+def fuzz(tokenizers: dict, examples: int, random_seed: int, **checks: int) -> Fuzzer:
+    """Run the fuzzer's `checks` on `examples` schemas, the same ones on every run (a fixed seed, no
+    example database), failing on the first unsound answer with its reproducer."""
+    fuzzer = Fuzzer(tokenizers)
+
+    @seed(random_seed)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(schema=schemas(max_leaves=6, avoid_known_bugs=True), whitespace=st.sampled_from(WHITESPACES),
+           data=st.data())
+    def run(schema, whitespace, data):
+        fuzzer.failures.clear()      # each example is judged alone (hypothesis replays a failing one)
+        fuzzer.run(schema, whitespace, data, **checks)
+        assert not fuzzer.failures, "\n\n".join(f.reproducer() for f in fuzzer.failures)
+
+    run()
+    return fuzzer
+
+
+@pytest.mark.parametrize("examples", budgets("compile"))
+def test_compiles_are_bounded_and_refusals_are_schema_errors(tokenizers, examples):
+    fuzzer = fuzz(tokenizers, examples, 1, valid=0, invalid=0, walks=0)
+    assert fuzzer.counts["compiled"] > examples / 2, fuzzer.refused      # the grammar mostly draws what compiles
+
+
+@pytest.mark.parametrize("examples", budgets("valid"))
+def test_valid_instances_are_reachable_token_by_token(tokenizers, examples):
+    fuzzer = fuzz(tokenizers, examples, 2, valid=3, invalid=0, walks=0)
+    assert fuzzer.counts["valid accepted"] > examples
+
+
+@pytest.mark.parametrize("examples", budgets("invalid"))
+def test_invalid_instances_are_never_accepted(tokenizers, examples):
+    fuzzer = fuzz(tokenizers, examples, 3, valid=1, invalid=3, walks=0)
+    assert fuzzer.counts["invalid refused"] > examples
+
+
+@pytest.mark.parametrize("examples", budgets("walks"))
+def test_mask_walks_under_a_budget_finish_valid(tokenizers, examples):
+    fuzzer = fuzz(tokenizers, examples, 4, valid=0, invalid=0, walks=2)
+    assert fuzzer.counts["walks validated"] > examples
+
+
+# ---- the compiler bugs this fuzzer found ---------------------------------------------------------------
+# Fixed ones stay as regression tests.  Open ones (fuzz_schemas.KNOWN_BUGS) are strict xfails: once fixed,
+# the test passes and fails the run, and the construct can come back into the CI draws (`avoid_known_bugs`).
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "minimum": 1, "maximum": 1, "multipleOf": 2},
+    {"type": "string", "pattern": "^a$", "maxLength": 0},
+    {"$defs": {"n": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"},
+], ids=["multipleOf", "pattern", "recursion"])
+def test_unsatisfiable_schemas_are_refused_with_a_schema_error(schema):
+    """Found by this fuzzer: emptiness only the automata see was a GrammarError without a pointer."""
+    with pytest.raises(SchemaError, match="unsatisfiable"):
+        compile_json_schema(schema, byte_level_bpe())
+
+
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["repeated extra keys"])
+def test_repeated_keys_do_not_count_towards_min_properties():
+    grammar = compile_json_schema({"minProperties": 2}, byte_level_bpe(), whitespace="compact")
+    assert not accepts(grammar, byte_level_bpe(), '{"":0,"":0}')
+
+
+def test_a_starred_alternative_keeps_its_loop_to_itself():
+    """Found by this fuzzer (a mask walk): the regex NFA looped a leading star back into the other branches."""
+    assert not accepts(compile_regex("a*b|c", byte_level_bpe()), byte_level_bpe(), "ac")
+    grammar = compile_json_schema({"type": "string", "pattern": "q|^w"}, byte_level_bpe())
+    assert not accepts(grammar, byte_level_bpe(), '"aw"')
