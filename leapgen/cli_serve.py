@@ -43,7 +43,7 @@ def add_serve_parser(commands: Any) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from leapgen.engine.llm_engine import parse_memory
-    from leapgen.server.app import OpenAIServer, default_model_name, serve_in_thread
+    from leapgen.server.app import SHUTDOWN_GRACE_SECONDS, OpenAIServer, default_model_name, serve_in_thread
 
     check_device(args.device)
     check_dtype(args.dtype)
@@ -71,7 +71,11 @@ def run_serve(args: argparse.Namespace) -> int:
         print("leapgen: stopping the server", file=sys.stderr)
     finally:
         http.should_exit = True
-        http_thread.join()
+        # The grace for running responses, plus uvicorn's own steps; past that the (daemon) thread is left behind
+        # so that Ctrl-C always ends the process.
+        http_thread.join(timeout=SHUTDOWN_GRACE_SECONDS + 5)
+        if http_thread.is_alive():
+            print("leapgen: the HTTP server did not stop in time; exiting without it", file=sys.stderr)
     return 0
 
 

@@ -5,11 +5,14 @@ every error is OpenAI-shaped and names its field, and a request that ends early 
 from __future__ import annotations
 
 import json
+import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -388,13 +391,34 @@ def test_the_serve_command_starts_answers_and_refuses_bad_flags(byte_level_model
 
     command = [sys.executable, "-m", "leapgen.cli", "serve", "--model", str(byte_level_model_dir), "--port", "0",
                "--served-model-name", "mine", "--api-key", "k", "--threads", "1"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    # PYTHONFAULTHANDLER: should it hang, SIGABRT makes it print every thread's stack
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    lines: queue.Queue = queue.Queue()
+    stderr: list[str] = []
+
+    def read_stderr() -> None:                # the pipe never fills, whatever the server prints
+        for line in process.stderr:
+            stderr.append(line)
+            lines.put(line)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
-        url = next(m.group(1) for line in process.stderr if (m := re.search(r"at (http://\S+/v1)", line)))
-        client = openai.OpenAI(base_url=url, api_key="k", max_retries=5)
+        while not (match := re.search(r"at (http://\S+/v1)", lines.get(timeout=120))):
+            pass
+        client = openai.OpenAI(base_url=match.group(1), api_key="k", max_retries=5)
         assert [m.id for m in client.models.list().data] == ["mine"]
         assert client.completions.create(model="mine", prompt="hi", max_tokens=3).choices[0].finish_reason
     finally:
         process.send_signal(signal.SIGINT)    # Ctrl-C: a clean shutdown, no traceback
-        assert process.wait(timeout=30) == 0
-        assert "Traceback" not in process.stderr.read()
+        try:
+            code = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            process.wait(timeout=30)
+            code = None
+        reader.join(timeout=5)
+    assert code is not None, "`leapgen serve` did not stop on Ctrl-C; its threads:\n" + "".join(stderr)
+    assert code == 0, "".join(stderr)
+    assert "Traceback" not in "".join(stderr)

@@ -286,11 +286,16 @@ def default_model_name(llm: LLM) -> str:
     return llm.path.name.removesuffix(".gguf")
 
 
+SHUTDOWN_GRACE_SECONDS = 5
+
+
 def serve_in_thread(app: Starlette, sock: socket.socket) -> tuple[uvicorn.Server, threading.Thread]:
     """uvicorn serving `app` on the bound `sock` from a thread of its own, returned once it accepts
     connections (set `should_exit` and join the thread to stop it); RuntimeError when it did not start.
-    Off the main thread uvicorn installs no signal handlers: the caller's thread keeps Ctrl-C."""
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    Off the main thread uvicorn installs no signal handlers: the caller's thread keeps Ctrl-C.  On shutdown,
+    responses still running get SHUTDOWN_GRACE_SECONDS to finish before they are cancelled."""
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="leapgen-http", daemon=True)
     thread.start()
     while not server.started and thread.is_alive():
