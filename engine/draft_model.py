@@ -30,17 +30,18 @@ from leapgen.engine.sequence import Sequence
 class DraftModelProposer:
     """Proposes with a draft model that shares the target's tokenizer (see the module docstring)."""
 
-    def __init__(self, draft: LoadedModel, num_blocks: int, block_size: int, vocab_limit: int, mask_vocab: int
-                 ) -> None:
+    def __init__(self, draft: LoadedModel, num_blocks: int, block_size: int, vocab_limit: int, mask_vocab: int,
+                 pack_weights: bool = False) -> None:
         self.draft = draft
-        self.runner = PagedModelRunner(draft, num_blocks, block_size)
+        self.runner = PagedModelRunner(draft, num_blocks, block_size, pack_weights)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
         self.vocab_limit = vocab_limit           # ids at or past it (padding) are never proposed
         self.mask_vocab = mask_vocab             # the width of the constraint's bitmask (the target's logits)
         self.mirrors: dict[int, Sequence] = {}
 
     @classmethod
-    def load(cls, path: str | Path, target: LoadedModel, block_size: int, num_blocks: int) -> DraftModelProposer:
+    def load(cls, path: str | Path, target: LoadedModel, block_size: int, num_blocks: int,
+             pack_weights: bool = False) -> DraftModelProposer:
         """Load the draft at `path` like the target (dtype, device) with room for as many tokens as the target's
         cache; ValueError when it does not share the target's tokenizer or cannot roll back its cache."""
         draft = load_model(path, target.dtype, target.device)
@@ -51,7 +52,7 @@ class DraftModelProposer:
             raise ValueError(f"speculative.model {path}: its tokenizer ({len(draft.tokenizer)} tokens) differs from "
                              f"the target's ({len(target.tokenizer)} tokens); a draft must share the vocabulary")
         return cls(draft, num_blocks, block_size, min(len(target.tokenizer), draft.vocab_size, target.vocab_size),
-                   target.vocab_size)
+                   target.vocab_size, pack_weights)
 
     def propose(self, requests: Seq[DraftRequest]) -> list[list[int]]:
         """See `decoding.speculative.Proposer.propose`."""

@@ -38,9 +38,12 @@ def cache_block_bytes(loaded: LoadedModel, block_size: int) -> int:
 class PagedModelRunner:
     """Owns the KV cache tensors and runs leapgen's paged model one scheduled step at a time."""
 
-    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int) -> None:
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, pack_weights: bool = False) -> None:
+        """`pack_weights`: give the model's linear layers packed copies for multi-row matmuls (CPU float32)."""
         cfg = loaded.config
         self.model = loaded.model
+        if pack_weights:
+            self.model.pack_weights()
         self.device = loaded.device
         self.block_size = block_size
         # One allocation for every layer's K and V: [layers, 2, blocks, block_size, kv_heads, head_dim].

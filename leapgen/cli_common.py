@@ -24,7 +24,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model and the flags of where and how it runs (--dtype, --device, --threads, --kv-cache-memory)."""
+    """--model and the flags of where and how it runs (--dtype, --device, --threads, --kv-cache-memory,
+    --no-pack-weights)."""
     parser.add_argument("--model",
                         help="HF checkpoint directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
@@ -33,6 +34,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads for torch (default: the cores this process may use)")
     parser.add_argument("--kv-cache-memory", type=memory_size, metavar="SIZE",
                         help="KV cache size in bytes or like '512MiB' (default: chosen from the device's memory)")
+    parser.add_argument("--no-pack-weights", dest="pack_weights", action="store_false",
+                        help="CPU float32: skip the packed copy of the weights that speeds up passes of several "
+                             "tokens (saves the weights' size in memory)")
 
 
 # --- argument types: a bad value is refused by argparse, which names the flag ---------------------------
@@ -131,7 +135,7 @@ def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
         options["speculative"] = speculative_config(args)
     try:
         return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                   kv_cache_memory=args.kv_cache_memory, **options)
+                   kv_cache_memory=args.kv_cache_memory, pack_weights=args.pack_weights, **options)
     except BUG_TYPES:
         raise
     except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)

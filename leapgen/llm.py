@@ -30,21 +30,23 @@ class LLM:
 
     `speculative` (vLLM's keys): `{"method": "ngram", "num_speculative_tokens": 8}` drafts by prompt lookup,
     `{"method": "draft", "model": PATH, "num_speculative_tokens": 4}` with a smaller model; outputs are
-    the same as without (greedy: token for token; sampling: in distribution).
+    the same as without (greedy: token for token; sampling: in distribution).  `pack_weights`: on CPU in
+    float32, the linear layers keep a oneDNN-packed copy of their weights for passes of several tokens
+    (speculation, batches, prefill: 1.2-1.7x faster matmuls); False saves that second copy's memory.
     """
 
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                  kv_cache_memory: int | str | None = None, block_size: int = 16, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enable_forced_tokens: bool = True, seed: int | None = None, threads: int | None = None,
-                 speculative: SpeculativeConfig | dict[str, Any] | None = None) -> None:
+                 speculative: SpeculativeConfig | dict[str, Any] | None = None, pack_weights: bool = True) -> None:
         set_threads(threads)
         speculative = SpeculativeConfig.parse(speculative)       # a bad config fails before the model loads
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         path = default_model_path() if model is None else Path(model)
         config = EngineConfig(kv_cache_memory, block_size, max_num_seqs, max_num_batched_tokens,
-                              enable_prefix_caching, enable_forced_tokens, speculative)
+                              enable_prefix_caching, enable_forced_tokens, speculative, pack_weights)
         self.engine = LLMEngine(load_model(path, dtype, device), config, seed=seed)
         self.path = path
 

@@ -192,12 +192,12 @@ def test_system_implies_chat(cli_model, capsys, monkeypatch):
     assert calls == [("w3", "w5")]
 
 
-def test_threads_and_kv_cache_memory_reach_the_llm(cli_model, capsys, monkeypatch):
+def test_threads_kv_cache_memory_and_packing_reach_the_llm(cli_model, capsys, monkeypatch):
     seen = []
     original = LLM.__init__
 
     def spy(self, *args, **kwargs):
-        seen.append({k: kwargs.get(k) for k in ("threads", "kv_cache_memory")})
+        seen.append({k: kwargs.get(k) for k in ("threads", "kv_cache_memory", "pack_weights")})
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(LLM, "__init__", spy)
@@ -208,9 +208,10 @@ def test_threads_and_kv_cache_memory_reach_the_llm(cli_model, capsys, monkeypatc
     assert torch.get_num_threads() == 1
     torch.set_num_threads(threads_before)
     code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--max-tokens", "2",
-                       "--kv-cache-memory", "1048576")
+                       "--kv-cache-memory", "1048576", "--no-pack-weights")
     assert code == 0, err
-    assert seen == [{"threads": 1, "kv_cache_memory": "4MiB"}, {"threads": None, "kv_cache_memory": "1048576"}]
+    assert seen == [{"threads": 1, "kv_cache_memory": "4MiB", "pack_weights": True},
+                    {"threads": None, "kv_cache_memory": "1048576", "pack_weights": False}]
 
 
 @pytest.mark.parametrize("flag,value", [("--threads", "0"), ("--threads", "two"), ("--kv-cache-memory", "lots"),

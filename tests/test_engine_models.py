@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, MistralConfig
 
 from checkpoints import CHECKPOINTS, SMALL, VOCAB, build_checkpoint, save_tiny_tokenizer
 from leapgen.engine.attention_metadata import AttentionMetadata
+import leapgen
 from leapgen.engine.loader import load_model
+from leapgen.engine.models.packed_linear import MIN_PACKED_ROWS, Linear
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
@@ -64,11 +67,16 @@ def reference_logits(hf, sequences: list[list[int]], computed: list[int]) -> tor
     return torch.cat(rows).float()
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["sgemm", "packed"])
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
-def test_logits_match_transformers_through_prefill_chunks_and_decode(tmp_path, name):
+def test_logits_match_transformers_through_prefill_chunks_and_decode(tmp_path, name, packed):
     hf = build_checkpoint(tmp_path, name)
     loaded = load_model(tmp_path, dtype=torch.float32)
     model, config = loaded.model, loaded.config
+    if packed:       # the prefill steps (19 and 7 rows) go through the packed weights, decode (3 rows) does not
+        weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
+        weights += [model.model.embed_tokens.weight] if model.lm_head is None else []        # a tied head
+        assert model.pack_weights() == 4 * sum(w.numel() for w in weights)
     assert config.model_type == hf.config.model_type and not loaded.is_fallback
     cache = PagedCache(model, config, num_sequences=3)
     gen = torch.Generator().manual_seed(2)
@@ -91,6 +99,29 @@ def test_logits_match_transformers_through_prefill_chunks_and_decode(tmp_path, n
         for seq in sequences:
             seq.append(int(torch.randint(3, VOCAB, (1,), generator=gen)))
         check_step()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_takes_over_from_several_rows(bias):
+    layer = Linear(48, 80, bias=bias)
+    assert layer.pack() == 48 * 80 * 4 and layer.packed is not None
+    for rows in range(1, 3 * MIN_PACKED_ROWS):
+        x = torch.randn(rows, 48)
+        expected = F.linear(x, layer.weight, layer.bias)
+        if rows < MIN_PACKED_ROWS:       # sgemm's result exactly, as transformers computes it
+            assert torch.equal(layer(x), expected)
+        else:
+            torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(layer(x[:, None]), F.linear(x[:, None], layer.weight, layer.bias))     # not 2-D: sgemm
+
+
+def test_packing_is_float32_only_and_can_be_turned_off(tmp_path):
+    build_checkpoint(tmp_path, "llama")
+    assert load_model(tmp_path, dtype="bf16").model.pack_weights() == 0
+    llm = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="4MiB", pack_weights=False)
+    assert all(m.packed is None for m in llm.engine.runner.model.modules() if isinstance(m, Linear))
+    llm = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="4MiB")
+    assert all(m.packed is not None for m in llm.engine.runner.model.modules() if isinstance(m, Linear))
 
 
 def test_bf16_load_keeps_dtype_and_tracks_fp32_logits(tmp_path):

@@ -14,6 +14,7 @@ from torch import nn
 
 from leapgen.engine.attention_metadata import AttentionMetadata
 from leapgen.engine.config import ModelConfig, RopeScaling
+from leapgen.engine.models.packed_linear import Linear
 from leapgen.engine.step_profile import phase
 from leapgen.kernels import flash_attn_varlen, paged_decode_attention, store_kv
 
@@ -88,7 +89,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
     return x * cos + swapped * signed_sin
 
 
-class MergedLinear(nn.Linear):
+class MergedLinear(Linear):
     """Several projections of one input in a single matmul (q/k/v, gate/up); checkpoints load it shard by shard."""
 
     def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool) -> None:
@@ -112,7 +113,7 @@ class SiluMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size},
                                          bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -135,7 +136,7 @@ class PagedAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(config.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size},
                                      bias=config.qkv_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

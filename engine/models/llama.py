@@ -8,12 +8,12 @@ gate/up are merged projections that the loader fills shard by shard.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from leapgen.engine.attention_metadata import AttentionMetadata
 from leapgen.engine.config import ModelConfig
 from leapgen.engine.models.layers import PagedAttention, RMSNorm, RotaryEmbedding, SiluMLP
+from leapgen.engine.models.packed_linear import Linear, pack_weight, packed_linear, packing_supported
 
 
 class DecoderLayer(nn.Module):
@@ -59,8 +59,9 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         # Tied checkpoints reuse the embedding matrix; no separate module means no tie to lose
         # when the model is materialised from the meta device.
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
-                                                                          bias=False)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size,
+                                                                       bias=False)
+        self.packed_head: torch.Tensor | None = None      # the tied head's packed copy (see packed_linear)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         """Hidden states `[num_tokens, hidden]` of a packed step (tokens of several sequences back to back)."""
@@ -73,8 +74,19 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[n, vocab_size]` for selected hidden states."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        return packed_linear(hidden, self.model.embed_tokens.weight, None, self.packed_head).float()
+
+    def pack_weights(self) -> int:
+        """Give every linear layer (and a tied head) a packed copy for multi-row matmuls on CPU; the bytes
+        added (0 where packing is not supported)."""
+        added = sum(module.pack() for module in self.modules() if isinstance(module, Linear))
+        embedding = self.model.embed_tokens.weight
+        if self.lm_head is None and packing_supported(embedding):
+            self.packed_head = pack_weight(embedding)
+            added += embedding.numel() * embedding.element_size()
+        return added
 
     @property
     def attention_layers(self) -> list[PagedAttention]:
