@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 MIN_PACKED_ROWS = 4       # measured: below it the packed product is slower than sgemm's
-_LAYOUT_ROWS = 16         # the row count oneDNN chooses the blocked layout for (any small count measured alike)
+# The row count oneDNN picks the blocked layout for: measured, a layout for 256 rows is as fast as one for 16
+# at 4-32 rows and 1.35x faster at 256 (prefill chunks).
+_LAYOUT_ROWS = 256
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
