@@ -198,6 +198,10 @@ class Matcher:
         self._states: list[State] = [grammar.initial]
         self._ended = False
         self._plan: tuple[int, list[int]] | None = None     # (position it starts at, closing token ids)
+        # Per position under a budget: the fewest tokens known to complete the text, as (ids, offset)
+        self._known: list[tuple[list[int], int] | None] = []
+        if max_tokens is not None:
+            self._known.append(self._next_known(None, None, grammar.initial))
         self._peek: tuple[tuple, State | None] | None = None
 
     @property
@@ -219,11 +223,32 @@ class Matcher:
         length = self.grammar.completion_length(self._state)
         if length is None or left > length:
             return None
-        ids = self.grammar.completion_ids(self._state)
+        ids = self._known_completion()
         if ids is None or left > len(ids):
             return None
         self._plan = (self._position, ids)
         return ids
+
+    def _known_completion(self) -> list[int] | None:
+        """The fewest tokens known to complete the text from here (under a budget; else the canonical ones)."""
+        known = self._known[-1] if self._known else None
+        if known is None:
+            return None if self._known else self.grammar.completion_ids(self._state)
+        ids, offset = known
+        return ids[offset:]
+
+    def _next_known(self, known: tuple[list[int], int] | None, token_id: int | None,
+                    state: State) -> tuple[list[int], int] | None:
+        """The known completion after `token_id` led to `state`: the state's canonically tokenized shortest
+        completion, or the rest of the previous known one when the token followed it and it is shorter.  The
+        rest can be the shorter one, as a shortest completion in bytes from a later state may take more tokens:
+        the budget keeps to the route it promised.  Kept per position, so it depends on the tokens only."""
+        ids = self.grammar.completion_ids(state)
+        if known is not None:
+            route, offset = known
+            if offset < len(route) and route[offset] == token_id and (ids is None or len(route) - offset - 1 < len(ids)):
+                return route, offset + 1
+        return None if ids is None else (ids, 0)
 
     def completion_tokens(self) -> list[int] | None:
         """The fewest tokens that complete the text from here (the closing plan once closing began);
@@ -231,7 +256,7 @@ class Matcher:
         if self._ended:
             return []
         plan = self._closing()
-        return plan if plan is not None else self.grammar.completion_ids(self._state)
+        return plan if plan is not None else self._known_completion()
 
     def allowed_token_ids(self) -> np.ndarray:
         """Sorted ids of the tokens allowed next (EOS exactly when the text so far is complete)."""
@@ -274,7 +299,7 @@ class Matcher:
     def _next(self, token_id: int) -> State | None:
         """The state after `token_id` (the current one for eos), None when it is not allowed; the last
         answer is kept, since a token is usually checked just before it is consumed."""
-        key = (len(self._states), self._state, token_id)
+        key = (len(self._states), self._state, token_id, self._known[-1] if self._known else None)
         if self._peek is None or self._peek[0] != key:
             self._peek = (key, self._successor(token_id))
         return self._peek[1]
@@ -293,8 +318,12 @@ class Matcher:
         nxt = g.step(self._state, g.vocabulary.token_bytes[token_id])
         if nxt is None:  # the mask allowed it, so this is an internal inconsistency
             raise GrammarError(f"token {token_id} was allowed but cannot be consumed")
-        if self.max_tokens is not None and plan is None and not g.fits(nxt, self.max_tokens - self._position - 1):
-            return None
+        if self.max_tokens is not None and plan is None:
+            room = self.max_tokens - self._position - 1
+            if not g.fits(nxt, room):
+                known = self._known_completion()          # its first token keeps its promise
+                if not known or known[0] != token_id or len(known) - 1 > room:
+                    return None
         return nxt
 
     def advance(self, token_id: int) -> None:
@@ -304,6 +333,8 @@ class Matcher:
         if nxt is None:
             raise ValueError(f"token {token_id} is not allowed by the constraint here")
         self._ended = token_id in self.grammar.vocabulary.eos_ids
+        if self.max_tokens is not None:
+            self._known.append(self._next_known(self._known[-1], token_id, nxt))
         self._states.append(nxt)
 
     def rollback(self, n: int) -> None:
@@ -315,6 +346,7 @@ class Matcher:
             self._ended = False
             if self._plan is not None and self._plan[0] > self._position:
                 self._plan = None
+            del self._known[len(self._states):]
 
     def is_finished(self) -> bool:
         """True when EOS was consumed, or the text is complete and nothing but EOS can follow."""

@@ -487,6 +487,4 @@ def known_bug(failure: Failure) -> str | None:
     if failure.kind in ("walk output invalid", "invalid accepted") and failure.text is not None:
         if has_duplicate_keys(failure.text):
             return "repeated extra keys"
-    if failure.kind == "crash" and "is not allowed by the constraint here" in failure.detail:
-        return "completion plan refused"
     return None

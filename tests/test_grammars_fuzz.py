@@ -18,12 +18,15 @@ end pin down each bug it found (strict xfails for the open ones).
 
 from __future__ import annotations
 
+import json
+import random
 import warnings
 
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
-from fuzz_checks import Fuzzer, tokenizer_factories
+from fuzz_checks import Fuzzer, random_walk, tokenizer_factories
 from fuzz_schemas import KNOWN_BUGS, WHITESPACES, schemas
 from leapgen.grammars import SchemaError, compile_json_schema, compile_regex
 from tokenizers_util import accepts, byte_level_bpe
@@ -107,6 +110,33 @@ def test_unsatisfiable_schemas_are_refused_with_a_schema_error(schema):
     """Found by this fuzzer: emptiness only the automata see was a GrammarError without a pointer."""
     with pytest.raises(SchemaError, match="unsatisfiable"):
         compile_json_schema(schema, byte_level_bpe())
+
+
+# Found by the long campaign (seed 0, SmolLM2, whitespace "dumps"): an anyOf of two objects.
+PROMISED_ROUTE_SCHEMA = {
+    "anyOf": [{"$ref": "#/$defs/d1"},
+              {"type": "object", "additionalProperties": False, "minProperties": 1,
+               "properties": {"name": {"type": ["string", "null"], "maxLength": 3},
+                              "id": {"type": "string", "minLength": 3, "maxLength": 7},
+                              "x y": {"type": "string", "minLength": 3, "maxLength": 9},
+                              "tab\t": {"type": "number", "minimum": 0}}}],
+    "$defs": {"d1": {"type": "object", "required": ["id", "x y", "r", "tab\t"], "additionalProperties": True,
+                     "properties": {"x y": {"type": "number", "minimum": 0}, "tab\t": {"const": -7},
+                                    "id": {"type": "integer", "minimum": 193, "maximum": 2858}}}}}
+
+
+def test_a_budget_keeps_to_the_completion_it_promised(tokenizers):
+    """Found by this fuzzer (a budgeted walk): after a token of the shortest completion, the shortest completion
+    in bytes from the new state took more tokens than the rest of the promised one, so the budget refused the
+    promised completion's next token.  Each position now keeps the shorter of the two."""
+    if "smollm2" not in tokenizers:
+        pytest.skip("SmolLM2's tokenizer is not installed")
+    grammar = compile_json_schema(PROMISED_ROUTE_SCHEMA, tokenizers["smollm2"], whitespace="dumps")
+    validator = jsonschema.Draft202012Validator(PROMISED_ROUTE_SCHEMA)
+    for walk_seed in range(12):
+        walk = random_walk(grammar, random.Random(walk_seed), slack=2)
+        assert walk.finished and not walk.problem, (walk_seed, walk)
+        assert validator.is_valid(json.loads(walk.text)), (walk_seed, walk.text)
 
 
 @pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["repeated extra keys"])
