@@ -16,7 +16,7 @@ from checkpoints import CHECKPOINTS, SMALL, VOCAB, build_checkpoint, save_tiny_t
 from leapgen.engine.attention_metadata import AttentionMetadata
 import leapgen
 from leapgen.engine.loader import load_model
-from leapgen.engine.models.packed_linear import MIN_PACKED_ROWS, Linear
+from leapgen.engine.models.packed_linear import MAX_PACKED_ROWS, MIN_PACKED_ROWS, Linear
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
@@ -102,13 +102,13 @@ def test_logits_match_transformers_through_prefill_chunks_and_decode(tmp_path, n
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_takes_over_from_several_rows(bias):
+def test_packed_linear_serves_a_few_to_a_hundred_rows(bias):
     layer = Linear(48, 80, bias=bias)
     assert layer.pack() == 48 * 80 * 4 and layer.packed is not None
-    for rows in range(1, 3 * MIN_PACKED_ROWS):
+    for rows in [*range(1, 3 * MIN_PACKED_ROWS), MAX_PACKED_ROWS, MAX_PACKED_ROWS + 1, 300]:
         x = torch.randn(rows, 48)
         expected = F.linear(x, layer.weight, layer.bias)
-        if rows < MIN_PACKED_ROWS:       # sgemm's result exactly, as transformers computes it
+        if not MIN_PACKED_ROWS <= rows <= MAX_PACKED_ROWS:       # sgemm's result exactly, as transformers computes it
             assert torch.equal(layer(x), expected)
         else:
             torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)

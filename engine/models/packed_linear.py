@@ -1,12 +1,13 @@
 """Linear layers with a oneDNN-packed copy of their weight, for matmuls of several rows on CPU.
 
 `F.linear` on CPU calls MKL's sgemm, which is at its best for one row (a matrix-vector product, bound by
-reading the weight) and poor for a few: on SmolLM2-135M's layers with 2 threads, 1 / 4 / 9 / 32 rows took
-20 / 35 / 47 / 54 ms through it, and 22 / 23 / 28 / 44 ms through oneDNN with weights reordered once
-into its blocked layout.  Speculative verification (a few rows per sequence), batched decoding and prefill
-all multiply several rows, so each layer keeps both: its weight for passes of fewer than `MIN_PACKED_ROWS`
-rows, the packed copy for the others.  That costs a second copy of the weights' memory, which is why the
-engine lets it be turned off (`EngineConfig.pack_weights`).
+reading the weight) and poor for a few: on SmolLM2-135M's layers with 2 threads, 1 / 4 / 9 / 32 / 72 rows
+took 20 / 35 / 47 / 54 / 92 ms through it, and 22 / 23 / 28 / 44 / 84 ms through oneDNN with weights
+reordered once into its blocked layout; from about 128 rows (prefill chunks) the two are even, and at 1577
+rows sgemm was 10% faster.  Speculative verification (a few rows per sequence) and batched decoding multiply
+a few to a hundred rows, so each layer keeps both: the packed copy serves passes of `MIN_PACKED_ROWS` to
+`MAX_PACKED_ROWS` rows, its weight the others.  That costs a second copy of the weights' memory, which is
+why the engine lets it be turned off (`EngineConfig.pack_weights`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 MIN_PACKED_ROWS = 4       # measured: below it the packed product is slower than sgemm's
+MAX_PACKED_ROWS = 127     # measured: from 128 rows sgemm is as fast or faster
 # The row count oneDNN picks the blocked layout for: measured, a layout for 256 rows is as fast as one for 16
-# at 4-32 rows and 1.35x faster at 256 (prefill chunks).
+# or 64 at 4-32 rows.
 _LAYOUT_ROWS = 256
 
 
@@ -34,8 +36,9 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   packed: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, through the packed copy when there is one and `x [rows, in]` has enough rows."""
-    if packed is not None and x.dim() == 2 and x.shape[0] >= MIN_PACKED_ROWS:
+    """`F.linear(x, weight, bias)`, through the packed copy when there is one and `x [rows, in]` has a number of
+    rows it serves faster."""
+    if packed is not None and x.dim() == 2 and MIN_PACKED_ROWS <= x.shape[0] <= MAX_PACKED_ROWS:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
