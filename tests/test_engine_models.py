@@ -16,7 +16,7 @@ from checkpoints import CHECKPOINTS, SMALL, VOCAB, build_checkpoint, save_tiny_t
 from leapgen.engine.attention_metadata import AttentionMetadata
 import leapgen
 from leapgen.engine.loader import load_model
-from leapgen.engine.models.packed_linear import MAX_PACKED_ROWS, MIN_PACKED_ROWS, Linear
+from leapgen.engine.models.packed_linear import PACKED_ROWS, Linear, packing_supported
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40
@@ -101,23 +101,30 @@ def test_logits_match_transformers_through_prefill_chunks_and_decode(tmp_path, n
         check_step()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_serves_a_few_to_a_hundred_rows(bias):
-    layer = Linear(48, 80, bias=bias)
-    assert layer.pack() == 48 * 80 * 4 and layer.packed is not None
-    for rows in [*range(1, 3 * MIN_PACKED_ROWS), MAX_PACKED_ROWS, MAX_PACKED_ROWS + 1, 300]:
-        x = torch.randn(rows, 48)
+def test_packed_linear_serves_its_row_range(bias, dtype):
+    layer = Linear(48, 80, bias=bias).to(dtype)
+    if not packing_supported(layer.weight):
+        pytest.skip(f"this CPU's oneDNN does not pack {dtype}")
+    assert layer.pack() == 48 * 80 * dtype.itemsize and layer.packed is not None
+    served = PACKED_ROWS[dtype]
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.02}
+    for rows in [1, 2, 3, 4, 5, 9, served.stop - 1, served.stop, 300]:
+        x = torch.randn(rows, 48, dtype=dtype)
         expected = F.linear(x, layer.weight, layer.bias)
-        if not MIN_PACKED_ROWS <= rows <= MAX_PACKED_ROWS:       # sgemm's result exactly, as transformers computes it
+        if rows not in served:          # F.linear's result exactly, as transformers computes it
             assert torch.equal(layer(x), expected)
         else:
-            torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
-    assert torch.equal(layer(x[:, None]), F.linear(x[:, None], layer.weight, layer.bias))     # not 2-D: sgemm
+            torch.testing.assert_close(layer(x), expected, **tolerance)
+    assert torch.equal(layer(x[:, None]), F.linear(x[:, None], layer.weight, layer.bias))     # not 2-D
 
 
-def test_packing_is_float32_only_and_can_be_turned_off(tmp_path):
+def test_packing_covers_float32_and_bfloat16_and_can_be_turned_off(tmp_path):
     build_checkpoint(tmp_path, "llama")
-    assert load_model(tmp_path, dtype="bf16").model.pack_weights() == 0
+    assert load_model(tmp_path, dtype="float16").model.pack_weights() == 0
+    bf16 = load_model(tmp_path, dtype="bf16").model
+    assert (bf16.pack_weights() > 0) == packing_supported(bf16.lm_head.weight)
     llm = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="4MiB", pack_weights=False)
     assert all(m.packed is None for m in llm.engine.runner.model.modules() if isinstance(m, Linear))
     llm = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="4MiB")
