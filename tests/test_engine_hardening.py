@@ -14,7 +14,6 @@ import re
 import jsonschema
 import lark
 import pytest
-import torch
 
 import leapgen
 from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
