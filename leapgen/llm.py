@@ -30,9 +30,10 @@ class LLM:
 
     `speculative` (vLLM's keys): `{"method": "ngram", "num_speculative_tokens": 8}` drafts by prompt lookup,
     `{"method": "draft", "model": PATH, "num_speculative_tokens": 4}` with a smaller model; outputs are
-    the same as without (greedy: token for token; sampling: in distribution).  `pack_weights`: on CPU in
-    float32, the linear layers keep a oneDNN-packed copy of their weights for passes of 4-127 tokens
-    (speculative verification, batched decoding: 1.1-1.7x faster matmuls); False saves that copy's memory.
+    the same as without (greedy: token for token; sampling: in distribution).  `pack_weights`: on CPU the
+    linear layers keep a oneDNN-packed copy of their weights for passes of up to 127 tokens where it is faster
+    (float32 from 4 tokens, bfloat16 from 1: speculative verification, batched decoding, bfloat16 decoding);
+    False saves that copy's memory.
     """
 
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto", device: str = "auto",
