@@ -26,8 +26,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def _gather_paged(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` positions of one sequence's K or V from its block list."""
     block_size = cache.shape[1]
-    needed = blocks[: (length + block_size - 1) // block_size].long()
-    return cache[needed].flatten(0, 1)[:length]
+    needed = blocks[: (length + block_size - 1) // block_size]
+    # index_select, not cache[needed]: on CPU advanced indexing took 2-3x as long for the same copy
+    return cache.index_select(0, needed).flatten(0, 1)[:length]
 
 
 # torch's CPU flash-attention kernel with its log-sum-exp, which lets a chunk's attention be taken in two
