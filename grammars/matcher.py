@@ -198,10 +198,9 @@ class Matcher:
         self._states: list[State] = [grammar.initial]
         self._ended = False
         self._plan: tuple[int, list[int]] | None = None     # (position it starts at, closing token ids)
-        # Per position under a budget: the fewest tokens known to complete the text, as (ids, offset)
-        self._known: list[tuple[list[int], int] | None] = []
-        if max_tokens is not None:
-            self._known.append(self._next_known(None, None, grammar.initial))
+        # Per position: the fewest tokens known to complete the text, as (ids, offset) into an earlier state's
+        # completion, or None for the state's own canonical one (see _next_known)
+        self._known: list[tuple[list[int], int] | None] = [None]
         self._peek: tuple[tuple, State | None] | None = None
 
     @property
@@ -230,25 +229,33 @@ class Matcher:
         return ids
 
     def _known_completion(self) -> list[int] | None:
-        """The fewest tokens known to complete the text from here (under a budget; else the canonical ones)."""
-        known = self._known[-1] if self._known else None
+        """The fewest tokens known to complete the text from here."""
+        known = self._known[-1]
         if known is None:
-            return None if self._known else self.grammar.completion_ids(self._state)
+            return self.grammar.completion_ids(self._state)
         ids, offset = known
         return ids[offset:]
 
-    def _next_known(self, known: tuple[list[int], int] | None, token_id: int | None,
-                    state: State) -> tuple[list[int], int] | None:
-        """The known completion after `token_id` led to `state`: the state's canonically tokenized shortest
-        completion, or the rest of the previous known one when the token followed it and it is shorter.  The
-        rest can be the shorter one, as a shortest completion in bytes from a later state may take more tokens:
-        the budget keeps to the route it promised.  Kept per position, so it depends on the tokens only."""
+    def _next_known(self, token_id: int, state: State) -> tuple[list[int], int] | None:
+        """The known completion once `token_id` takes the text to `state`: the rest of the current one when the
+        token followed it and it is shorter than the state's canonically tokenized shortest completion (a
+        shortest completion in bytes from a later state may take more tokens, and the budget must keep to the
+        route it promised), else None, the state's own.  Where that one fits the budget left by its length in
+        bytes alone, it is None without tokenizing anything, so far from the budget this costs nothing.  Kept
+        per position, so it depends on the tokens only."""
+        if self.max_tokens is None:
+            return None
+        length = self.grammar.completion_length(state)
+        if length is None or length <= self.max_tokens - self._position - 1:
+            return None
+        route = self._known_completion()
+        if not route or route[0] != token_id:
+            return None
         ids = self.grammar.completion_ids(state)
-        if known is not None:
-            route, offset = known
-            if offset < len(route) and route[offset] == token_id and (ids is None or len(route) - offset - 1 < len(ids)):
-                return route, offset + 1
-        return None if ids is None else (ids, 0)
+        if ids is not None and len(route) - 1 >= len(ids):
+            return None
+        known = self._known[-1]
+        return (route, 1) if known is None else (known[0], known[1] + 1)
 
     def completion_tokens(self) -> list[int] | None:
         """The fewest tokens that complete the text from here (the closing plan once closing began);
@@ -299,7 +306,7 @@ class Matcher:
     def _next(self, token_id: int) -> State | None:
         """The state after `token_id` (the current one for eos), None when it is not allowed; the last
         answer is kept, since a token is usually checked just before it is consumed."""
-        key = (len(self._states), self._state, token_id, self._known[-1] if self._known else None)
+        key = (len(self._states), self._state, token_id, self._known[-1])
         if self._peek is None or self._peek[0] != key:
             self._peek = (key, self._successor(token_id))
         return self._peek[1]
@@ -333,8 +340,7 @@ class Matcher:
         if nxt is None:
             raise ValueError(f"token {token_id} is not allowed by the constraint here")
         self._ended = token_id in self.grammar.vocabulary.eos_ids
-        if self.max_tokens is not None:
-            self._known.append(self._next_known(self._known[-1], token_id, nxt))
+        self._known.append(self._next_known(token_id, nxt))
         self._states.append(nxt)
 
     def rollback(self, n: int) -> None:
