@@ -13,7 +13,7 @@ from torch import nn
 from leapgen.engine.attention_metadata import AttentionMetadata
 from leapgen.engine.config import ModelConfig
 from leapgen.engine.models.layers import PagedAttention, RMSNorm, RotaryEmbedding, SiluMLP
-from leapgen.engine.models.packed_linear import Linear, pack_weight, packed_linear, packing_supported
+from leapgen.engine.models.packed_linear import Linear, pack_weight, packed_linear
 
 
 class DecoderLayer(nn.Module):
@@ -83,9 +83,9 @@ class LlamaForCausalLM(nn.Module):
         added (0 where packing is not supported)."""
         added = sum(module.pack() for module in self.modules() if isinstance(module, Linear))
         embedding = self.model.embed_tokens.weight
-        if self.lm_head is None and packing_supported(embedding):
+        if self.lm_head is None:
             self.packed_head = pack_weight(embedding)
-            added += embedding.numel() * embedding.element_size()
+            added += 0 if self.packed_head is None else embedding.numel() * embedding.element_size()
         return added
 
     @property

@@ -35,8 +35,11 @@ def packing_supported(weight: torch.Tensor) -> bool:
     return weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight [out, in]` reordered into oneDNN's layout (a new tensor, only `packed_linear` reads it)."""
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight [out, in]` reordered into oneDNN's layout (a new tensor, only `packed_linear` reads it); None
+    where packing is not supported."""
+    if not packing_supported(weight):
+        return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _LAYOUT_ROWS)
 
 
@@ -56,10 +59,8 @@ class Linear(nn.Linear):
 
     def pack(self) -> int:
         """Make the packed copy; the bytes it takes (0 where packing is not supported)."""
-        if not packing_supported(self.weight):
-            return 0
         self.packed = pack_weight(self.weight)
-        return self.weight.numel() * self.weight.element_size()
+        return 0 if self.packed is None else self.weight.numel() * self.weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return packed_linear(x, self.weight, self.bias, self.packed)
