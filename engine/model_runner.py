@@ -39,7 +39,7 @@ class PagedModelRunner:
     """Owns the KV cache tensors and runs leapgen's paged model one scheduled step at a time."""
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, pack_weights: bool = False) -> None:
-        """`pack_weights`: give the model's linear layers packed copies for multi-row matmuls (CPU float32)."""
+        """`pack_weights`: give the model's linear layers packed copies for the passes they serve faster (CPU)."""
         cfg = loaded.config
         self.model = loaded.model
         if pack_weights:
