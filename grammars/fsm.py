@@ -292,8 +292,13 @@ def _reachable(dfa: DFA) -> DFA:
     return DFA(remap[trans], dfa.accept[old])
 
 
+_DENSE_PAIRS = 1 << 23  # products with at most this many state pairs index them in a flat table (32 MiB)
+
+
 def product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
     """Intersection (keep_b=True) or difference a minus b (keep_b=False) of two DFAs."""
+    if a.num_states * (b.num_states + 1) <= _DENSE_PAIRS:
+        return _dense_product(a, b, keep_b, max_states)
     index = {(0, 0): 0}
     pairs = [(0, 0)]
     rows = []
@@ -320,6 +325,56 @@ def product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
     acc_a = a.accept[[sa for sa, _ in pairs]]
     accept = acc_a & (acc_b if keep_b else ~acc_b)
     return minimize(DFA(np.stack(rows), accept))
+
+
+@numba.njit(cache=True)
+def _product_pairs(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
+    """Breadth-first numbering of the state pairs reachable in a product; pair (x, y) sits at
+    index[x * (nb + 1) + y + 1] (y = -1: b is dead, a difference goes on in a alone).  Returns the
+    pair count, or -1 past max_states."""
+    nb1 = tb.shape[0] + 1
+    index = np.full(ta.shape[0] * nb1, -1, np.int32)
+    cap = min(ta.shape[0] * nb1, max_states + 1)
+    qa = np.empty(cap, np.int32)
+    qb = np.empty(cap, np.int32)
+    index[1] = 0
+    qa[0] = 0
+    qb[0] = 0
+    n, i = 1, 0
+    while i < n:
+        sa, sb = qa[i], qb[i]
+        i += 1
+        for c in range(256):
+            x = ta[sa, c]
+            if x < 0:
+                continue
+            y = tb[sb, c] if sb >= 0 else -1
+            if keep_b and y < 0:
+                continue
+            k = x * nb1 + y + 1
+            if index[k] < 0:
+                if n >= max_states:
+                    return index, qa, qb, -1
+                index[k] = n
+                qa[n] = x
+                qb[n] = y
+                n += 1
+    return index, qa, qb, n
+
+
+def _dense_product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
+    index, qa, qb, n = _product_pairs(a.trans, b.trans, keep_b, max_states)
+    if n < 0:
+        raise BudgetExceeded(f"more than {max_states} automaton states")
+    qa, qb = qa[:n], qb[:n]
+    tb = np.concatenate([b.trans, np.full((1, 256), -1, np.int32)])  # row -1: b is dead
+    x, y = a.trans[qa], tb[qb]
+    live = (x >= 0) & (y >= 0) if keep_b else x >= 0
+    codes = np.where(live, x.astype(np.int64) * (b.num_states + 1) + y + 1, 0)
+    trans = np.where(live, index[codes], -1).astype(np.int32)
+    acc_b = np.append(b.accept, False)[qb]
+    accept = a.accept[qa] & (acc_b if keep_b else ~acc_b)
+    return minimize(DFA(trans, accept))
 
 
 def union(dfas: list[DFA], max_states: int) -> DFA:

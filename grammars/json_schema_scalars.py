@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Terminal
-from .json_numbers import DECIMAL, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
+from .json_numbers import DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, seq
 from .json_strings import FORMATS, capped_length, format_pattern, pattern_regex, regex_escape, string_regex
@@ -102,17 +102,23 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
             raise UnsupportedSchemaError(f"multipleOf {k} cannot be enforced exactly for this range", at)
         also.append(regex)
         integral = integral or k == k.to_integral_value()
-    main = INTEGER_VALUE if integral else (DECIMAL if also else NUMBER)
+    if integral:
+        main = INTEGER if integer_only and ctx.draft4 else INTEGER_VALUE
+    else:
+        main = DECIMAL if also else NUMBER
     if ctx.options.max_number_digits is not None:
         bounds = [b[0] for b in (lo, hi) if b is not None]
         also.append(_digit_cap(ctx.options.max_number_digits, bounds, [k for k, _ in multiples],
                                whole_open=len(bounds) < 2))
     exclude = tuple(number_literal_regex(v) for v in excluded if is_number(v))
     if ("non-integer",) in excluded:
-        if integral:
+        if integer_only or (integral and not ctx.draft4):
             return NEVER
-        also.append(DECIMAL)
-        exclude += (INTEGER_VALUE,)
+        if ctx.draft4:  # 1.0 and 1e2 are not integers there
+            exclude += (INTEGER,)
+        else:
+            also.append(DECIMAL)
+            exclude += (INTEGER_VALUE,)
     return Terminal(main, tuple(also), exclude)
 
 

@@ -277,6 +277,12 @@ _URI = (
     rf"(?:\?(?:{_URI_CHAR}|[/?])*)?(?:#(?:{_URI_CHAR}|[/?])*)?"
 )
 
+# RFC 6570 level 4; the operators reserved for extensions (= , ! @ |) are refused.
+_TEMPLATE_LITERAL = "(?:[!#$&(-;=?-\\[\\]_a-z~\u00a0-\ud7ff\ue000-\ufdcf\ufdf0-\uffef]|%[0-9A-Fa-f]{2})"
+_VARCHAR = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})"
+_VARSPEC = rf"{_VARCHAR}(?:\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\*)?"
+_URI_TEMPLATE = rf"(?:{_TEMPLATE_LITERAL}|\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}})*"
+
 FORMATS: dict[str, str] = {
     "date": _DATE,
     "time": _TIME,
@@ -288,6 +294,7 @@ FORMATS: dict[str, str] = {
     "ipv6": _IPV6,
     "uuid": _UUID,
     "uri": _URI,
+    "uri-template": _URI_TEMPLATE,
 }
 
 

@@ -340,11 +340,42 @@ def terminal_dfa(pattern: str, also: tuple[str, ...] = (), excluding: tuple[str,
             dfa = product(dfa, regex_dfa(other), True, MAX_DFA_STATES)
         if excluding:
             # one difference with the union (declared object keys: a trie) instead of one per regex
-            dfa = product(dfa, union([regex_dfa(other) for other in excluding], MAX_DFA_STATES), False,
+            texts = [literal_text(other) for other in excluding]
+            parts = [regex_dfa(other) for other, text in zip(excluding, texts) if text is None]
+            if any(text is not None for text in texts):
+                parts.append(literals_dfa(tuple(sorted({text for text in texts if text is not None}))))
+            dfa = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
                           MAX_DFA_STATES)
     except BudgetExceeded as e:
         raise RegexError(f"regex combination too complex to compile ({e})", pattern) from None
     return dfa
+
+
+_REGEX_META = frozenset(".^$*+?{}[]|()")
+
+
+def literal_text(pattern: str) -> str | None:
+    """The one string a regex matches when it is plain text (metacharacters escaped, controls as \\xNN),
+    else None; lets sets of literal regexes (declared object keys) skip the regex compiler."""
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch in _REGEX_META:
+            return None
+        if ch == "\\":
+            nxt = pattern[i + 1 : i + 2]
+            if nxt in _REGEX_META or nxt in ("\\", "-", "/", '"', " ", "#", "&", "~"):
+                out.append(nxt)
+                i += 2
+                continue
+            if nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2 : i + 4]):
+                out.append(chr(int(pattern[i + 2 : i + 4], 16)))
+                i += 4
+                continue
+            return None
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 @functools.lru_cache(maxsize=1 << 16)

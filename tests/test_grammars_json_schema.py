@@ -93,8 +93,8 @@ def test_formats_only_admit_what_jsonschema_accepts():
     good = {"date": "2024-02-29", "time": "23:59:59.5+01:00", "date-time": "2020-01-01T00:00:00Z",
             "duration": "P1Y2M3DT4H", "email": "a.b@example.com", "hostname": "a-b.example.org",
             "ipv4": "192.168.0.1", "ipv6": "::ffff:10.0.0.1", "uuid": "123e4567-e89b-12d3-a456-426614174000",
-            "uri": "https://example.com/a?b=c#d"}
-    bad = {"date": "2023-02-29", "ipv4": "256.1.1.1", "ipv6": "1:2:3", "uuid": "123e4567e89b12d3a456426614174000",
+            "uri": "https://example.com/a?b=c#d", "uri-template": "https://example.com/{id}{?q,lang*}{#f:3}"}
+    bad = {"uri-template": "https://example.com/resource/{","date": "2023-02-29", "ipv4": "256.1.1.1", "ipv6": "1:2:3", "uuid": "123e4567e89b12d3a456426614174000",
            "time": "24:00:00Z", "duration": "P", "email": "no-at-sign"}
     assert set(good) == set(FORMATS)
     for name, value in good.items():
@@ -178,6 +178,18 @@ def test_combinators_refs_and_recursion():
     check({"if": {"type": "string"}, "then": {"minLength": 2}, "else": {"type": "integer"}},
           valid=["ab", 3], invalid=["a", 1.5])
     check({"enum": [1, "a", {"k": [True]}], "not": {"const": "a"}}, valid=[1, 1.0, {"k": [True]}], invalid=["a"])
+
+
+def test_draft_04_integers_are_written_without_a_fraction():
+    d4 = {"$schema": "http://json-schema.org/draft-04/schema#"}
+    cases = [({**d4, "type": "integer"}, [1, -20], [1.0, 1.5]),
+             ({**d4, "type": "number", "not": {"type": "integer"}}, [1.0, 2.5, 1e20], [1, -3]),
+             ({"type": "integer"}, [1, 1.0], [1.5]),
+             ({"type": "number", "not": {"type": "integer"}}, [2.5], [1, 1.0])]
+    for schema, valid, invalid in cases:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        assert all(validator.is_valid(v) for v in valid) and not any(validator.is_valid(v) for v in invalid)
+        check(schema, valid=valid, invalid=invalid)
 
 
 def test_enums_use_json_equality_and_every_keyword():

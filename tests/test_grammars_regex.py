@@ -6,7 +6,9 @@ import re
 import pytest
 
 from leapgen.grammars.errors import RegexError
-from leapgen.grammars.regex import MAX_GROUP_DEPTH, dfa_fullmatch, regex_dfa, terminal_dfa, utf8_sequences
+from leapgen.grammars.json_strings import regex_escape
+from leapgen.grammars.regex import (MAX_GROUP_DEPTH, dfa_fullmatch, literal_text, regex_dfa, terminal_dfa,
+                                     utf8_sequences)
 
 PATTERNS = [
     r"a*b|c",               # a star at the start of a branch once looped back into the other branches
@@ -120,3 +122,17 @@ def test_groups_nested_past_the_limit_are_refused_before_parsing():
     assert info.value.position == MAX_GROUP_DEPTH
     assert dfa_fullmatch(regex_dfa("(?:" * MAX_GROUP_DEPTH + "a" + ")" * MAX_GROUP_DEPTH), b"a")
     assert dfa_fullmatch(regex_dfa(r"[(]\(" * 200), b"((" * 200)  # escaped and in a class: no groups
+
+
+def test_literal_regexes_skip_the_regex_compiler_with_the_same_language():
+    texts = ['"name"', "a.b*c", "x\x01y\x7f", "é ü-/#&~", "\\d{2}", "(a|b)", "[^]", 'q"\\"']
+    for text in texts:
+        pattern = regex_escape(text)
+        assert literal_text(pattern) == text and re.fullmatch(pattern, text), text
+    for pattern in ["a.b", "a*", "[ab]", r"\d", "(a)", "a|b", "a{2}", r"\x4", r"\n"]:
+        assert literal_text(pattern) is None, pattern
+    keys = ['"id"', '"idx"', '"a.b"', '"é"']
+    dfa = terminal_dfa(r'"[^"]*"', (), tuple(regex_escape(k) for k in keys) + (r'"x+"',))
+    for s in keys + ['"i"', '"ids"', '"aXb"', '"x"', '"xx"', '"xy"', '""', '"éé"']:
+        expected = s not in keys and re.fullmatch(r'"[^"]*"', s) is not None and re.fullmatch(r'"x+"', s) is None
+        assert dfa_fullmatch(dfa, s.encode()) == expected, s
