@@ -110,6 +110,11 @@ CHAR = encoded_class(normalize_ranges(ANY_CHAR))
 
 def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
     """A quoted JSON string whose decoded length is within [min_length, max_length]."""
+    return f'"{chars_regex(min_length, max_length)}"'
+
+
+def chars_regex(min_length: int = 0, max_length: int | None = None) -> str:
+    """Between min_length and max_length characters of a JSON string's body, canonically escaped."""
     if min_length == 0 and max_length is None:
         rep = "*"
     elif max_length is None:
@@ -118,7 +123,7 @@ def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
         rep = f"{{{min_length}}}"
     else:
         rep = f"{{{min_length},{max_length}}}"
-    return f'"{CHAR}{rep}"'
+    return f"{CHAR}{rep}"
 
 
 # ECMA-262 character classes (JSON Schema patterns are ECMA regexes).

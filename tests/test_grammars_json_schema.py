@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
+from leapgen.grammars.automaton import compile_automaton
 from leapgen.grammars.ir import Choice, Lit, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import at_least, at_most, multiple_of_regex, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
@@ -178,6 +179,19 @@ def test_combinators_refs_and_recursion():
     check({"if": {"type": "string"}, "then": {"minLength": 2}, "else": {"type": "integer"}},
           valid=["ab", 3], invalid=["a", 1.5])
     check({"enum": [1, "a", {"k": [True]}], "not": {"const": "a"}}, valid=[1, 1.0, {"k": [True]}], invalid=["a"])
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 33), (10, 100), (31, 64), (64, 64), (65, 65), (40, 95), (100, None),
+                                   (0, 10_000)])
+def test_long_length_bounds_count_in_chunks_exactly(lo, hi):
+    schema = {"type": "string", "minLength": lo} | ({} if hi is None else {"maxLength": hi})
+    rng = random.Random(lo)
+    top = min(hi if hi is not None else lo + 40, lo + 140)
+    lengths = sorted({*range(max(0, lo - 2), lo + 3), *range(max(0, top - 2), top + 3), rng.randint(lo, top)})
+    texts = ["".join(rng.choice('ab"\\é\n😀 ') for _ in range(n)) for n in lengths]
+    check(schema, valid=[t for t in texts if lo <= len(t) <= (hi if hi is not None else len(t))],
+          invalid=[t for t in texts if not lo <= len(t) <= (hi if hi is not None else len(t))])
+    assert compile_automaton(json_schema_to_grammar(schema)).num_states < 2000  # unrolled: 10,000 x 15 states
 
 
 def test_draft_04_integers_are_written_without_a_fraction():
