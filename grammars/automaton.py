@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_cal
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
+CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this is called, not inlined
 
 
 @dataclass(eq=False)
@@ -37,6 +39,10 @@ class Automaton:
     call_ret: np.ndarray  # int32: global state to continue in after the callee returns
     has_out: np.ndarray  # bool [G]: some byte transition leaves this state
     start: int
+    # bool [G]: a structural state that only returns (accepting, no calls): a call returning there needs
+    # no stack frame, so chains of calls in tail position (the optional members of a large object) keep
+    # the stack flat
+    tail: np.ndarray
     # (first global state, terminal DFA) of each terminal rule, by increasing first state; only
     # terminal rules consume bytes, and their DFAs are shared objects, so their token walks are
     # memoised across grammars
@@ -59,8 +65,12 @@ def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
 
 
 def _recursive_rules(rules: dict[str, ir.Expr]) -> set[str]:
-    """Rules lying on a reference cycle (Tarjan's strongly connected components)."""
-    graph = {name: _refs(body, set()) for name, body in rules.items()}
+    """Rules lying on a reference cycle."""
+    return _cyclic({name: _refs(body, set()) for name, body in rules.items()})
+
+
+def _cyclic(graph: dict[str, set[str]]) -> set[str]:
+    """Nodes lying on a cycle of `graph` (Tarjan's strongly connected components)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -103,7 +113,7 @@ def _recursive_rules(rules: dict[str, ir.Expr]) -> set[str]:
                 if len(component) > 1 or node in graph[node]:
                     result.update(component)
 
-    for name in rules:
+    for name in graph:
         if name not in index:
             visit(name)
     return result
@@ -175,9 +185,35 @@ class _Compiler:
         self.rules = grammar.rules
         self.start = grammar.start
         self._check()
-        self.recursive = _recursive_rules(self.rules)
+        self.called = _recursive_rules(self.rules)
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
+        self._sizes: dict[str, int] = {}
+        for name in self.rules:
+            self._size(ir.Ref(name))
+
+    def _size(self, expr: ir.Expr) -> int:
+        """About how many NFA nodes `expr` takes written out, where called rules count one; a rule over
+        CALLED_RULE_SIZE joins the called ones, so a subschema used in many places is built once and a
+        large schema is not inlined into one automaton."""
+        if isinstance(expr, ir.Ref):
+            name = expr.name
+            if expr.call:
+                self.called.add(name)
+            if name in self.called:
+                return 1
+            if name not in self._sizes:
+                size = self._sizes[name] = self._size(self.rules[name])
+                if size > CALLED_RULE_SIZE:
+                    self.called.add(name)
+            return 1 if name in self.called else self._sizes[name]
+        if _is_terminal(expr):
+            return 1
+        if isinstance(expr, ir.Repeat):
+            return max(expr.max if expr.max is not None else expr.min + 1, 1) * self._size(expr.item)
+        if isinstance(expr, (ir.Seq, ir.Choice)):
+            return max(sum(self._size(item) for item in expr.items), 1)
+        return 1
 
     def _check(self) -> None:
         if not self.rules:
@@ -199,7 +235,7 @@ class _Compiler:
         elif _is_terminal(expr):
             nfa.call(src, self.terminal_label(expr), dst)
         elif isinstance(expr, ir.Ref):
-            if expr.name in self.recursive:
+            if expr.name in self.called or expr.call:
                 nfa.call(src, expr.name, dst)
             else:
                 self.build(nfa, self.rules[expr.name], src, dst)
@@ -271,21 +307,34 @@ class _Compiler:
         return determinize_calls(nfa, src, dst, MAX_RULE_STATES)
 
 
+def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[CallDFA, set[str]], bool]) -> set[str]:
+    """The least set holding `seed` and every rule for which `holds(rule, set)`, where `holds` only grows
+    with the set: a rule is checked again only when one of the rules it calls joins (a chain of a thousand
+    rules is one pass, not a thousand)."""
+    callers: dict[object, set[str]] = {}
+    for name, rule in rules.items():
+        for calls in rule.calls:
+            for label, _ in calls:
+                callers.setdefault(label, set()).add(name)
+    found = set(seed)
+    todo = list(rules)
+    while todo:
+        name = todo.pop()
+        if name not in found and holds(rules[name], found):
+            found.add(name)
+            todo.extend(callers.get(name, ()))
+    return found
+
+
 def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[str, CallDFA]:
     """Drop the calls that cannot lead to the end of their rule; `productive`: terminals matching
     something (terminal DFAs are already trimmed)."""
-    productive = set(productive)
-    while True:
-        live = {name: _live(rule, productive) for name, rule in rules.items()}
-        now = {name for name, states in live.items() if states[0]}
-        if now <= productive:
-            break
-        productive |= now
+    productive = _least_set(rules, productive, lambda rule, found: _live(rule, found)[0])
     if start not in productive:
         raise EmptyLanguageError("the grammar matches no string at all")
     out = {}
     for name, rule in rules.items():
-        ok = live[name]
+        ok = _live(rule, productive)
         calls = [tuple((lab, t) for lab, t in rule.calls[s] if lab in productive and ok[t])
                  for s in range(rule.num_states)]
         out[name] = CallDFA([acc and ok[s] for s, acc in enumerate(rule.accept)], calls)
@@ -311,12 +360,7 @@ def _live(rule: CallDFA, productive: set[str]) -> list[bool]:
 
 def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str]) -> None:
     """Refuse rules that can call themselves before consuming a byte."""
-    nullable = set(nullable_terminals)
-    while True:
-        now = {name for name, rule in rules.items() if _reaches_accept_without_bytes(rule, nullable)}
-        if now <= nullable:
-            break
-        nullable |= now
+    nullable = _least_set(rules, nullable_terminals, _reaches_accept_without_bytes)
     first_calls = {}
     for name, rule in rules.items():
         seen, todo, callees = {0}, [0], set()
@@ -329,15 +373,9 @@ def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str
                     seen.add(t)
                     todo.append(t)
         first_calls[name] = callees
-    for name in rules:
-        seen, todo = set(), [name]
-        while todo:
-            for callee in first_calls[todo.pop()]:
-                if callee == name:
-                    raise GrammarError(f"rule {name!r} is left-recursive (it can call itself before any text)")
-                if callee not in seen:
-                    seen.add(callee)
-                    todo.append(callee)
+    cyclic = _cyclic(first_calls)
+    if cyclic:
+        raise GrammarError(f"rule {min(cyclic)!r} is left-recursive (it can call itself before any text)")
 
 
 def _reaches_accept_without_bytes(rule: CallDFA, nullable: set[str]) -> bool:
@@ -356,7 +394,7 @@ def _reaches_accept_without_bytes(rule: CallDFA, nullable: set[str]) -> bool:
 def compile_automaton(grammar: ir.Grammar) -> Automaton:
     """The recursive transition network of `grammar` (raises GrammarError / RegexError)."""
     compiler = _Compiler(grammar)
-    names = [grammar.start] + sorted(compiler.recursive - {grammar.start})
+    names = [grammar.start] + sorted(compiler.called - {grammar.start})
     try:
         rules = {name: compiler.rule_dfa(name) for name in names}
     except BudgetExceeded as e:
@@ -391,6 +429,9 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     call_ptr += [len(callee)] * (total - first_terminal)
     has_out = np.zeros(total, bool)
     has_out[first_terminal:] = (trans[first_terminal:] >= 0).any(axis=1)
+    calls_out = np.diff(np.array(call_ptr, np.int64))
+    tail = np.zeros(total, bool)
+    tail[:first_terminal] = accept[:first_terminal] & (calls_out[:first_terminal] == 0)
     return Automaton(
         trans=trans,
         accept=accept,
@@ -399,5 +440,6 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         call_ret=np.array(ret, np.int32),
         has_out=has_out,
         start=offsets[grammar.start],
+        tail=tail,
         terminals=tuple((offsets[label], dfa) for label, dfa in terminals.items()),
     )

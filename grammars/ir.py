@@ -34,9 +34,11 @@ class Terminal:
 
 @dataclass(frozen=True)
 class Ref:
-    """A reference to the rule called `name` (may be recursive)."""
+    """A reference to the rule called `name` (may be recursive).  `call`: always a call into the rule, never
+    written out in place (the links of a long chain of rules, each calling the next in tail position)."""
 
     name: str
+    call: bool = False
 
 
 @dataclass(frozen=True)

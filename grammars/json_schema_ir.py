@@ -74,6 +74,8 @@ def inlined_size(expr: Expr, rules: dict[str, Expr], sizes: dict[str, int]) -> i
     writes out bounded repetitions; a rule not defined yet is being compiled around it (recursion, which
     the automaton calls instead), so it counts as one call.  `sizes` memoises rules."""
     if isinstance(expr, Ref):
+        if expr.call:
+            return 1
         if expr.name not in sizes:
             sizes[expr.name] = 1  # cycles end here
             if expr.name in rules:

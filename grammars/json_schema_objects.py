@@ -16,7 +16,7 @@ from itertools import combinations, product
 from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Lit
+from .ir import Expr, Lit, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, expect
 from .json_schema_ir import NEVER, choice, json_text, optional, repeat, seq
 from .json_schema_scalars import string_terminal
@@ -24,6 +24,7 @@ from .json_strings import pattern_regex, regex_escape
 
 _MAX_PATTERNS = 4
 _MAX_TRIGGERS = 3
+_CALLED_TAILS = 8
 
 
 def _key_regex(name: str) -> str:
@@ -212,7 +213,15 @@ class _ObjectBuilder:
         tails = [extras_tail]  # tails[k]: slots k.. after something was written
         for member, req in reversed(slots):
             step = seq(comma, member)
-            tails.insert(0, seq(step if req else optional(step), tails[0]))
+            tail = seq(step if req else optional(step), tails[0])
+            if len(slots) > _CALLED_TAILS:
+                # written out, slot k's tail holds every later slot's, and every first member writes out the
+                # tail after it: quadratic; as a chain of rules each calling the next (a tail call, no stack
+                # frame) the object stays linear in its slots
+                name = self.ctx.rule_name(self.pointer + "_tail")
+                self.ctx.rules[name] = tail
+                tail = Ref(name, call=True)
+            tails.insert(0, tail)
         firsts = []
         for i, (member, req) in enumerate(slots):
             firsts.append(seq(member, tails[i + 1]))

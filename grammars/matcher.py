@@ -30,7 +30,7 @@ class CompiledGrammar:
         self.automaton = automaton
         self.vocabulary = vocabulary
         self.masks = TokenMasks(automaton, vocabulary)
-        self.stacks = StackArena()
+        self.stacks = StackArena(automaton.tail)
         self.initial: State = frozenset({(automaton.start, 0)})
         self._closures: dict[State, tuple[tuple[tuple[int, int], ...], bool]] = {}
         self._mask_cache: dict[State, np.ndarray] = {}

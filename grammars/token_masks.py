@@ -245,14 +245,18 @@ class TokenMasks:
 
 
 class StackArena:
-    """Hash-consed parser stacks: id 0 is the empty stack; (parent id, return state) -> id."""
+    """Hash-consed parser stacks: id 0 is the empty stack; (parent id, return state) -> id.  A return
+    state flagged in `tail` only returns further, so pushing it is the same as not pushing."""
 
-    def __init__(self):
+    def __init__(self, tail: np.ndarray):
         self.parent = [0]
         self.ret = [-1]
         self._ids: dict[tuple[int, int], int] = {}
+        self._tail = tail.tolist()
 
     def push(self, parent: int, ret: int) -> int:
+        if self._tail[ret]:
+            return parent
         key = (parent, ret)
         sid = self._ids.get(key)
         if sid is None:

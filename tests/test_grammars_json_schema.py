@@ -194,6 +194,20 @@ def test_long_length_bounds_count_in_chunks_exactly(lo, hi):
     assert compile_automaton(json_schema_to_grammar(schema)).num_states < 2000  # unrolled: 10,000 x 15 states
 
 
+def test_an_object_with_a_thousand_optional_properties_stays_linear():
+    n = 1000
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+              "additionalProperties": False}
+    grammar = json_schema_to_grammar(schema)
+    assert compile_automaton(grammar).num_states < 20 * n  # written out: every slot holds every later one
+    tokenizer = byte_level_bpe()
+    compiled = compile_json_schema(schema, tokenizer)
+    valid = [{}, {"p0": 1}, {"p999": 2}, {f"p{i}": i for i in range(0, n, 97)}, {"p3": 1, "p4": 2}]
+    invalid = ['{"p4": 1, "p3": 2}', '{"p5": 1, "p5": 2}', '{"q": 1}', '{"p1": "x"}']
+    assert all(accepts(compiled, tokenizer, json.dumps(value)) for value in valid)
+    assert not any(accepts(compiled, tokenizer, text) for text in invalid)
+
+
 def test_draft_04_integers_are_written_without_a_fraction():
     d4 = {"$schema": "http://json-schema.org/draft-04/schema#"}
     cases = [({**d4, "type": "integer"}, [1, -20], [1.0, 1.5]),
