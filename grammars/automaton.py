@@ -200,9 +200,8 @@ class _Compiler:
             name = expr.name
             if expr.call:
                 self.called.add(name)
-            if name in self.called:
-                return 1
-            if name not in self._sizes:
+            if name not in self._sizes:  # every body is visited once: the call-only refs inside join `called`
+                self._sizes[name] = 1  # a cycle ends here (its rules are called anyway)
                 size = self._sizes[name] = self._size(self.rules[name])
                 if size > CALLED_RULE_SIZE:
                     self.called.add(name)

@@ -208,6 +208,17 @@ def test_an_object_with_a_thousand_optional_properties_stays_linear():
     assert not any(accepts(compiled, tokenizer, text) for text in invalid)
 
 
+def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls():
+    props = {f"p{i}": {"type": "integer"} for i in range(12)} | {"kids": {"type": "array", "items": {"$ref": "#"}}}
+    schema = {"type": "object", "properties": props, "additionalProperties": False}
+    tokenizer = byte_level_bpe()
+    compiled = compile_json_schema(schema, tokenizer)
+    for value in [{}, {"p3": 1, "kids": [{"p0": 2}, {"kids": []}]}, {"p11": 1, "kids": [{"kids": [{"p5": 0}]}]}]:
+        assert accepts(compiled, tokenizer, json.dumps(value)), value
+    for text in ['{"kids": [{"p1": 1, "p0": 2}]}', '{"p1": 1, "p1": 2}', '{"kids": [{"x": 1}]}']:
+        assert not accepts(compiled, tokenizer, text), text
+
+
 def test_draft_04_integers_are_written_without_a_fraction():
     d4 = {"$schema": "http://json-schema.org/draft-04/schema#"}
     cases = [({**d4, "type": "integer"}, [1, -20], [1.0, 1.5]),

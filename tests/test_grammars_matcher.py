@@ -179,6 +179,19 @@ def test_recursive_ir_grammar_nests_without_unrolling():
             assert data.count(b"[") == data.count(b"]")
 
 
+def test_call_only_rules_inside_recursive_rules_are_built():
+    # r is recursive, so its body is only ever called; the call-only chain t -> u inside it must still be built
+    tok = tu.byte_level_bpe()
+    rules = {"start": ir.Ref("r"),
+             "r": ir.Seq((ir.Lit("("), ir.Repeat(ir.Ref("r"), 0, 1), ir.Ref("t", call=True), ir.Lit(")"))),
+             "t": ir.Seq((ir.Repeat(ir.Lit("a"), 0, 1), ir.Ref("u", call=True))),
+             "u": ir.Repeat(ir.Lit("b"), 0, 1)}
+    grammar = compile_grammar(ir.Grammar(rules), tok)
+    for text, ok in [("()", True), ("(ab)", True), ("((a)b)", True), ("(ba)", False), ("((a)", False)]:
+        state = grammar.step(grammar.initial, text.encode())
+        assert (state is not None and grammar.closure(state)[1]) == ok, text
+
+
 def test_ir_grammar_errors():
     tok = tu.byte_level_bpe()
     with pytest.raises(GrammarError, match="undefined rule 'nope'"):
