@@ -14,8 +14,8 @@ from .ir import Expr, Lit, Ref, Terminal
 from .json_numbers import DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
-from .json_strings import (FORMATS, capped_length, chars_regex, format_pattern, pattern_regex, regex_escape,
-                           string_regex)
+from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, capped_length, chars_regex, format_pattern, pattern_regex,
+                           regex_escape, string_regex)
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
 
@@ -155,6 +155,9 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         fmt = p.get("format")
         if fmt in FORMATS:
             patterns.append((format_pattern(fmt), ""))
+        elif fmt in UNENFORCEABLE_FORMATS:
+            raise UnsupportedSchemaError(f"format {fmt!r} cannot be enforced: {UNENFORCEABLE_FORMATS[fmt]}",
+                                         p.at("format"))
         elif fmt is not None and ctx.options.strict_formats:
             raise UnsupportedSchemaError(f"format {fmt!r} is not supported", p.at("format"))
     if hi is not None and lo > hi:

@@ -276,11 +276,36 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?"
 _HOSTNAME = rf"{_LABEL}(?:\.{_LABEL}){{0,3}}"
 _EMAIL = rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+)*@{_HOSTNAME}"
 _UUID = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
-_URI_CHAR = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
-_URI = (
-    rf"[A-Za-z][A-Za-z0-9+.-]*:(?://{_URI_CHAR}*(?:/{_URI_CHAR}*)*|/?(?:{_URI_CHAR}+(?:/{_URI_CHAR}*)*)?)"
-    rf"(?:\?(?:{_URI_CHAR}|[/?])*)?(?:#(?:{_URI_CHAR}|[/?])*)?"
-)
+
+
+def _uri_char(more: str = "", colon: bool = True) -> str:
+    """One character of a URI part (RFC 3986 pchar, '/' and '?' aside), with `more` ranges (IRIs)."""
+    return rf"(?:[A-Za-z0-9._~!$&'()*+,;={':' if colon else ''}@{more}-]|%[0-9A-Fa-f]{{2}})"
+
+
+_URI_CHAR = _uri_char()
+
+
+def _absolute_uri(char: str) -> str:
+    """RFC 3986 URI (RFC 3987 IRI) over `char`: a scheme, a loose hierarchical part, query and fragment."""
+    return (rf"[A-Za-z][A-Za-z0-9+.-]*:(?://{char}*(?:/{char}*)*|/?(?:{char}+(?:/{char}*)*)?)"
+            rf"(?:\?(?:{char}|[/?])*)?(?:#(?:{char}|[/?])*)?")
+
+
+_URI = _absolute_uri(_URI_CHAR)
+_UCS = "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef"  # RFC 3987 ucschar (the BMP part)
+_IRI_CHAR = _uri_char(_UCS)
+_IRI = _absolute_uri(_IRI_CHAR)
+
+
+def _relative_ref(char: str, segment_nc: str) -> str:
+    """RFC 3986 relative-ref over `char`: a network path, an absolute path, or a first segment of
+    `segment_nc` (no ':')."""
+    return (rf"(?://{char}*(?:/{char}*)*|/(?:{char}+(?:/{char}*)*)?|{segment_nc}+(?:/{char}*)*)?"
+            rf"(?:\?(?:{char}|[/?])*)?(?:#(?:{char}|[/?])*)?")
+
+
+_JSON_POINTER = r"(?:/(?:[^/~]|~[01])*)*"
 
 # RFC 6570 level 4; the operators reserved for extensions (= , ! @ |) are refused.
 _TEMPLATE_LITERAL = "(?:[!#$&(-;=?-\\[\\]_a-z~\u00a0-\ud7ff\ue000-\ufdcf\ufdf0-\uffef]|%[0-9A-Fa-f]{2})"
@@ -300,7 +325,15 @@ FORMATS: dict[str, str] = {
     "uuid": _UUID,
     "uri": _URI,
     "uri-template": _URI_TEMPLATE,
+    "uri-reference": f"(?:{_URI}|{_relative_ref(_URI_CHAR, _uri_char(colon=False))})",
+    "iri": _IRI,
+    "iri-reference": f"(?:{_IRI}|{_relative_ref(_IRI_CHAR, _uri_char(_UCS, colon=False))})",
+    "json-pointer": _JSON_POINTER,
+    "relative-json-pointer": rf"(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})",
 }
+#: Formats whose valid strings no finite automaton recognises: enforcing them exactly is impossible, and
+#: ignoring them would let invalid instances through, so schemas using them are refused.
+UNENFORCEABLE_FORMATS = {"regex": "valid regexes nest parentheses without bound"}
 
 
 def format_pattern(name: str) -> str:

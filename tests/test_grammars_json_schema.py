@@ -94,15 +94,18 @@ def test_formats_only_admit_what_jsonschema_accepts():
     good = {"date": "2024-02-29", "time": "23:59:59.5+01:00", "date-time": "2020-01-01T00:00:00Z",
             "duration": "P1Y2M3DT4H", "email": "a.b@example.com", "hostname": "a-b.example.org",
             "ipv4": "192.168.0.1", "ipv6": "::ffff:10.0.0.1", "uuid": "123e4567-e89b-12d3-a456-426614174000",
-            "uri": "https://example.com/a?b=c#d", "uri-template": "https://example.com/{id}{?q,lang*}{#f:3}"}
-    bad = {"uri-template": "https://example.com/resource/{","date": "2023-02-29", "ipv4": "256.1.1.1", "ipv6": "1:2:3", "uuid": "123e4567e89b12d3a456426614174000",
+            "uri": "https://example.com/a?b=c#d", "uri-template": "https://example.com/{id}{?q,lang*}{#f:3}",
+            "uri-reference": "../a/b?c#d", "iri": "https://例え.jp/パス?q=値", "iri-reference": "//例え.jp/x",
+            "json-pointer": "/a~1b/0/~0c", "relative-json-pointer": "1/a/b"}
+    bad = {"uri-template": "https://example.com/resource/{", "iri": "not-an-iri", "uri-reference": "a b",
+           "json-pointer": "a/b", "relative-json-pointer": "-1/a","date": "2023-02-29", "ipv4": "256.1.1.1", "ipv6": "1:2:3", "uuid": "123e4567e89b12d3a456426614174000",
            "time": "24:00:00Z", "duration": "P", "email": "no-at-sign"}
     assert set(good) == set(FORMATS)
     for name, value in good.items():
-        assert re.fullmatch(format_regex(name), json.dumps(value)), name
+        assert re.fullmatch(format_regex(name), json.dumps(value, ensure_ascii=False)), name
         assert checker.conforms(value, name), name
     for name, value in bad.items():
-        assert not re.fullmatch(format_regex(name), json.dumps(value)), name
+        assert not re.fullmatch(format_regex(name), json.dumps(value, ensure_ascii=False)), name
 
 
 # ---- numbers --------------------------------------------------------------------------------------
