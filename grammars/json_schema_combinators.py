@@ -1,8 +1,10 @@
 """Combinators: anyOf/oneOf distributed over the rest of the conjunction, if/then/else, and `not` on the
 shapes that negate exactly.  (allOf needs nothing here: the compiler flattens it into more conjuncts.)
 
-oneOf is compiled as anyOf only where the branches provably exclude each other (`_disjoint`); otherwise
-the schema is refused, since a grammar cannot count how many branches an instance matches.
+oneOf is compiled as anyOf where the branches provably exclude each other (`_disjoint`); otherwise, where
+every branch is a shape `not` negates exactly, branch i becomes branch i and the negation of every other
+branch, which is exactly "matches one branch only"; other overlapping oneOfs are refused, since a grammar
+cannot count how many branches an instance matches.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any
 
 from .errors import UnsupportedSchemaError
 from .ir import Expr
-from .json_schema_context import VALIDATION, Branches, Part, SchemaContext, enum_values, expect, narrow_types
+from .json_schema_context import (VALIDATION, Branches, NotMatching, Part, SchemaContext, enum_values, expect,
+                                  narrow_types)
 from .json_schema_ir import choice, json_key
 
 _MAX_DISTRIBUTED_BRANCHES = 64
@@ -25,19 +28,69 @@ def distribute(ctx: SchemaContext, parts: list[Part], owner: Part, keyword: str)
     rest = [Part(p.schema, p.pointer, p.base, p.skip | {keyword}) if p is owner else p for p in parts]
     subs = [owner.sub(b, keyword, i) for i, b in enumerate(branches)]
     if keyword == "oneOf" and len(subs) > 1:
-        _require_exclusive(ctx, rest, subs, owner.at(keyword))
+        overlap = _overlapping(ctx, rest, subs)
+        if overlap is not None:
+            return _exactly_one(ctx, rest, owner, overlap)
     return choice(ctx.compile(rest + [s]) for s in subs)
 
 
-def _require_exclusive(ctx: SchemaContext, rest: list[Part], subs: list[Part], pointer: str) -> None:
-    """oneOf is a union only when no instance can match two branches; prove that or refuse."""
+def _overlapping(ctx: SchemaContext, rest: list[Part], subs: list[Part]) -> tuple[int, int] | None:
+    """Two oneOf branches that may both match one instance, None when they provably never do."""
     sigs = [_signature(ctx, rest + [s]) for s in subs]
     for i in range(len(sigs)):
         for j in range(i + 1, len(sigs)):
             if not _disjoint(sigs[i], sigs[j]):
-                raise UnsupportedSchemaError(
-                    f"oneOf branches {i} and {j} may both match one instance; exclusivity cannot be enforced",
-                    pointer)
+                return i, j
+    return None
+
+
+def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, overlap: tuple[int, int]) -> Expr:
+    """oneOf as the union over i of (branch i and not branch j, for every other j), where every branch
+    negates exactly; refused otherwise, or where the negations would multiply into too many variants."""
+    branches = owner.get("oneOf")
+    variants = 0
+    for branch in branches:
+        count = _negation_size(branch)
+        if count is None:
+            i, j = overlap
+            raise UnsupportedSchemaError(f"oneOf branches {i} and {j} may both match one instance; exclusivity "
+                                         "cannot be enforced", owner.at("oneOf"))
+        variants += count
+    if variants ** (len(branches) - 1) > _MAX_DISTRIBUTED_BRANCHES:
+        raise UnsupportedSchemaError("oneOf with overlapping branches has too many variants to enforce",
+                                     owner.at("oneOf"))
+    alternatives = []
+    for i, branch in enumerate(branches):
+        others = [owner.sub({"not": b}, "oneOf", j) for j, b in enumerate(branches) if j != i]
+        alternatives.append(ctx.compile(rest + [owner.sub(branch, "oneOf", i)] + others))
+    return choice(alternatives)
+
+
+def _negation_size(schema: Any) -> int | None:
+    """How many alternatives `not schema` compiles to (see `negate` and `negated_required`), None when it
+    is not one of the shapes negated exactly."""
+    if not isinstance(schema, dict):
+        return 1 if isinstance(schema, bool) else None
+    keys = _constraining(schema)
+    if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}):
+        return 1
+    if keys == {"required"} and isinstance(schema["required"], list) and schema["required"]:
+        return len(schema["required"])
+    return None
+
+
+def negated_required(ctx: SchemaContext, parts: list[Part], part: Part) -> Expr | None:
+    """`not: {required: [k1, ...]}`: an object missing some ki (everything else satisfies `required`), as a
+    choice of objects each forbidding one of the keys; None for other `not` shapes."""
+    inner = part.get("not")
+    if not isinstance(inner, dict) or _constraining(inner) != {"required"}:
+        return None
+    names = inner["required"]
+    expect(isinstance(names, list) and all(isinstance(n, str) for n in names), "required must be an array of "
+           "strings", part.at("not", "required"))
+    rest = [Part(p.schema, p.pointer, p.base, p.skip | {"not"}) if p is part else p for p in parts]
+    return choice(ctx.compile(rest + [part.sub({"type": "object", "properties": {name: False}}, "not")])
+                  for name in names)
 
 
 def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
@@ -80,7 +133,7 @@ def conditional(ctx: SchemaContext, parts: list[Part], owner: Part) -> Expr:
 
 
 def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
-    """`not` on the shapes that negate exactly: types, enum/const values, false/true."""
+    """`not` on the shapes that negate exactly: types, enum/const values, pattern, false/true."""
     inner = part.get("not")
     pointer = part.at("not")
     if inner is True or inner == {}:
@@ -89,7 +142,7 @@ def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
     if inner is False:
         return
     expect(isinstance(inner, dict), "not must be a schema", pointer)
-    keys = {k for k in inner if k in VALIDATION}
+    keys = _constraining(inner)
     if keys == {"type"}:
         negated = Branches()
         narrow_types(Part(inner, pointer, part.base), negated)
@@ -109,7 +162,20 @@ def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
         expect(isinstance(values, list), "enum must be an array", pointer + "/enum")
         excluded.extend(values)
         return
+    if keys == {"pattern"}:
+        # other types satisfy `pattern`, so only strings can fail it.  (Not `format`: its regexes admit a
+        # subset of each format, so their complement would admit some valid ones.)
+        branches.types &= {"string"}
+        expect(isinstance(inner["pattern"], str), "pattern must be a string", pointer + "/pattern")
+        excluded.append(NotMatching(inner["pattern"], pointer + "/pattern"))
+        return
     raise UnsupportedSchemaError(f"not with keywords {sorted(keys)} cannot be negated exactly", pointer)
+
+
+def _constraining(schema: dict) -> set[str]:
+    """The keywords of a subschema that constrain instances ($ref included: a shape beside a $ref is not the
+    whole schema)."""
+    return {k for k in schema if k in VALIDATION or k == "$ref"}
 
 
 def _type_of(value: Any) -> str:

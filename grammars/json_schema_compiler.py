@@ -24,9 +24,9 @@ from typing import Any
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Grammar, Lit, Ref, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
-from .json_schema_combinators import conditional, distribute, negate
-from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, JsonSchemaOptions, Part, expect,
-                                  narrow_types)
+from .json_schema_combinators import conditional, distribute, negate, negated_required
+from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, JsonSchemaOptions, NotMatching, Part,
+                                  expect, narrow_types)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
 from .json_schema_refs import RefResolver, escape_token
@@ -220,6 +220,11 @@ class SchemaCompiler:
         if any(p.has("enum") or p.has("const") for p in parts):
             return enumerated(self, parts)
         for part in parts:
+            if part.has("not"):
+                negated = negated_required(self, parts, part)
+                if negated is not None:
+                    return negated
+        for part in parts:
             for keyword in ("anyOf", "oneOf"):
                 if part.has(keyword):
                     return distribute(self, parts, part, keyword)
@@ -250,7 +255,8 @@ class SchemaCompiler:
         if t == "number":
             return number(self, parts, branches.integer_only, excluded)
         if t == "string":
-            return string_terminal(self, parts, [v for v in excluded if isinstance(v, str)])
+            return string_terminal(self, parts, [v for v in excluded if isinstance(v, str)], (),
+                                   tuple((v.pattern, v.pointer) for v in excluded if isinstance(v, NotMatching)))
         if any(isinstance(v, list if t == "array" else dict) for v in excluded):
             raise UnsupportedSchemaError(f"not with {t} values cannot be negated exactly", parts[0].pointer)
         return build_array(self, parts) if t == "array" else build_object(self, parts)

@@ -189,6 +189,14 @@ class Branches:
     integer_only: bool = False
 
 
+@dataclass(frozen=True)
+class NotMatching:
+    """An excluded ECMA pattern (from `not: {pattern}`): strings must not match it."""
+
+    pattern: str
+    pointer: str
+
+
 def narrow_types(part: Part, branches: Branches) -> None:
     """Intersect `branches` with the `type` keyword of `part`."""
     if not part.has("type"):

@@ -138,12 +138,13 @@ def _digit_cap(cap: int, bounds: list[Decimal], multiples: list[Decimal], whole_
     return digit_cap(int_digits, max(cap, frac + 1))
 
 
-def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], key_patterns: Patterns = (),
-                    other_key_patterns: Patterns = ()) -> Expr:
-    """The quoted-string terminal for the string keywords of `parts`, none of the `excluded` values; for
-    property names also matching every pattern of `key_patterns` and none of `other_key_patterns`."""
+def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], extra_patterns: Patterns = (),
+                    excluded_patterns: Patterns = ()) -> Expr:
+    """The quoted-string terminal for the string keywords of `parts`, none of the `excluded` values, also
+    matching every pattern of `extra_patterns` (a class of property names) and none of `excluded_patterns`
+    (`not: {pattern}`, the other classes of property names)."""
     lo, hi = 0, None
-    patterns = list(key_patterns)
+    patterns = list(extra_patterns)
     for p in parts:
         n = count_of(p, "minLength")
         lo = max(lo, n) if n is not None else lo
@@ -164,7 +165,7 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         return ctx.never(f"minLength {lo} is above maxLength {hi}", parts[0].pointer if parts else "")
     also = tuple(pattern_regex(*pattern) for pattern in patterns)
     exclude = tuple(regex_escape(json_text(v)) for v in excluded) + tuple(
-        pattern_regex(*pattern) for pattern in other_key_patterns)
+        pattern_regex(*pattern) for pattern in excluded_patterns)
     if hi is None and ctx.options.max_string_length is not None:
         hi = capped_length(ctx.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)
     if lo == 0 and hi is None and also:

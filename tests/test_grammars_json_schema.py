@@ -222,6 +222,33 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
         assert not accepts(compiled, tokenizer, text), text
 
 
+@pytest.mark.parametrize("schema,values", [
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {}},
+      "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+     [{}, {"a": 1}, {"b": 2}, {"a": 1, "b": 2}, {"c": 1}, {"a": 1, "c": 3}, {"b": 1, "zz": 2}]),
+    ({"oneOf": [{"required": ["a", "b"]}, {"required": ["a", "c"]}]},
+     [{"a": 1, "b": 2}, {"a": 1, "c": 2}, {"a": 1, "b": 2, "c": 3}, {"a": 1}, "x", 5]),
+    ({"type": "string", "oneOf": [{"pattern": "^a"}, {"pattern": "b$"}]}, ["a", "b", "ab", "x", "axb", "ba"]),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}, {"enum": ["x", 2.5]}]},
+     [1, 2.5, 3.5, 7, "x", "y", 2]),
+    ({"type": "object", "not": {"required": ["a", "b"]}}, [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}]),
+    ({"not": {"pattern": "^x"}}, ["x", "xy", "y", 1, None, [1]]),
+])
+def test_overlapping_one_of_is_exact_where_every_branch_negates(schema, values):
+    validator = jsonschema.Draft202012Validator(schema)
+    check(schema, valid=[v for v in values if validator.is_valid(v)],
+          invalid=[v for v in values if not validator.is_valid(v)])
+
+
+def test_overlapping_one_of_with_branches_that_do_not_negate_is_refused():
+    schema = {"$defs": {"s": {"type": "string"}}, "oneOf": [{"$ref": "#/$defs/s"}, {"type": "string", "pattern": "a"}]}
+    with pytest.raises(UnsupportedSchemaError, match="oneOf branches 0 and 1 may both match") as info:
+        json_schema_to_grammar(schema)
+    assert info.value.pointer == "/oneOf"
+    with pytest.raises(UnsupportedSchemaError, match=r"not with keywords \['\$ref', 'type'\]"):
+        json_schema_to_grammar({"$defs": {"s": {}}, "not": {"$ref": "#/$defs/s", "type": "string"}})
+
+
 def test_draft_04_integers_are_written_without_a_fraction():
     d4 = {"$schema": "http://json-schema.org/draft-04/schema#"}
     cases = [({**d4, "type": "integer"}, [1, -20], [1.0, 1.5]),
