@@ -9,6 +9,7 @@ cannot count how many branches an instance matches.
 
 from __future__ import annotations
 
+from itertools import product
 from typing import Any
 
 from .errors import UnsupportedSchemaError
@@ -25,7 +26,7 @@ def distribute(ctx: SchemaContext, parts: list[Part], owner: Part, keyword: str)
     branches = owner.get(keyword)
     expect(isinstance(branches, list) and branches, f"{keyword} must be a non-empty array", owner.at(keyword))
     expect(len(branches) <= _MAX_DISTRIBUTED_BRANCHES, f"{keyword} has too many branches", owner.at(keyword))
-    rest = [Part(p.schema, p.pointer, p.base, p.skip | {keyword}) if p is owner else p for p in parts]
+    rest = [p.skipping(keyword) if p is owner else p for p in parts]
     subs = [owner.sub(b, keyword, i) for i, b in enumerate(branches)]
     if keyword == "oneOf" and len(subs) > 1:
         overlap = _overlapping(ctx, rest, subs)
@@ -61,7 +62,7 @@ def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, overlap: tup
                                      owner.at("oneOf"))
     alternatives = []
     for i, branch in enumerate(branches):
-        others = [owner.sub({"not": b}, "oneOf", j) for j, b in enumerate(branches) if j != i]
+        others = [owner.derived({"not": b}, "not", "oneOf", j) for j, b in enumerate(branches) if j != i]
         alternatives.append(ctx.compile(rest + [owner.sub(branch, "oneOf", i)] + others))
     return choice(alternatives)
 
@@ -88,8 +89,9 @@ def negated_required(ctx: SchemaContext, parts: list[Part], part: Part) -> Expr 
     names = inner["required"]
     expect(isinstance(names, list) and all(isinstance(n, str) for n in names), "required must be an array of "
            "strings", part.at("not", "required"))
-    rest = [Part(p.schema, p.pointer, p.base, p.skip | {"not"}) if p is part else p for p in parts]
-    return choice(ctx.compile(rest + [part.sub({"type": "object", "properties": {name: False}}, "not")])
+    rest = [p.skipping("not") if p is part else p for p in parts]
+    return choice(ctx.compile(rest + [part.derived({"type": "object", "properties": {name: False}}, f"without {name}",
+                                                   "not")])
                   for name in names)
 
 
@@ -124,12 +126,47 @@ def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
 
 def conditional(ctx: SchemaContext, parts: list[Part], owner: Part) -> Expr:
     """if/then/else as (if ∧ then) ∪ (¬if ∧ else), where ¬if is one of the shapes `not` handles."""
-    rest = [Part(p.schema, p.pointer, p.base, p.skip | {"if", "then", "else"}) if p is owner else p for p in parts]
+    rest = [p.skipping("if", "then", "else") if p is owner else p for p in parts]
     cond = owner.sub(owner.get("if"), "if")
     then = [owner.sub(owner.get("then"), "then")] if owner.has("then") else []
     other = [owner.sub(owner.get("else"), "else")] if owner.has("else") else []
-    negated = owner.sub({"not": owner.get("if")}, "if")
+    negated = owner.derived({"not": owner.get("if")}, "not", "if")
     return choice([ctx.compile(rest + [cond] + then), ctx.compile(rest + [negated] + other)])
+
+
+_MAX_SCHEMA_TRIGGERS = 3
+
+
+def dependent_schemas(ctx: SchemaContext, parts: list[Part], owner: Part) -> Expr | None:
+    """dependentSchemas (and `dependencies` with schema values) as a choice: instances that are not objects;
+    objects without the trigger key; objects with it, satisfying its schema (each trigger either way, so
+    2^triggers object variants).  None when `owner` has none."""
+    triggers = []
+    lists = {}
+    for key in ("dependentSchemas", "dependencies"):
+        deps = owner.get(key, {})
+        expect(isinstance(deps, dict), f"{key} must be an object", owner.at(key))
+        for name, dep in deps.items():
+            if key == "dependencies" and isinstance(dep, list):
+                lists[name] = dep
+            elif dep is not True and dep != {}:
+                triggers.append((name, owner.sub(dep, key, name)))
+    if not triggers:
+        return None
+    if len(triggers) > _MAX_SCHEMA_TRIGGERS:
+        raise UnsupportedSchemaError(f"more than {_MAX_SCHEMA_TRIGGERS} triggers with schemas in dependentSchemas/"
+                                     "dependencies", owner.pointer)
+    rest = [p.skipping("dependentSchemas", "dependencies") if p is owner else p for p in parts]
+    if lists:
+        rest.append(owner.derived({"dependentRequired": lists}, "dependentRequired", "dependencies"))
+    alternatives = [ctx.compile(rest + [owner.derived({"not": {"type": "object"}}, "not an object")])]
+    for present in product((True, False), repeat=len(triggers)):
+        variant = [owner.derived({"type": "object"}, "an object")]
+        for (name, schema), here in zip(triggers, present):
+            variant += ([owner.derived({"required": [name]}, f"with {name}"), schema] if here
+                        else [owner.derived({"properties": {name: False}}, f"without {name}")])
+        alternatives.append(ctx.compile(rest + variant))
+    return choice(alternatives)
 
 
 def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:

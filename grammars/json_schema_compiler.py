@@ -24,7 +24,7 @@ from typing import Any
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Grammar, Lit, Ref, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
-from .json_schema_combinators import conditional, distribute, negate, negated_required
+from .json_schema_combinators import conditional, dependent_schemas, distribute, negate, negated_required
 from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, JsonSchemaOptions, NotMatching, Part,
                                   expect, narrow_types)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
@@ -115,7 +115,7 @@ class SchemaCompiler:
         stack = list(reversed(parts))
         while stack:
             part = stack.pop()
-            key = (part.base, part.pointer, part.skip)
+            key = part.key
             if key in seen:
                 continue
             seen.add(key)
@@ -128,7 +128,7 @@ class SchemaCompiler:
             expect(isinstance(schema, dict), f"a schema must be an object or a boolean, not "
                    f"{type(schema).__name__}", part.pointer)
             base = self.refs.base_for(schema, part.base)
-            part = Part(schema, part.pointer, base, part.skip)
+            part = Part(schema, part.pointer, base, part.skip, part.variant)
             pending: list[Part] = []
             if part.has("$ref"):
                 target = self.refs.resolve(schema["$ref"], base, part.pointer)
@@ -145,7 +145,7 @@ class SchemaCompiler:
                 if part.has(keyword):
                     raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
             if any(k in VALIDATION and k not in ("allOf",) for k in schema if k not in part.skip):
-                out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}))  # expanded once
+                out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}, part.variant))  # expanded once
             stack.extend(reversed(pending))
         return out, via_ref
 
@@ -172,7 +172,7 @@ class SchemaCompiler:
             return self._any_value()
         if not via_ref:
             return self._compile_parts(parts)
-        key = tuple(sorted((p.base, p.pointer, tuple(sorted(p.skip))) for p in parts))
+        key = tuple(sorted(p.key for p in parts))
         if key in self._memo:
             return Ref(self._memo[key])
         if key in self._active:
@@ -220,10 +220,11 @@ class SchemaCompiler:
         if any(p.has("enum") or p.has("const") for p in parts):
             return enumerated(self, parts)
         for part in parts:
-            if part.has("not"):
-                negated = negated_required(self, parts, part)
-                if negated is not None:
-                    return negated
+            rewritten = negated_required(self, parts, part) if part.has("not") else None
+            if rewritten is None and (part.has("dependentSchemas") or part.has("dependencies")):
+                rewritten = dependent_schemas(self, parts, part)
+            if rewritten is not None:
+                return rewritten
         for part in parts:
             for keyword in ("anyOf", "oneOf"):
                 if part.has(keyword):

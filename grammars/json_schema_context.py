@@ -18,14 +18,13 @@ from .json_schema_refs import escape_token
 TYPES = ("null", "boolean", "number", "string", "array", "object")
 
 # Keywords that validate and that this front end cannot enforce exactly in any form.
-UNSUPPORTED = ("contains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "dependentSchemas",
-               "$dynamicRef", "$recursiveRef")
+UNSUPPORTED = ("contains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
 # Keywords that constrain instances (the rest are annotations or unknown, ignored as JSON Schema says).
 VALIDATION = {"type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
               "propertyNames", "minProperties", "maxProperties", "items", "prefixItems", "additionalItems",
               "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
               "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-              "exclusiveMaximum", "multipleOf", "dependentRequired", "dependencies", *UNSUPPORTED}
+              "exclusiveMaximum", "multipleOf", "dependentRequired", "dependencies", "dependentSchemas", *UNSUPPORTED}
 _CONSTRAINING = (VALIDATION | {"$ref"}) - {"enum", "const"}
 STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 # A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
@@ -81,12 +80,28 @@ def _check_cap(name: str, value: Any, ceiling: int | None) -> None:
 
 @dataclass(frozen=True)
 class Part:
-    """One conjunct: a subschema, where it is, its base URI, and keywords already accounted for."""
+    """One conjunct: a subschema, where it is, its base URI, and keywords already accounted for.  A part the
+    compiler derives from the schema at `pointer` (a negation, a forbidden key) names the rewrite in
+    `variant`, so that parts at one pointer stay apart where conjuncts are deduplicated and memoised."""
 
     schema: Any
     pointer: str
     base: str
     skip: frozenset = frozenset()
+    variant: str = ""
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the conjunct (its schema follows from these)."""
+        return self.base, self.pointer, tuple(sorted(self.skip)), self.variant
+
+    def skipping(self, *keys: str) -> "Part":
+        """This part with `keys` accounted for."""
+        return Part(self.schema, self.pointer, self.base, self.skip | set(keys), self.variant)
+
+    def derived(self, schema: Any, variant: str, *tokens: Any) -> "Part":
+        """A schema the compiler wrote for the place `tokens` below this part, named `variant`."""
+        return Part(schema, self.at(*tokens), self.base, frozenset(), f"{self.variant}/{variant}")
 
     def get(self, key: str, default: Any = None) -> Any:
         return default if key in self.skip or not isinstance(self.schema, dict) else self.schema.get(key, default)
@@ -98,7 +113,7 @@ class Part:
         return self.pointer + "".join("/" + escape_token(str(t)) for t in tokens)
 
     def sub(self, schema: Any, *tokens: Any) -> "Part":
-        return Part(schema, self.at(*tokens), self.base)
+        return Part(schema, self.at(*tokens), self.base, frozenset(), self.variant)
 
 
 class SchemaContext(Protocol):
@@ -163,7 +178,8 @@ def satisfying(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list
     """The `values` (from `enum_values(parts)`) that satisfy the other keywords of `parts`.  They are checked
     without the enum and const lists, which would make each check as long as the enum, and not at all when
     nothing else constrains them."""
-    rest = [Part({k: v for k, v in p.schema.items() if k not in ("enum", "const")}, p.pointer, p.base, p.skip)
+    rest = [Part({k: v for k, v in p.schema.items() if k not in ("enum", "const")}, p.pointer, p.base, p.skip,
+                 p.variant + "/without enum")
             if isinstance(p.schema, dict) else p for p in parts]
     if all(p.schema is True or (isinstance(p.schema, dict) and not p.schema.keys() & _CONSTRAINING) for p in rest):
         return values
