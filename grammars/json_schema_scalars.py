@@ -189,7 +189,8 @@ def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
     chunk = Ref(name)
 
     def chars(a: int, b: int | None) -> Expr:
-        return Lit("") if b == 0 else Terminal(chars_regex(a, b))
+        # the closing quote belongs to the remainder, so token walks stop only where the string may end
+        return Lit('"') if b == 0 else Terminal(chars_regex(a, b) + '"')
 
     first, rest = divmod(lo, _CHUNK)
     if hi is None:
@@ -203,4 +204,4 @@ def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
                            seq(repeat(chunk, 1, last - first - 1), chars(0, _CHUNK - 1)),
                            seq(repeat(chunk, last - first, last - first), chars(0, top))])
         body = seq(repeat(chunk, first, first), tail)
-    return seq(Lit('"'), body, Lit('"'))
+    return seq(Lit('"'), body)

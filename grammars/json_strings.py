@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 from .errors import RegexError, UnsupportedSchemaError
-from .regex import check_group_depth, complement_ranges, normalize_ranges, regex_dfa, terminal_dfa
+from .regex import check_group_depth, complement_ranges, normalize_ranges, parse_quietly, regex_dfa, terminal_dfa
 
 MAX_CODE_POINT = 0x10FFFF
 
@@ -225,7 +225,7 @@ def pattern_regex(pattern: str, pointer: str = "") -> str:
     """A quoted JSON string whose decoded text contains a match of the ECMA regex `pattern` (search semantics)."""
     try:
         check_group_depth(pattern)
-        parsed = _sre.parse(pattern)
+        parsed = parse_quietly(pattern)
     except (re.error, OverflowError, RegexError) as exc:
         raise UnsupportedSchemaError(f"pattern {pattern!r} cannot be parsed: {exc}", pointer) from None
     if parsed.state.flags & re.IGNORECASE:
@@ -359,7 +359,7 @@ def pattern_length_range(pattern: str) -> tuple[int, int | None]:
     """Fewest and most decoded characters of a string containing a match of ECMA `pattern` (most: None when
     unbounded); the pattern must be one pattern_regex translates."""
     widths = []
-    for start, end, nodes in _alternatives(_sre.parse(pattern).data):
+    for start, end, nodes in _alternatives(parse_quietly(pattern).data):
         lo, hi = _sre.SubPattern(_sre.State(), nodes).getwidth()
         widths.append((lo, hi if start and end and hi < _c.MAXREPEAT else None))
     longest = [hi for _, hi in widths]

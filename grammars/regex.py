@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 from re import _constants as C
 from re import _parser as sre_parse
 
@@ -300,13 +301,21 @@ def check_group_depth(pattern: str) -> None:
             depth -= 1
 
 
+def parse_quietly(pattern: str):
+    """Python's parse of a regex, without its FutureWarnings ("possible set difference" in a class is a hint
+    about Python's future syntax, not a problem of the user's pattern)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return sre_parse.parse(pattern)
+
+
 def _parse(pattern: str):
     if not isinstance(pattern, str):
         raise RegexError(f"a regex must be a str, not {type(pattern).__name__}", repr(pattern))
     anchors = _scan(pattern)
     check_group_depth(pattern)
     try:
-        parsed = sre_parse.parse(pattern)
+        parsed = parse_quietly(pattern)
     except re.error as e:
         raise RegexError(f"invalid regex: {e.msg}", pattern, e.pos) from None
     except (OverflowError, RecursionError) as e:

@@ -134,8 +134,11 @@ def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray) -
     pops = np.empty(int((t.end[nodes] - nodes).sum()), np.int32)
     npops = walk_nodes(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
                        vocabulary.max_depth, state, nodes, bits, pops)
-    # walks from nested nodes can stop at the same node twice: keep pop points a set
-    return Walk(bits, np.unique(pops[:npops]))
+    pops = pops[:npops]
+    # walks from nested nodes can stop at the same node twice: keep pop points a sorted set (walks from
+    # sorted disjoint subtrees already list theirs in order, once)
+    disjoint = len(nodes) < 2 or bool((t.end[nodes[:-1]] <= nodes[1:]).all())
+    return Walk(bits, pops if disjoint else np.unique(pops))
 
 
 class TokenMasks:
