@@ -254,42 +254,177 @@ def _reverse_reach(ptr, preds, live):  # pragma: no cover - compiled
 
 
 def minimize(dfa: DFA) -> DFA:
-    """The trimmed DFA (no calls): dead and unreachable states removed, states with identical
-    rows merged until none are left (sound, and minimal for the acyclic parts)."""
+    """The minimal trimmed DFA (no calls): dead and unreachable states removed, equivalent states merged
+    (Hopcroft's partition refinement over the byte classes the DFA distinguishes)."""
     if dfa.num_states == 0 or not dfa.accept.any():
         return DFA(np.full((1, 256), -1, np.int32), np.zeros(1, bool))
     live = live_states(dfa.trans, dfa.accept)
-    trans = np.where((dfa.trans >= 0) & np.append(live, False)[dfa.trans], dfa.trans, -1).astype(np.int32)
-    accept = dfa.accept
-    while True:
-        rows = np.concatenate([trans, accept[:, None].astype(np.int32)], axis=1)
-        ids: dict[bytes, int] = {}
-        cls = np.fromiter((ids.setdefault(r.tobytes(), len(ids)) for r in rows), np.int32, len(rows))
-        if len(ids) == len(rows):
-            break
-        reps = np.zeros(len(ids), np.int64)
-        reps[cls[::-1]] = np.arange(len(rows))[::-1]  # first member of each class
-        merged = trans[reps]
-        trans = np.where(merged >= 0, cls[merged], -1).astype(np.int32)
-        accept = accept[reps]
-        # keep the start state first: class ids follow first appearance, so state 0 stays 0
-    return _reachable(DFA(trans, accept))
+    n = dfa.num_states
+    # complete over a sink state n (dead and missing transitions), bytes grouped into the classes of equal columns
+    full = np.where((dfa.trans >= 0) & np.append(live, False)[dfa.trans], dfa.trans, n).astype(np.int32)
+    full = np.concatenate([full, np.full((1, 256), n, np.int32)])
+    accept = np.append(dfa.accept & live, False)
+    block, count = _hopcroft(np.ascontiguousarray(full[:, _byte_classes(full)]), accept)
+    reps = np.zeros(count, np.int64)
+    reps[block[::-1]] = np.arange(n + 1)[::-1]  # the first member of each block
+    quotient = block[full[reps]]                # [block, byte]
+    sink = block[n]
+    trans = np.where(quotient == sink, -1, quotient).astype(np.int32)
+    # start first: renumber so block[0] is 0 (its row stays valid), _reachable then orders the rest
+    order = np.arange(count)
+    order[[0, block[0]]] = order[[block[0], 0]]
+    inverse = np.argsort(order)
+    trans = np.where(trans >= 0, inverse[np.maximum(trans, 0)], -1).astype(np.int32)[order]
+    return _reachable(DFA(trans, accept[reps][order]))
+
+
+_WEIGHTS = np.random.default_rng(0).integers(1, 1 << 31, 1 << 16)
+
+
+def _byte_classes(trans: np.ndarray) -> np.ndarray:
+    """One byte of each class of bytes that every state treats alike (equal columns of `trans`): a column
+    hash groups them, an exact comparison confirms the groups."""
+    weights = _WEIGHTS[:len(trans)] if len(trans) <= len(_WEIGHTS) else np.arange(1, len(trans) + 1)
+    _, firsts, group = np.unique(weights @ trans.astype(np.int64), return_index=True, return_inverse=True)
+    if (trans == trans[:, firsts[group.reshape(-1)]]).all():
+        return np.sort(firsts)
+    return np.array(sorted({trans[:, b].tobytes(): b for b in range(255, -1, -1)}.values()))  # a hash collision
+
+
+@numba.njit(cache=True)
+def _hopcroft(trans, accept):  # pragma: no cover - compiled
+    """Hopcroft's algorithm on a complete DFA `trans [n, k]`: the block of each state, and the block count."""
+    n, k = trans.shape
+    ptr = np.zeros(k * n + 1, np.int64)  # sources of t under symbol c: src[ptr[c*n+t]:ptr[c*n+t+1]]
+    for s in range(n):
+        for c in range(k):
+            ptr[c * n + trans[s, c] + 1] += 1
+    for i in range(k * n):
+        ptr[i + 1] += ptr[i]
+    fill = ptr[:-1].copy()
+    src = np.empty(n * k, np.int32)
+    for s in range(n):
+        for c in range(k):
+            j = c * n + trans[s, c]
+            src[fill[j]] = s
+            fill[j] += 1
+    block = np.zeros(n, np.int32)
+    elems = np.empty(n, np.int32)
+    pos = np.empty(n, np.int32)
+    bstart = np.zeros(n + 1, np.int64)
+    bend = np.zeros(n + 1, np.int64)
+    nacc = 0
+    for s in range(n):
+        if accept[s]:
+            nacc += 1
+    a, r = 0, nacc
+    for s in range(n):
+        if accept[s]:
+            elems[a] = s
+            pos[s] = a
+            a += 1
+        else:
+            elems[r] = s
+            pos[s] = r
+            r += 1
+    blocks = 0
+    if nacc > 0:
+        bstart[0], bend[0] = 0, nacc
+        blocks = 1
+    if nacc < n:
+        bstart[blocks], bend[blocks] = nacc, n
+        for i in range(nacc, n):
+            block[elems[i]] = blocks
+        blocks += 1
+    in_work = np.zeros((n + 1, k), np.bool_)
+    work_b = np.empty((n + 1) * k, np.int32)
+    work_c = np.empty((n + 1) * k, np.int32)
+    top = 0
+    for b in range(blocks):
+        for c in range(k):
+            work_b[top], work_c[top] = b, c
+            in_work[b, c] = True
+            top += 1
+    marked = np.zeros(n, np.bool_)
+    mcount = np.zeros(n + 1, np.int64)
+    touched = np.empty(n + 1, np.int32)
+    splitter = np.empty(n, np.int32)
+    while top:
+        top -= 1
+        b, c = work_b[top], work_c[top]
+        in_work[b, c] = False
+        size = bend[b] - bstart[b]
+        splitter[:size] = elems[bstart[b]:bend[b]]
+        ntouched = 0
+        for i in range(size):
+            t = splitter[i]
+            for j in range(ptr[c * n + t], ptr[c * n + t + 1]):
+                s = src[j]
+                if marked[s]:
+                    continue
+                marked[s] = True
+                y = block[s]
+                if mcount[y] == 0:
+                    touched[ntouched] = y
+                    ntouched += 1
+                p, q = pos[s], bstart[y] + mcount[y]
+                u = elems[q]
+                elems[q], elems[p] = s, u
+                pos[s], pos[u] = q, p
+                mcount[y] += 1
+        for i in range(ntouched):
+            y = touched[i]
+            m = mcount[y]
+            lo = bstart[y]
+            for j in range(lo, lo + m):
+                marked[elems[j]] = False
+            mcount[y] = 0
+            if m == bend[y] - lo:
+                continue
+            z = blocks
+            blocks += 1
+            bstart[z], bend[z] = lo, lo + m
+            bstart[y] = lo + m
+            for j in range(lo, lo + m):
+                block[elems[j]] = z
+            small = z if m <= bend[y] - bstart[y] else y
+            for d in range(k):
+                if in_work[y, d]:
+                    work_b[top], work_c[top] = z, d
+                    in_work[z, d] = True
+                else:
+                    work_b[top], work_c[top] = small, d
+                    in_work[small, d] = True
+                top += 1
+    return block, blocks
 
 
 def _reachable(dfa: DFA) -> DFA:
-    """Renumber the states reachable from 0 in breadth-first order."""
-    order = {0: 0}
-    queue = [0]
-    for s in queue:
-        for t in np.unique(dfa.trans[s]).tolist():
-            if t >= 0 and t not in order:
-                order[t] = len(order)
-                queue.append(t)
-    old = np.array(list(order), np.int64)
+    """Renumber the states reachable from 0 in breadth-first order (targets by byte)."""
+    old = _breadth_first(dfa.trans)
     remap = np.full(dfa.num_states + 1, -1, np.int32)
     remap[old] = np.arange(len(old), dtype=np.int32)
-    trans = dfa.trans[old]
-    return DFA(remap[trans], dfa.accept[old])
+    return DFA(remap[dfa.trans[old]], dfa.accept[old])
+
+
+@numba.njit(cache=True)
+def _breadth_first(trans):  # pragma: no cover - compiled
+    """The states reachable from 0, in breadth-first order."""
+    seen = np.zeros(trans.shape[0], np.bool_)
+    queue = np.empty(trans.shape[0], np.int64)
+    seen[0] = True
+    queue[0] = 0
+    n, i = 1, 0
+    while i < n:
+        row = trans[queue[i]]
+        i += 1
+        for b in range(256):
+            t = row[b]
+            if t >= 0 and not seen[t]:
+                seen[t] = True
+                queue[n] = t
+                n += 1
+    return queue[:n]
 
 
 _DENSE_PAIRS = 1 << 23  # products with at most this many state pairs index them in a flat table (32 MiB)

@@ -3,9 +3,11 @@
 import random
 import re
 
+import numpy as np
 import pytest
 
 from leapgen.grammars.errors import RegexError
+from leapgen.grammars.fsm import DFA, minimize
 from leapgen.grammars.json_strings import regex_escape
 from leapgen.grammars.regex import (MAX_GROUP_DEPTH, dfa_fullmatch, literal_text, regex_dfa, terminal_dfa,
                                      utf8_sequences)
@@ -136,3 +138,13 @@ def test_literal_regexes_skip_the_regex_compiler_with_the_same_language():
     for s in keys + ['"i"', '"ids"', '"aXb"', '"x"', '"xx"', '"xy"', '""', '"éé"']:
         expected = s not in keys and re.fullmatch(r'"[^"]*"', s) is not None and re.fullmatch(r'"x+"', s) is None
         assert dfa_fullmatch(dfa, s.encode()) == expected, s
+
+
+def test_minimize_merges_equivalent_states_on_cycles():
+    # (aa)* written as a four-state cycle: no two rows are identical, yet states 0/2 and 1/3 are equivalent
+    trans = np.full((4, 256), -1, np.int32)
+    for s in range(4):
+        trans[s, ord("a")] = (s + 1) % 4
+    dfa = minimize(DFA(trans, np.array([True, False, True, False])))
+    assert dfa.num_states == 2
+    assert [dfa_fullmatch(dfa, b"a" * k) for k in range(7)] == [k % 2 == 0 for k in range(7)]
