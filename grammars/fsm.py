@@ -182,14 +182,24 @@ def determinize(nfa: NFA, start: int, final: int, max_states: int) -> DFA:
     while i < len(sets):
         current = sets[i]
         i += 1
-        edges = [e for n in current for e in nfa.edges[n]]
         row = np.full(256, -1, np.int32)
-        # split the byte range at every edge boundary; each piece has one target set
-        points = sorted({p for lo, hi, _ in edges for p in (lo, hi + 1)})
+        # sweep the byte range: the edges live between two boundaries give that piece its target set
+        events: dict[int, list[tuple[int, int]]] = {}
+        for n in current:
+            for lo, hi, t in nfa.edges[n]:
+                events.setdefault(lo, []).append((t, 1))
+                events.setdefault(hi + 1, []).append((t, -1))
+        live: dict[int, int] = {}
+        points = sorted(events)
         for a, b in zip(points, points[1:]):
-            targets = frozenset(t for lo, hi, t in edges if lo <= a <= hi)
-            if targets:
-                row[a:b] = _intern(closure(targets), index, sets, max_states)
+            for t, delta in events[a]:
+                count = live.get(t, 0) + delta
+                if count:
+                    live[t] = count
+                else:
+                    del live[t]
+            if live:
+                row[a:b] = _intern(closure(live), index, sets, max_states)
         rows.append(row)
     trans = np.stack(rows) if rows else np.zeros((0, 256), np.int32)
     accept = np.array([final in s for s in sets], bool)
