@@ -34,16 +34,22 @@ PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties":
                                                                              "maximum": 99}}}
 
 
-@pytest.fixture(scope="module")
-def llm(byte_level_model_dir):
-    llm = leapgen.LLM(byte_level_model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8)
+def _load(model_dir) -> leapgen.LLM:
+    llm = leapgen.LLM(model_dir, dtype="float32", kv_cache_memory="8MiB", block_size=8)
     llm.tokenizer.chat_template = CHAT_TEMPLATE
     return llm
 
 
 @pytest.fixture(scope="module")
-def server(llm):
-    server = OpenAIServer(llm, MODEL)
+def llm(byte_level_model_dir):
+    """The in-process reference; the shared server has an engine of its own (its loop steps whenever its engine
+    has work, so an in-process call on the same engine would race with it)."""
+    return _load(byte_level_model_dir)
+
+
+@pytest.fixture(scope="module")
+def server(byte_level_model_dir):
+    server = OpenAIServer(_load(byte_level_model_dir), MODEL)
     with serving(server) as url:
         server.url = url
         yield server
@@ -369,6 +375,26 @@ def test_engine_failure_in_one_request_is_a_500_for_it_alone(llm, server, client
     monkeypatch.setattr(ConstraintState, "admissible", original)
     wait_idle(server)
     assert client.completions.create(model=MODEL, prompt="p", max_tokens=3, temperature=0).choices
+
+
+def test_ctrl_c_caught_by_another_thread_still_stops_the_engine_loop(llm):
+    """The kernel hands a process's SIGINT to any of its threads; Python then only sets a flag, which the main
+    thread must wake up to act on (the cause of an intermittent hang of `leapgen serve` on Ctrl-C)."""
+    from leapgen.server.engine_loop import EngineLoop
+
+    loop = EngineLoop(llm.engine)
+
+    def interrupt_from_here() -> None:
+        time.sleep(0.2)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)   # delivered to this thread, not the main one
+        time.sleep(5)
+        loop.stop()                            # unblocks a loop that missed it, so a failure is not a hang
+
+    threading.Thread(target=interrupt_from_here, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        loop.run()
+    assert time.monotonic() - started < 3
 
 
 # --- the command ----------------------------------------------------------------------------------------

@@ -62,6 +62,9 @@ class Job:
     sent_finish: set[int] = field(default_factory=set)
 
 
+_IDLE_WAKE_SECONDS = 0.25
+
+
 class EngineLoop:
     """Continuous batching for a server: jobs from any connection join the running batch at the next step."""
 
@@ -115,9 +118,11 @@ class EngineLoop:
     # --- on the loop's thread ---------------------------------------------------------------------------
 
     def _receive(self, block: bool) -> bool:
-        """Take every waiting message (waiting for one when `block`); False once told to stop."""
+        """Take every waiting message (waiting for one when `block`, a while at most); False once told to stop."""
         try:
-            message = self._inbox.get(block=block)
+            # Never wait without a bound: Ctrl-C delivered to another thread (uvicorn's, torch's) only sets a
+            # flag, and a main thread asleep in a lock would never get back to run Python's handler.
+            message = self._inbox.get(block=block, timeout=_IDLE_WAKE_SECONDS if block else None)
         except queue.Empty:
             return True
         while True:
