@@ -2,13 +2,15 @@
 
 Every terminal (a regex Terminal, a literal, or a choice of literals) becomes
 a rule of its own: a minimal byte DFA, memoised per process, so the same
-terminal is the same object in every grammar.  The start rule and every rule
-taking part in recursion become DFAs over *call edges* only:
+terminal is the same object in every grammar.  The start rule, every rule
+taking part in recursion, every rule too large to write out in place and every
+rule referenced with `Ref.call` become DFAs over *call edges* only:
 `call(rule, return_state)`; other references are inlined.  So compiling a
 grammar determinizes its structure (a few states per IR node), never its bytes,
 and only terminal states consume bytes.  Rule DFAs are numbered into one
 global state space; a parser configuration is (global state, stack of return
-states).  Recursion is never unrolled; left recursion is refused.
+states), where a call returning to a state that only returns pushes nothing.
+Recursion is never unrolled; left recursion is refused.
 """
 
 from __future__ import annotations
