@@ -68,7 +68,7 @@ def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, overlap: tup
 
 
 def _negation_size(schema: Any) -> int | None:
-    """How many alternatives `not schema` compiles to (see `negate` and `negated_required`), None when it
+    """How many alternatives `not schema` compiles to (see `negate` and `rewritten_negation`), None when it
     is not one of the shapes negated exactly."""
     if not isinstance(schema, dict):
         return 1 if isinstance(schema, bool) else None
@@ -80,19 +80,32 @@ def _negation_size(schema: Any) -> int | None:
     return None
 
 
-def negated_required(ctx: SchemaContext, parts: list[Part], part: Part) -> Expr | None:
-    """`not: {required: [k1, ...]}`: an object missing some ki (everything else satisfies `required`), as a
-    choice of objects each forbidding one of the keys; None for other `not` shapes."""
+def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Expr | None:
+    """The `not` shapes that become other keywords: `not: {required: [k1, ...]}` is an object missing some ki
+    (everything else satisfies `required`), a choice of objects each forbidding one key; `not: {anyOf}` is
+    every branch negated, `not: {allOf}` a choice of one branch negated, `not: {not: X}` is X.  None for
+    the other shapes (`negate` handles those it can)."""
     inner = part.get("not")
-    if not isinstance(inner, dict) or _constraining(inner) != {"required"}:
+    if not isinstance(inner, dict) or len(_constraining(inner)) != 1:
         return None
-    names = inner["required"]
-    expect(isinstance(names, list) and all(isinstance(n, str) for n in names), "required must be an array of "
-           "strings", part.at("not", "required"))
+    [keyword] = _constraining(inner)
     rest = [p.skipping("not") if p is part else p for p in parts]
-    return choice(ctx.compile(rest + [part.derived({"type": "object", "properties": {name: False}}, f"without {name}",
-                                                   "not")])
-                  for name in names)
+    value = inner[keyword]
+    if keyword == "required":
+        expect(isinstance(value, list) and all(isinstance(n, str) for n in value), "required must be an array of "
+               "strings", part.at("not", "required"))
+        return choice(ctx.compile(rest + [part.derived({"type": "object", "properties": {name: False}},
+                                                       f"without {name}", "not")]) for name in value)
+    if keyword in ("anyOf", "allOf"):
+        expect(isinstance(value, list) and value, f"{keyword} must be a non-empty array", part.at("not", keyword))
+        negations = [part.derived({"not": branch}, f"not {keyword} {i}", "not", keyword, i)
+                     for i, branch in enumerate(value)]
+        if keyword == "anyOf":
+            return ctx.compile(rest + negations)
+        return choice(ctx.compile(rest + [negation]) for negation in negations)
+    if keyword == "not":
+        return ctx.compile(rest + [part.sub(value, "not", "not")])
+    return None
 
 
 def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:

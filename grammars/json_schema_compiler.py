@@ -24,7 +24,7 @@ from typing import Any
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Grammar, Lit, Ref, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
-from .json_schema_combinators import conditional, dependent_schemas, distribute, negate, negated_required
+from .json_schema_combinators import conditional, dependent_schemas, distribute, negate, rewritten_negation
 from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, JsonSchemaOptions, NotMatching, Part,
                                   expect, narrow_types)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
@@ -220,7 +220,7 @@ class SchemaCompiler:
         if any(p.has("enum") or p.has("const") for p in parts):
             return enumerated(self, parts)
         for part in parts:
-            rewritten = negated_required(self, parts, part) if part.has("not") else None
+            rewritten = rewritten_negation(self, parts, part) if part.has("not") else None
             if rewritten is None and (part.has("dependentSchemas") or part.has("dependencies")):
                 rewritten = dependent_schemas(self, parts, part)
             if rewritten is not None:

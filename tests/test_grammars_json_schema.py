@@ -245,6 +245,11 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
       "dependencies": {"a": ["b"], "c": {"properties": {"a": {"type": "integer"}}}}},
      [{}, {"a": 1}, {"a": 1, "b": 2}, {"a": "s", "b": 2, "c": 3}, {"a": 5, "b": 2, "c": 3}, {"c": 1}, "x"]),
     ({"dependentSchemas": {"a": False}}, [{}, {"a": 1}, {"b": 1}, 2]),
+    ({"not": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}, ["a", 1, 1.5, None, True, [1], {}]),
+    ({"type": "integer", "not": {"allOf": [{"enum": [1, 2, 3]}, {"enum": [2, 3, 4]}]}}, [1, 2, 3, 4, 5]),
+    ({"not": {"not": {"type": "string", "maxLength": 2}}}, ["ab", "abc", 1]),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}},
+     [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}]),
 ])
 def test_keywords_rewritten_into_choices_are_exact(schema, values):
     validator = jsonschema.validators.validator_for(schema)(schema)
