@@ -280,12 +280,7 @@ def minimize(dfa: DFA) -> DFA:
     quotient = block[full[reps]]                # [block, byte]
     sink = block[n]
     trans = np.where(quotient == sink, -1, quotient).astype(np.int32)
-    # start first: renumber so block[0] is 0 (its row stays valid), _reachable then orders the rest
-    order = np.arange(count)
-    order[[0, block[0]]] = order[[block[0], 0]]
-    inverse = np.argsort(order)
-    trans = np.where(trans >= 0, inverse[np.maximum(trans, 0)], -1).astype(np.int32)[order]
-    return _reachable(DFA(trans, accept[reps][order]))
+    return _reachable(DFA(trans, accept[reps]), start=int(block[0]))
 
 
 _WEIGHTS = np.random.default_rng(0).integers(1, 1 << 31, 1 << 16)
@@ -409,21 +404,21 @@ def _hopcroft(trans, accept):  # pragma: no cover - compiled
     return block, blocks
 
 
-def _reachable(dfa: DFA) -> DFA:
-    """Renumber the states reachable from 0 in breadth-first order (targets by byte)."""
-    old = _breadth_first(dfa.trans)
+def _reachable(dfa: DFA, start: int = 0) -> DFA:
+    """Renumber the states reachable from `start` in breadth-first order (targets by byte), `start` as 0."""
+    old = _breadth_first(dfa.trans, start)
     remap = np.full(dfa.num_states + 1, -1, np.int32)
     remap[old] = np.arange(len(old), dtype=np.int32)
     return DFA(remap[dfa.trans[old]], dfa.accept[old])
 
 
 @numba.njit(cache=True)
-def _breadth_first(trans):  # pragma: no cover - compiled
-    """The states reachable from 0, in breadth-first order."""
+def _breadth_first(trans, start):  # pragma: no cover - compiled
+    """The states reachable from `start`, in breadth-first order."""
     seen = np.zeros(trans.shape[0], np.bool_)
     queue = np.empty(trans.shape[0], np.int64)
-    seen[0] = True
-    queue[0] = 0
+    seen[start] = True
+    queue[0] = start
     n, i = 1, 0
     while i < n:
         row = trans[queue[i]]

@@ -66,9 +66,9 @@ class _ObjectBuilder:
             for trigger, needed in deps.items():
                 if needed is True or needed == {}:
                     continue
-                if not isinstance(needed, list):  # schema values: the compiler splits them off first
-                    raise SchemaError(f"{key} must map keys to arrays of names", p.at(key, trigger))
-                expect(all(isinstance(n, str) for n in needed), f"{key} lists must hold strings", p.at(key, trigger))
+                # schema values never get here: the compiler splits them off (combinators.dependent_schemas)
+                expect(isinstance(needed, list) and all(isinstance(n, str) for n in needed),
+                       f"{key} lists must hold strings", p.at(key, trigger))
                 self.dependents.setdefault(trigger, [])
                 self.dependents[trigger] += [n for n in needed if n not in self.dependents[trigger]]
         n = count_of(p, "minProperties")

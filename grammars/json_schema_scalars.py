@@ -170,13 +170,12 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         hi = capped_length(ctx.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)
     if lo == 0 and hi is None and also:
         return Terminal(also[0], also[1:], exclude)
-    if not also and not exclude and max(lo, hi or 0) > _ONE_TERMINAL_LENGTH:
+    if not also and not exclude and max(lo, hi or 0) > _CHUNK:
         return _chunked_string(ctx, lo, hi)
     return Terminal(string_regex(lo, hi), also, exclude)
 
 
-_ONE_TERMINAL_LENGTH = 32  # longer length bounds count in chunks: one terminal would unroll every character
-_CHUNK = 32
+_CHUNK = 32  # longer length bounds count in chunks of this many characters: one terminal would unroll each one
 
 
 def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:

@@ -19,7 +19,8 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 from .errors import RegexError, UnsupportedSchemaError
-from .regex import check_group_depth, complement_ranges, normalize_ranges, parse_quietly, regex_dfa, terminal_dfa
+from .regex import (REGEX_META, check_group_depth, complement_ranges, normalize_ranges, parse_quietly, regex_dfa,
+                    terminal_dfa)
 
 MAX_CODE_POINT = 0x10FFFF
 
@@ -27,7 +28,6 @@ MAX_CODE_POINT = 0x10FFFF
 CharSet = tuple[tuple[int, int], ...]
 
 _SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-_META = set(".^$*+?{}[]\\|()")
 
 
 def encode_char(ch: str) -> str:
@@ -43,7 +43,7 @@ def regex_escape(text: str) -> str:
     """Escape literal text for the IR's regex syntax (controls as \\xNN, metacharacters with a backslash)."""
     out = []
     for ch in text:
-        if ch in _META:
+        if ch in REGEX_META:
             out.append("\\" + ch)
         elif ord(ch) < 0x20 or ord(ch) == 0x7F:
             out.append(f"\\x{ord(ch):02x}")

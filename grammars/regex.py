@@ -360,7 +360,8 @@ def terminal_dfa(pattern: str, also: tuple[str, ...] = (), excluding: tuple[str,
     return dfa
 
 
-_REGEX_META = frozenset(".^$*+?{}[]|()")
+#: The characters a regex escapes to mean themselves.
+REGEX_META = frozenset(".^$*+?{}[]\\|()")
 
 
 def literal_text(pattern: str) -> str | None:
@@ -369,11 +370,9 @@ def literal_text(pattern: str) -> str | None:
     out, i = [], 0
     while i < len(pattern):
         ch = pattern[i]
-        if ch in _REGEX_META:
-            return None
         if ch == "\\":
             nxt = pattern[i + 1 : i + 2]
-            if nxt in _REGEX_META or nxt in ("\\", "-", "/", '"', " ", "#", "&", "~"):
+            if nxt in REGEX_META or nxt in ("-", "/", '"', " ", "#", "&", "~"):
                 out.append(nxt)
                 i += 2
                 continue
@@ -381,6 +380,8 @@ def literal_text(pattern: str) -> str | None:
                 out.append(chr(int(pattern[i + 2 : i + 4], 16)))
                 i += 4
                 continue
+            return None
+        if ch in REGEX_META:
             return None
         out.append(ch)
         i += 1
