@@ -1,5 +1,7 @@
 """Constraint engines side by side on MaskBench: leapgen, llguidance, xgrammar, outlines-core.
 
+`leapgen-any` is leapgen with property_order="any" (object keys in any order).
+
     python benchmarks/bench_constraints.py [--n 50] [--tokenizer cl100k|o200k] [--engines leapgen,llguidance,...]
 
 For each subset (Github_easy, Github_medium, Glaiveai2K by default) the first
@@ -39,6 +41,7 @@ MASKBENCH = ROOT.parent / "shared" / "corpora" / "maskbench"
 
 class Leapgen:
     name = "leapgen"
+    options: dict = {}
 
     def __init__(self, tokenizer):
         from leapgen.grammars import compile_json_schema
@@ -47,7 +50,7 @@ class Leapgen:
         self.buf = np.zeros((len(tokenizer) + 31) // 32, np.int32)
 
     def compile(self, schema):
-        return self.compile_fn(schema, self.tokenizer)
+        return self.compile_fn(schema, self.tokenizer, **self.options)
 
     def start(self, compiled):
         return compiled.matcher()
@@ -150,8 +153,15 @@ class OutlinesCore:
         return True
 
 
-ENGINES = {e.name: e for e in (Leapgen, LLGuidance, XGrammar, OutlinesCore)}
-PACKAGES = {"leapgen": "leapgen", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines-core"}
+class LeapgenAnyOrder(Leapgen):
+    """property_order="any": object keys in any order, so instances need not follow the schema's order."""
+
+    name = "leapgen-any"
+    options = {"property_order": "any"}
+
+
+ENGINES = {e.name: e for e in (Leapgen, LeapgenAnyOrder, LLGuidance, XGrammar, OutlinesCore)}
+PACKAGES = {"leapgen": "leapgen", "leapgen-any": "leapgen", "llguidance": "llguidance", "xgrammar": "xgrammar", "outlines-core": "outlines-core"}
 
 
 def _allowed(mask: np.ndarray, token: int) -> bool:

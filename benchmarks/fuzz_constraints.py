@@ -1,6 +1,6 @@
 """Fuzzing campaign for the JSON schema compiler: random schemas, valid and invalid instances, mask walks.
 
-    python benchmarks/fuzz_constraints.py [--pairs 10000] [--seed 0] [--tokenizers cl100k,smollm2]
+    python benchmarks/fuzz_constraints.py [--pairs 10000] [--seed 0] [--tokenizers cl100k,smollm2] [--property-order any]
 
 The long run of tests/test_grammars_fuzz.py (the checks live in tests/fuzz_checks.py).  Schemas are drawn
 from the keywords the compiler supports and compiled under each tokenizer (whitespace option drawn too);
@@ -9,7 +9,8 @@ token by token with eos allowed at the end, mutated instances jsonschema calls i
 accepted to completion, and random walks over the masks under a token budget must finish with a valid
 instance.  Every compile (and its first mask) is timed against a bound.  Runs until `--pairs` schema x
 instance pairs were checked, prints a summary table and one reproducer per failure, and exits 1 on any
-soundness failure.
+soundness failure.  With `--property-order any` the schemas compile with that option and every instance has
+its object keys shuffled.
 """
 
 from __future__ import annotations
@@ -129,14 +130,16 @@ def main() -> int:
     parser.add_argument("--compile-bound", type=float, default=COMPILE_BOUND_S, help="seconds per compile")
     parser.add_argument("--avoid-known-bugs", action="store_true",
                         help="as the CI tests: keep clear of fuzz_schemas.KNOWN_BUGS, to look for new ones")
+    parser.add_argument("--property-order", default="schema", choices=["schema", "any"],
+                        help="the compiler option; 'any' also shuffles every instance's keys")
     args = parser.parse_args()
 
-    fuzzer = Fuzzer(load_tokenizers(args.tokenizers.split(",")), args.compile_bound)
+    fuzzer = Fuzzer(load_tokenizers(args.tokenizers.split(",")), args.compile_bound, args.property_order)
     start = time.perf_counter()
     campaign(fuzzer, args.pairs, args.seed, args.max_leaves, args.avoid_known_bugs)
     elapsed = time.perf_counter() - start
-    print(f"\nseed {args.seed}, {args.pairs} pairs asked, tokenizers {args.tokenizers}, max leaves {args.max_leaves}"
-          f"{', known bugs avoided' if args.avoid_known_bugs else ''}\n")
+    print(f"\nseed {args.seed}, {args.pairs} pairs asked, tokenizers {args.tokenizers}, max leaves {args.max_leaves}, "
+          f"property order {args.property_order}{', known bugs avoided' if args.avoid_known_bugs else ''}\n")
     print(summary(fuzzer, elapsed))
     # new failures first: they are what a campaign is for
     for failure in sorted(fuzzer.failures, key=lambda f: f.known_bug is not None):

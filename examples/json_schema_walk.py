@@ -1,10 +1,14 @@
 """Compile a JSON schema for cl100k and print a random valid instance produced through the token masks.
 
     python examples/json_schema_walk.py [SCHEMA_FILE] [--seed N] [--whitespace flexible|dumps|compact]
+                                        [--property-order schema|any]
     python examples/json_schema_walk.py examples/person.json --whitespace dumps
+    python examples/json_schema_walk.py --property-order any --seed 3
 
 No model is needed: each step picks a random allowed token (leaning towards
-closing strings and containers as the text grows, and taking EOS once allowed).
+closing strings and containers as the text grows, and taking EOS once allowed).  With
+`--property-order any` the keys may come in any order (each once, required ones before the object closes),
+and the example also checks a given instance whose keys are out of schema order.
 """
 
 from __future__ import annotations
@@ -53,17 +57,32 @@ def main() -> None:
     parser.add_argument("schema", nargs="?", help="path of a JSON schema file (default: a small person schema)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--whitespace", default="flexible", choices=["flexible", "dumps", "compact"])
+    parser.add_argument("--property-order", default="schema", choices=["schema", "any"])
     args = parser.parse_args()
+    options = {"whitespace": args.whitespace, "property_order": args.property_order}
     schema = json.loads(Path(args.schema).read_text()) if args.schema else DEFAULT_SCHEMA
     tokenizer = cl100k()
     start = time.perf_counter()
-    grammar = compile_json_schema(schema, tokenizer, whitespace=args.whitespace)
+    grammar = compile_json_schema(schema, tokenizer, **options)
     compiled = time.perf_counter() - start
     start = time.perf_counter()
-    compile_json_schema(schema, tokenizer, whitespace=args.whitespace)
+    compile_json_schema(schema, tokenizer, **options)
     again = time.perf_counter() - start
     print(walk(grammar, random.Random(args.seed)))
     print(f"compile: {compiled * 1e3:.1f} ms first (includes JIT/vocab warm-up), {again * 1e3:.1f} ms again")
+    if not args.schema:
+        given = json.dumps({"age": 41, "tags": ["red"], "name": "Ines"})      # keys out of schema order
+        print(f"{given} accepted: {accepts(grammar, tokenizer, given)}")
+
+
+def accepts(grammar, tokenizer, text: str) -> bool:
+    """Whether the masks allow `text` token by token, with EOS at the end."""
+    matcher = grammar.matcher()
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.is_token_allowed(token):
+            return False
+        matcher.advance(token)
+    return bool(set(matcher.allowed_token_ids().tolist()) & set(grammar.vocabulary.eos_ids))
 
 
 if __name__ == "__main__":

@@ -22,12 +22,35 @@ from typing import Callable
 import numpy as np
 
 from . import ir
+from .any_order import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
 from .errors import EmptyLanguageError, GrammarError
 from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
 CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this is called, not inlined
+
+
+@dataclass(frozen=True)
+class ObjectFrame:
+    """An any-order object rule (`ir.AnyOrder`) in the global state space: its states after `{`
+    (`first`), after a member (`after`) and after a separator (`next`), and the start states of what it
+    calls: per member, for extras (-1: none), the separator and the closing brace."""
+
+    members: MemberSet
+    start: int
+    first: int
+    after: int
+    next: int
+    open: int
+    items: tuple[int, ...]
+    extra: int
+    separator: int
+    close: int
+
+
+# the hand-built call DFA of an any-order rule: its states, in this order
+_START, _FIRST, _AFTER, _NEXT, _END = range(5)
 
 
 @dataclass(eq=False)
@@ -49,6 +72,10 @@ class Automaton:
     # terminal rules consume bytes, and their DFAs are shared objects, so their token walks are
     # memoised across grammars
     terminals: tuple[tuple[int, DFA], ...] = ()
+    framed: np.ndarray | None = None  # bool [G]: the start state of an any-order object rule
+    call_guard: np.ndarray | None = None  # int32, per call edge: index into `guards`, -1 for none
+    guards: tuple[tuple[int, int, int], ...] = ()  # (frame, any_order kind, member)
+    frames: tuple[ObjectFrame, ...] = ()
 
     @property
     def num_states(self) -> int:
@@ -63,7 +90,15 @@ def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
             _refs(item, out)
     elif isinstance(expr, ir.Repeat):
         _refs(expr.item, out)
+    elif isinstance(expr, ir.AnyOrder):
+        for item in _any_order_parts(expr):
+            _refs(item, out)
     return out
+
+
+def _any_order_parts(expr: ir.AnyOrder) -> list[ir.Expr]:
+    """What an any-order rule calls: open, members, separator, close, extra."""
+    return [expr.open, *expr.members, expr.separator, expr.close] + ([expr.extra] if expr.extra is not None else [])
 
 
 def _recursive_rules(rules: dict[str, ir.Expr]) -> set[str]:
@@ -184,15 +219,35 @@ class _Compiler:
     subset construction here only sees the grammar's structure, never bytes."""
 
     def __init__(self, grammar: ir.Grammar):
-        self.rules = grammar.rules
+        self.rules = dict(grammar.rules)
         self.start = grammar.start
         self._check()
         self.called = _recursive_rules(self.rules)
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
         self._sizes: dict[str, int] = {}
+        # any-order rules: always called, each part called through a label of its own
+        self.any_order: dict[str, list[str]] = {}
+        for name, body in list(self.rules.items()):
+            if isinstance(body, ir.AnyOrder):
+                if name == self.start:
+                    raise GrammarError("an any-order rule cannot be the start rule (it needs a caller's frame)")
+                self.called.add(name)
+                self.any_order[name] = [self._part_label(name, i, part)
+                                        for i, part in enumerate(_any_order_parts(body))]
         for name in self.rules:
             self._size(ir.Ref(name))
+
+    def _part_label(self, owner: str, index: int, part: ir.Expr) -> str:
+        if _is_terminal(part):
+            return self.terminal_label(part)
+        if isinstance(part, ir.Ref):
+            self.called.add(part.name)
+            return part.name
+        name = f"{owner}<{index}>"
+        self.rules[name] = part
+        self.called.add(name)
+        return name
 
     def _size(self, expr: ir.Expr) -> int:
         """About how many NFA nodes `expr` takes written out, where called rules count one; a rule over
@@ -214,6 +269,9 @@ class _Compiler:
             return max(expr.max if expr.max is not None else expr.min + 1, 1) * self._size(expr.item)
         if isinstance(expr, (ir.Seq, ir.Choice)):
             return max(sum(self._size(item) for item in expr.items), 1)
+        if isinstance(expr, ir.AnyOrder):
+            for item in _any_order_parts(expr):
+                self._size(item)
         return 1
 
     def _check(self) -> None:
@@ -258,6 +316,8 @@ class _Compiler:
                 self.build(nfa, item, src, dst)
         elif isinstance(expr, ir.Repeat):
             self.repeat(nfa, expr, src, dst)
+        elif isinstance(expr, ir.AnyOrder):
+            raise GrammarError("an any-order object must be the whole body of a rule")
         else:
             raise GrammarError(f"unknown grammar expression {expr!r}")
 
@@ -302,10 +362,36 @@ class _Compiler:
         return label
 
     def rule_dfa(self, name: str) -> CallDFA:
+        if name in self.any_order:
+            return self.any_order_dfa(name)
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()
         self.build(nfa, self.rules[name], src, dst)
         return determinize_calls(nfa, src, dst, MAX_RULE_STATES)
+
+    def any_order_dfa(self, name: str) -> CallDFA:
+        """`open`, then members and extras, each guarded at run time, between separators, then `close`."""
+        body = self.rules[name]
+        labels = self.any_order[name]
+        n = len(body.members)
+        opening, separator, closing = labels[0], labels[n + 1], labels[n + 2]
+        items = tuple((label, _AFTER) for label in labels[1:n + 1] + labels[n + 3:])
+        if len({label for label, _ in items}) < len(items) or separator == closing:
+            raise GrammarError(f"any-order rule {name!r} calls one rule for two of its parts")
+        calls = [((opening, _FIRST),), items, ((separator, _NEXT), (closing, _END)), items, ()]
+        return CallDFA([False, False, False, False, True], calls)
+
+    def guards(self, name: str) -> dict[tuple[int, str], tuple[int, int]]:
+        """(state, label) -> (any_order kind, member) for the guarded calls of an any-order rule."""
+        labels = self.any_order[name]
+        n = len(self.rules[name].members)
+        out = {}
+        for state in (_FIRST, _NEXT):
+            out.update({(state, label): (CLAIM, k) for k, label in enumerate(labels[1:n + 1])})
+            out.update({(state, label): (EXTRA, -1) for label in labels[n + 3:]})
+        out[(_AFTER, labels[n + 1])] = (SEPARATOR, -1)
+        out[(_AFTER, labels[n + 2])] = (CLOSE, -1)
+        return out
 
 
 def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[CallDFA, set[str]], bool]) -> set[str]:
@@ -420,12 +506,22 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         accept[offsets[name] : offsets[name] + rule.num_states] = rule.accept
     for label, dfa in terminals.items():
         accept[offsets[label] : offsets[label] + dfa.num_states] = dfa.accept
-    call_ptr, callee, ret = [0], [], []
+    call_ptr, callee, ret, call_guard, guards, frames = [0], [], [], [], [], []
+    framed = np.zeros(total, bool)
     for name, rule in rules.items():
-        for calls in rule.calls:
+        guarded = {}
+        if name in compiler.any_order:
+            guarded = compiler.guards(name)
+            frames.append(_object_frame(compiler, name, offsets))
+            framed[offsets[name]] = True
+        for state, calls in enumerate(rule.calls):
             for lab, t in calls:
                 callee.append(offsets[lab])
                 ret.append(t + offsets[name])
+                kind = guarded.get((state, lab))
+                call_guard.append(-1 if kind is None else len(guards))
+                if kind is not None:
+                    guards.append((len(frames) - 1, *kind))
             call_ptr.append(len(callee))
     call_ptr += [len(callee)] * (total - first_terminal)
     has_out = np.zeros(total, bool)
@@ -443,4 +539,18 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         start=offsets[grammar.start],
         tail=tail,
         terminals=tuple((offsets[label], dfa) for label, dfa in terminals.items()),
+        framed=framed,
+        call_guard=np.array(call_guard, np.int32),
+        guards=tuple(guards),
+        frames=tuple(frames),
     )
+
+
+def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int]) -> ObjectFrame:
+    body = compiler.rules[name]
+    labels = [offsets[label] for label in compiler.any_order[name]]
+    n = len(body.members)
+    first = offsets[name]
+    return ObjectFrame(MemberSet(body), first + _START, first + _FIRST, first + _AFTER, first + _NEXT,
+                       open=labels[0], items=tuple(labels[1:n + 1]), separator=labels[n + 1], close=labels[n + 2],
+                       extra=labels[n + 3] if len(labels) > n + 3 else -1)

@@ -6,7 +6,9 @@ terminal DFA by breadth-first search backwards from its accepting states (memois
 DFA), in a structural rule through its calls (a call costs its callee's distance plus the
 distance from where it returns), relaxed to a fixed point since rules may recurse.  A
 configuration's completion then costs its state's distance plus, for every frame on its stack,
-the distance from the frame's return state; the bytes follow the same minima down.
+the distance from the frame's return state; the bytes follow the same minima down.  Inside an
+any-order object the rest depends on the members its frame's tag says were written: the object's
+cheapest plan (`any_order.MemberSet.plan`) over the members' own distances.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import weakref
 
 import numpy as np
 
-from .automaton import Automaton
+from .any_order import AFTER, EMPTY_TAG, FIRST, Tag
+from .automaton import Automaton, ObjectFrame
 from .fsm import DFA
-from .token_masks import StackArena
+from .stacks import StackArena
 
 UNREACHABLE = np.iinfo(np.int64).max // 4   # large, yet sums of a few never overflow
 
@@ -62,11 +65,31 @@ class Completions:
         self.stacks = stacks
         self.distance = _distances(automaton)
         self._stack_costs: dict[int, int] = {0: 0}
+        # any-order object states -> (frame, where), and the cheapest plan per (frame, tag, where)
+        self._objects = {}
+        for frame in automaton.frames:
+            self._objects.update({frame.first: (frame, FIRST), frame.next: (frame, FIRST), frame.after: (frame, AFTER)})
+        self._plans: dict[tuple[int, Tag, int], tuple[int, list[int], int] | None] = {}
+        self._rule_bytes: dict[int, bytes] = {}
 
     def cost(self, config: tuple[int, int]) -> int:
         """Fewest bytes that complete the text from one configuration (UNREACHABLE if none do)."""
         state, stack = config
-        return min(int(self.distance[state]) + self._stack_cost(stack), UNREACHABLE)
+        return min(self._local(state, stack) + self._stack_cost(stack), UNREACHABLE)
+
+    def _local(self, state: int, stack: int) -> int:
+        """Fewest bytes to the end of the rule `state` is in, on `stack`."""
+        hit = self._objects.get(state)
+        if hit is None:
+            return int(self.distance[state])
+        plan = self._plan(*hit, self.stacks.tag[stack])
+        return UNREACHABLE if plan is None else plan[0]
+
+    def _plan(self, frame: ObjectFrame, where: int, tag: Tag) -> tuple[int, list[int], int] | None:
+        key = (frame.start, tag, where)
+        if key not in self._plans:
+            self._plans[key] = _object_plan(self.distance, frame, tag, where)
+        return self._plans[key]
 
     def _stack_cost(self, stack: int) -> int:
         hit = self._stack_costs.get(stack)
@@ -77,7 +100,7 @@ class Completions:
                 stack = self.stacks.parent[stack]
             total = self._stack_costs[stack]
             for frame in reversed(chain):
-                total = min(total + int(self.distance[self.stacks.ret[frame]]), UNREACHABLE)
+                total = min(total + self._local(self.stacks.ret[frame], self.stacks.parent[frame]), UNREACHABLE)
                 self._stack_costs[frame] = total
             hit = total
         return hit
@@ -87,20 +110,29 @@ class Completions:
         best = min(state, key=self.cost, default=None)
         if best is None or self.cost(best) >= UNREACHABLE:
             return None
-        a, dist = self.automaton, self.distance
-        g, frames = best[0], self._frames(best[1])
+        a, dist, stacks = self.automaton, self.distance, self.stacks
+        g, s = best
         out = bytearray()
         while True:
+            obj = self._objects.get(g)
+            if obj is not None:                    # the rest of an any-order object, then its caller's
+                out += self._object_bytes(*obj, stacks.tag[s])
+                g, s = stacks.ret[s], stacks.parent[s]
+                continue
+            if a.framed[g]:
+                frame = next(f for f in a.frames if f.start == g)
+                out += self._bytes_of(frame.open)
+                g = frame.first
+                continue
             if a.accept[g] and dist[g] == 0:       # end this rule here: the rest is the callers'
-                if not frames:
+                if not s:
                     return bytes(out)
-                g = frames.pop()
+                g, s = stacks.ret[s], stacks.parent[s]
                 continue
             calls = range(a.call_ptr[g], a.call_ptr[g + 1])
             if len(calls):
                 c = next(c for c in calls if dist[a.call_callee[c]] + dist[a.call_ret[c]] == dist[g])
-                frames.append(int(a.call_ret[c]))
-                g = int(a.call_callee[c])
+                g, s = stacks.call(s, c)
             else:
                 targets = a.trans[g]
                 ok = np.flatnonzero((targets >= 0) & (dist[np.maximum(targets, 0)] == dist[g] - 1))
@@ -108,13 +140,33 @@ class Completions:
                 out.append(byte)
                 g = int(targets[byte])
 
-    def _frames(self, stack: int) -> list[int]:
-        """The return states of a stack id, outermost first."""
-        frames = []
-        while stack:
-            frames.append(self.stacks.ret[stack])
-            stack = self.stacks.parent[stack]
-        return frames[::-1]
+    def _bytes_of(self, state: int) -> bytes:
+        """A shortest text of the rule starting at `state`, on its own."""
+        hit = self._rule_bytes.get(state)
+        if hit is None:
+            hit = self._rule_bytes[state] = self.shortest(frozenset({(state, 0)}))
+        return hit
+
+    def _object_bytes(self, frame: ObjectFrame, where: int, tag: Tag) -> bytes:
+        """The planned members, extras and separators of an any-order object, and its closing brace."""
+        _, members, extras = self._plan(frame, where, tag)
+        items = [frame.items[k] for k in members] + [frame.extra] * extras
+        separator = self._bytes_of(frame.separator)
+        out = bytearray()
+        for i, item in enumerate(items):
+            if i or where == AFTER:
+                out += separator
+            out += self._bytes_of(item)
+        return bytes(out + self._bytes_of(frame.close))
+
+
+def _object_plan(dist: np.ndarray, frame: ObjectFrame, tag: Tag, where: int) -> tuple[int, list[int], int] | None:
+    """The cheapest completion of an any-order object from `tag`, at the members' current distances."""
+    costs = [int(dist[item]) for item in frame.items]
+    extra = int(dist[frame.extra]) if frame.extra >= 0 else UNREACHABLE
+    plan = frame.members.plan(tag, where, costs, extra, int(dist[frame.separator]), int(dist[frame.close]))
+    return None if plan is None or plan[0] >= UNREACHABLE else plan
+
 
 
 def _distances(a: Automaton) -> np.ndarray:
@@ -122,7 +174,10 @@ def _distances(a: Automaton) -> np.ndarray:
     dist = np.full(a.num_states, UNREACHABLE, np.int64)
     for first, dfa in a.terminals:
         dist[first:first + dfa.num_states] = terminal_distances(dfa)
-    structural = np.flatnonzero(np.diff(a.call_ptr) > 0)
+    calls_out = np.diff(a.call_ptr) > 0
+    for frame in a.frames:                     # any-order objects: their starts are planned below
+        calls_out[[frame.start, frame.first, frame.after, frame.next]] = False
+    structural = np.flatnonzero(calls_out)
     dist[a.accept & ~a.has_out] = np.minimum(dist[a.accept & ~a.has_out], 0)
     if not len(a.call_callee):
         return dist
@@ -132,6 +187,13 @@ def _distances(a: Automaton) -> np.ndarray:
         best = np.full(a.num_states, UNREACHABLE, np.int64)
         np.minimum.at(best, owner, cost)
         improved = best[structural] < dist[structural]
-        if not improved.any():
-            return dist
+        changed = improved.any()
         dist[structural[improved]] = best[structural[improved]]
+        for frame in a.frames:
+            plan = _object_plan(dist, frame, EMPTY_TAG, FIRST)
+            start = min(int(dist[frame.open]) + plan[0], UNREACHABLE) if plan is not None else UNREACHABLE
+            if start < dist[frame.start]:
+                dist[frame.start] = start
+                changed = True
+        if not changed:
+            return dist

@@ -60,7 +60,26 @@ class Repeat:
     max: int | None = None
 
 
-Expr = Union[Lit, Terminal, Ref, Seq, Choice, Repeat]
+@dataclass(frozen=True)
+class AnyOrder:
+    """`open`, then `members` in any order, each at most once, and `extra` any number of times, separated by
+    `separator`, then `close`: a JSON object whose keys may come in any order.  At least one member or extra is
+    written (the empty object is the caller's alternative).  `required`: indices of members that must appear;
+    `dependents`: (trigger, members needed when the trigger appears); members and extras together number
+    between `min` and `max`.  Only a rule's whole body: the rule keeps what it wrote on its stack frame."""
+
+    open: "Expr"
+    members: tuple["Expr", ...]
+    separator: "Expr"
+    close: "Expr"
+    extra: "Expr | None" = None
+    required: frozenset[int] = frozenset()
+    dependents: tuple[tuple[int, frozenset[int]], ...] = ()
+    min: int = 0
+    max: int | None = None
+
+
+Expr = Union[Lit, Terminal, Ref, Seq, Choice, Repeat, AnyOrder]
 
 
 @dataclass

@@ -43,6 +43,10 @@ class JsonSchemaOptions:
     strict_formats: raise on formats leapgen does not know instead of treating
     them as annotations (as draft 2020-12 does by default).
     check_schema: also validate the schema against its metaschema (costs ~1 ms).
+    property_order: 'schema' (the default) writes an object's declared properties in the order the
+    schema lists them, as Outlines, XGrammar and llguidance do: a schema can ask for reasoning before an
+    answer, and keys in a fixed order are forced tokens.  'any' accepts them in any order, each at most
+    once, so that every valid instance stays reachable (scoring or checking given JSON).
 
     Caps against runaway values (None: off), each applied only where the schema sets no bound of its own
     and never below what the schema requires, so every instance within the caps stays reachable:
@@ -62,8 +66,11 @@ class JsonSchemaOptions:
     max_string_length: int | None = None
     max_items: int | None = None
     max_number_digits: int | None = None
+    property_order: str = "schema"
 
     def __post_init__(self) -> None:
+        if self.property_order not in ("schema", "any"):
+            raise ValueError(f"JSON schema option property_order must be 'schema' or 'any', not {self.property_order!r}")
         _check_cap("max_string_length", self.max_string_length, MAX_LENGTH_CAP)
         _check_cap("max_items", self.max_items, None)
         _check_cap("max_number_digits", self.max_number_digits, MAX_LENGTH_CAP)

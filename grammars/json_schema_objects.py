@@ -1,6 +1,7 @@
 """Objects: declared properties in schema order, then extra keys; counts and dependencies exactly.
 
-Layout: every declared (or required) key has its slot in schema order and may
+With the option property_order="any", members come in any order instead (`ir.AnyOrder`: the object's
+stack frame records what it wrote).  Otherwise, layout: every declared (or required) key has its slot in schema order and may
 be skipped unless required; keys not declared anywhere ("extras", allowed by
 `additionalProperties`/`patternProperties`) follow the declared ones.  Extra
 keys are split into classes by which `patternProperties` they match, so each
@@ -16,7 +17,8 @@ from itertools import combinations, product
 from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Lit, Ref
+from .any_order import EMPTY_TAG, FIRST, MemberSet
+from .ir import AnyOrder, Expr, Lit, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, expect
 from .json_schema_ir import NEVER, choice, json_text, optional, repeat, seq
 from .json_schema_scalars import string_terminal
@@ -168,6 +170,11 @@ class _ObjectBuilder:
         members = {n: self.ctx.share(seq(Lit(json_text(n)), self.ctx.punct.colon, v), self.pointer)
                    for n, v in values.items() if v != NEVER}
         extra = self.ctx.share(extra, self.pointer)
+        if self.ctx.options.property_order == "any":
+            result = self._any_order(names, members, extra)
+            if result == NEVER:
+                return self.ctx.never("no object satisfies the property constraints", self.pointer)
+            return result
         triggers = [t for t in self.dependents if t in members and t not in self.required]
         if len(triggers) > _MAX_TRIGGERS:
             raise UnsupportedSchemaError(f"more than {_MAX_TRIGGERS} optional dependentRequired triggers",
@@ -203,6 +210,34 @@ class _ObjectBuilder:
         empty_ok = not any(req for _, req in slots) and lo == 0
         alternatives = ([pu.obj_empty] if empty_ok else []) + (
             [seq(pu.obj_open, body, pu.obj_close)] if body != NEVER else [])
+        return choice(alternatives)
+
+    def _any_order(self, names: list[str], members: dict[str, Expr], extra: Expr) -> Expr:
+        """Members in any order, each at most once, extras anywhere among them."""
+        keys = [n for n in names if n in members]
+        while True:  # a trigger whose dependents cannot appear cannot appear either
+            blocked = {t for t, needed in self.dependents.items() if t in keys and any(n not in keys for n in needed)}
+            if not blocked:
+                break
+            keys = [n for n in keys if n not in blocked]
+        if any(n not in keys for n in self.required):
+            return NEVER
+        index = {n: i for i, n in enumerate(keys)}
+        triggers = [t for t in self.dependents if t in index]
+        if len([t for t in triggers if t not in self.required]) > _MAX_TRIGGERS:
+            raise UnsupportedSchemaError(f"more than {_MAX_TRIGGERS} optional dependentRequired triggers",
+                                         self.pointer)
+        pu = self.ctx.punct
+        body = AnyOrder(pu.obj_open, tuple(members[n] for n in keys), pu.comma, pu.obj_close,
+                        extra=None if extra == NEVER else extra,
+                        required=frozenset(index[n] for n in self.required),
+                        dependents=tuple((index[t], frozenset(index[n] for n in self.dependents[t])) for t in triggers),
+                        min=self.min_props, max=self.max_props)
+        alternatives = [pu.obj_empty] if not self.required and self.min_props == 0 else []
+        if (keys or extra != NEVER) and self.max_props != 0 and MemberSet(body).feasible(EMPTY_TAG, FIRST):
+            name = self.ctx.rule_name(self.pointer + "_object")
+            self.ctx.rules[name] = body
+            alternatives.append(Ref(name, call=True))
         return choice(alternatives)
 
     def _uncounted(self, slots, extra) -> Expr:

@@ -16,7 +16,8 @@ from . import ir
 from .automaton import Automaton, compile_automaton
 from .completion import UNREACHABLE, Completions
 from .errors import GrammarError
-from .token_masks import StackArena, TokenMasks
+from .stacks import StackArena
+from .token_masks import TokenMasks
 from .vocab import Vocabulary, as_vocabulary
 
 State = frozenset  # of (automaton state, stack id)
@@ -30,7 +31,7 @@ class CompiledGrammar:
         self.automaton = automaton
         self.vocabulary = vocabulary
         self.masks = TokenMasks(automaton, vocabulary)
-        self.stacks = StackArena(automaton.tail)
+        self.stacks = StackArena(automaton)
         self.initial: State = frozenset({(automaton.start, 0)})
         self._closures: dict[State, tuple[tuple[tuple[int, int], ...], bool]] = {}
         self._mask_cache: dict[State, np.ndarray] = {}
@@ -65,10 +66,8 @@ class CompiledGrammar:
             g, s = todo.pop()
             if a.has_out[g]:
                 ready.append((g, s))
-            nexts = [
-                (int(a.call_callee[c]), stacks.push(s, int(a.call_ret[c])))
-                for c in range(a.call_ptr[g], a.call_ptr[g + 1])
-            ]
+            called = (stacks.call(s, c) for c in range(a.call_ptr[g], a.call_ptr[g + 1]))
+            nexts = [cfg for cfg in called if cfg is not None]
             if a.accept[g]:
                 if s == 0:
                     complete = True

@@ -24,6 +24,7 @@ import numpy as np
 
 from .automaton import Automaton
 from .fsm import DFA
+from .stacks import StackArena
 from .vocab import Vocabulary
 
 _SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary; most walks are sparse (a few words of bitmask)
@@ -150,7 +151,7 @@ class TokenMasks:
         self._walks: dict[tuple[int, bytes], Walk] = {}
         self._terminal_starts = [first for first, _ in automaton.terminals]
         self._shared = _SHARED_WALKS.setdefault(vocabulary, {})
-        self._calls = automaton.call_ptr.tolist(), automaton.call_callee.tolist(), automaton.call_ret.tolist()
+        self._call_ptr = automaton.call_ptr.tolist()
 
     def terminal_of(self, state: int) -> tuple[int, DFA] | None:
         """(first global state, DFA) of the terminal rule holding `state`, None for a structural state."""
@@ -219,10 +220,10 @@ class TokenMasks:
                 extra.append(sub.pops)
         return Walk(bits, np.unique(np.concatenate([base.pops[keep], *extra])))
 
-    def add_mask(self, bits: np.ndarray, state: int, stack: int, stacks: "StackArena") -> None:
+    def add_mask(self, bits: np.ndarray, state: int, stack: int, stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from configuration (state, stack)."""
         a = self.a
-        call_ptr, callee, ret = self._calls
+        call_ptr = self._call_ptr
         todo = [(state, stack, _ROOT, _ROOT_KEY)]
         seen = {(state, stack, todo[0][3])}
         while todo:
@@ -236,7 +237,9 @@ class TokenMasks:
             else:
                 # a structural state consumes no bytes: go on into each callee from the same nodes
                 for c in range(call_ptr[g], call_ptr[g + 1]):
-                    nexts.append((callee[c], stacks.push(s, ret[c]), nodes, nodes_key))
+                    called = stacks.call(s, c)
+                    if called is not None:
+                        nexts.append((*called, nodes, nodes_key))
                 if a.accept[g] and s:
                     # returning from the outermost rule ends the text: nothing may follow
                     nexts.append((stacks.ret[s], stacks.parent[s], nodes, nodes_key))
@@ -245,25 +248,3 @@ class TokenMasks:
                 if key not in seen:
                     seen.add(key)
                     todo.append(item)
-
-
-class StackArena:
-    """Hash-consed parser stacks: id 0 is the empty stack; (parent id, return state) -> id.  A return
-    state flagged in `tail` only returns further, so pushing it is the same as not pushing."""
-
-    def __init__(self, tail: np.ndarray):
-        self.parent = [0]
-        self.ret = [-1]
-        self._ids: dict[tuple[int, int], int] = {}
-        self._tail = tail.tolist()
-
-    def push(self, parent: int, ret: int) -> int:
-        if self._tail[ret]:
-            return parent
-        key = (parent, ret)
-        sid = self._ids.get(key)
-        if sid is None:
-            sid = self._ids[key] = len(self.parent)
-            self.parent.append(parent)
-            self.ret.append(ret)
-        return sid

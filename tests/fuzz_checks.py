@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
 from fuzz_oracle import (VALIDATION_EXCEPT_ALLOF, DuplicateKey, Oracle, canonical, dump, exact, invalid_candidates,
-                         layouts_for, number_value, parse, same)
+                         layouts_for, number_value, parse, same, shuffled)
 from fuzz_schemas import valid_instances
 from leapgen.grammars import GrammarError, SchemaError, UnsupportedSchemaError, compile_json_schema
 
@@ -93,13 +93,14 @@ class Compiled:
     crash: str | None = None                 # any other exception (a traceback, but for GrammarError), a hang
 
 
-def compile_timed(schema: Any, tokenizer: Any, whitespace: str, hang_after: float = 4 * COMPILE_BOUND_S) -> Compiled:
+def compile_timed(schema: Any, tokenizer: Any, whitespace: str, hang_after: float = 4 * COMPILE_BOUND_S,
+                  property_order: str = "schema") -> Compiled:
     """Compile, then compute the first mask and a shortest completion (what decoding needs before its
     first token: compile_json_schema itself defers that work), timed together."""
     start = time.perf_counter()
     try:
         with time_limit(hang_after):
-            grammar = compile_json_schema(schema, tokenizer, whitespace=whitespace)
+            grammar = compile_json_schema(schema, tokenizer, whitespace=whitespace, property_order=property_order)
             matcher = grammar.matcher()
             matcher.allowed_token_ids()
             matcher.completion_tokens()
@@ -270,9 +271,12 @@ class Fuzzer:
     """Runs the checks for schemas drawn by hypothesis (`data` is an st.data() object), counting what it
     sees and collecting a Failure for every unsound answer."""
 
-    def __init__(self, tokenizers: dict[str, Any], compile_bound: float = COMPILE_BOUND_S):
+    def __init__(self, tokenizers: dict[str, Any], compile_bound: float = COMPILE_BOUND_S,
+                 property_order: str = "schema"):
         self.tokenizers = tokenizers
         self.compile_bound = compile_bound
+        # "any": compile with property_order="any" and write every object's keys in a random order
+        self.property_order = property_order
         self.counts: Counter = Counter()
         self.refused: Counter = Counter()
         self.compile_seconds: dict[str, list[float]] = {name: [] for name in tokenizers}
@@ -296,7 +300,7 @@ class Fuzzer:
         self.counts["schemas"] += 1
         grammars: dict[str, Any] = {}
         for name, tokenizer in self.tokenizers.items():
-            result = compile_timed(schema, tokenizer, whitespace)
+            result = compile_timed(schema, tokenizer, whitespace, property_order=self.property_order)
             self.compile_seconds[name].append(result.seconds)
             context = {"tokenizer": name, "whitespace": whitespace}
             if result.seconds > self.compile_bound:
@@ -352,10 +356,15 @@ class Fuzzer:
         for value in [] if drawn is _NOTHING else drawn:
             value = exact(value)
             if oracle.is_valid(value):
-                out.append(canonical(value, oracle))
+                out.append(self.laid_out(value, oracle, data))
             else:     # ECMA patterns, the email subset, or hypothesis-jsonschema's own slips
                 self.counts["valid discarded by oracle"] += 1
         return out
+
+    def laid_out(self, value: Any, oracle: Oracle, data: Any) -> Any:
+        """The instance with its keys where the compiler expects them: in the schema's order, or shuffled."""
+        value = canonical(value, oracle)
+        return shuffled(value, data.draw(st.randoms(use_true_random=False))) if self.property_order == "any" else value
 
     def check_valid(self, schema: dict, whitespace: str, grammars: dict[str, Any], oracle: Oracle,
                     values: list[Any], data: Any) -> None:
@@ -385,7 +394,7 @@ class Fuzzer:
             if not oracle.is_invalid(value):
                 self.counts["invalid discarded (valid)"] += 1
                 continue
-            value = canonical(value, oracle)
+            value = self.laid_out(value, oracle, data)
             text = dump(value, data.draw(st.sampled_from(layouts_for(whitespace, value))))
             self.counts["invalid checked"] += 1
             for name, grammar in grammars.items():

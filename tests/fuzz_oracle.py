@@ -265,6 +265,17 @@ def canonical(value: Any, oracle: Oracle) -> Any:
     return _Layout(oracle).value(exact(value), [oracle.schema])
 
 
+def shuffled(value: Any, rng: Any) -> Any:
+    """`value` with the keys of every object in a random order (for property_order="any")."""
+    if isinstance(value, dict):
+        keys = list(value)
+        rng.shuffle(keys)
+        return {k: shuffled(value[k], rng) for k in keys}
+    if isinstance(value, list):
+        return [shuffled(v, rng) for v in value]
+    return value
+
+
 def _number_text(value: int | Decimal) -> str:
     if isinstance(value, int):
         return str(value)

@@ -32,7 +32,7 @@ from leapgen.grammars import SchemaError, compile_json_schema, compile_regex
 from tokenizers_util import accepts, byte_level_bpe
 
 # Schemas per test: about 50 s of calls on two cores, plus a few seconds loading the tokenizers.
-CI_SCHEMAS = {"compile": 600, "valid": 700, "invalid": 700, "walks": 550}
+CI_SCHEMAS = {"compile": 600, "valid": 700, "invalid": 700, "walks": 550, "any order": 300}
 LONG_FACTOR = 4      # the slow variants: about 3.5 min (the campaign script runs the long fuzzing)
 
 
@@ -55,10 +55,10 @@ def budgets(test: str) -> list:
     return [pytest.param(ci, id="ci"), pytest.param(ci * LONG_FACTOR, id="long", marks=pytest.mark.slow)]
 
 
-def fuzz(tokenizers: dict, examples: int, random_seed: int, **checks: int) -> Fuzzer:
+def fuzz(tokenizers: dict, examples: int, random_seed: int, property_order: str = "schema", **checks: int) -> Fuzzer:
     """Run the fuzzer's `checks` on `examples` schemas, the same ones on every run (a fixed seed, no
     example database), failing on the first unsound answer with its reproducer."""
-    fuzzer = Fuzzer(tokenizers)
+    fuzzer = Fuzzer(tokenizers, property_order=property_order)
 
     @seed(random_seed)
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -95,6 +95,16 @@ def test_invalid_instances_are_never_accepted(tokenizers, examples):
 def test_mask_walks_under_a_budget_finish_valid(tokenizers, examples):
     fuzzer = fuzz(tokenizers, examples, 4, valid=0, invalid=0, walks=2)
     assert fuzzer.counts["walks validated"] > examples
+
+
+@pytest.mark.parametrize("examples", budgets("any order"))
+def test_in_any_property_order_valid_instances_are_reachable_and_invalid_ones_are_not(tokenizers, examples):
+    """property_order="any": instances with their keys shuffled, and walks whose budgets close objects that
+    still lack required members."""
+    fuzzer = fuzz(tokenizers, examples, 5, property_order="any", valid=2, invalid=2, walks=1)
+    assert fuzzer.counts["valid accepted"] > examples / 2
+    assert fuzzer.counts["invalid refused"] > examples / 2
+    assert fuzzer.counts["walks validated"] > examples / 2
 
 
 # ---- the compiler bugs this fuzzer found ---------------------------------------------------------------

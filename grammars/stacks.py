@@ -1,0 +1,57 @@
+"""Parser stacks, hash-consed, and the one way to take a call edge.
+
+A stack id names (parent id, return state, tag); id 0 is the empty stack.  A return state that only returns
+(`Automaton.tail`) is not pushed: a chain of calls in tail position keeps the stack flat.  The call into an
+any-order object rule always pushes a frame, since the frame's tag is where the object records the members
+it wrote (`any_order`); the guarded call edges of that rule read and update the tag of the top frame.
+"""
+
+from __future__ import annotations
+
+from .any_order import EMPTY_TAG, Tag
+from .automaton import Automaton
+
+
+class StackArena:
+    """Stack ids of one automaton, and the call edges between configurations (state, stack id)."""
+
+    def __init__(self, automaton: Automaton):
+        self.parent = [0]
+        self.ret = [-1]
+        self.tag: list[Tag | None] = [None]
+        self._ids: dict[tuple[int, int, Tag | None], int] = {}
+        self._tail = automaton.tail.tolist()
+        self._framed = automaton.framed.tolist()
+        self._callee = automaton.call_callee.tolist()
+        self._ret = automaton.call_ret.tolist()
+        self._guard = automaton.call_guard.tolist()
+        self._guards = automaton.guards
+        self._frames = automaton.frames
+
+    def _id(self, parent: int, ret: int, tag: Tag | None) -> int:
+        key = (parent, ret, tag)
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._ids[key] = len(self.parent)
+            self.parent.append(parent)
+            self.ret.append(ret)
+            self.tag.append(tag)
+        return sid
+
+    def call(self, stack: int, c: int) -> tuple[int, int] | None:
+        """The configuration (callee state, stack) after taking call edge `c` from a configuration on
+        `stack`; None where the edge's guard is closed."""
+        guard = self._guard[c]
+        if guard >= 0:
+            frame, kind, member = self._guards[guard]
+            tag = self._frames[frame].members.guard(kind, member, self.tag[stack])
+            if tag is None:
+                return None
+            if tag != self.tag[stack]:
+                stack = self._id(self.parent[stack], self.ret[stack], tag)
+        callee, ret = self._callee[c], self._ret[c]
+        if self._framed[callee]:
+            return callee, self._id(stack, ret, EMPTY_TAG)
+        if self._tail[ret]:
+            return callee, stack
+        return callee, self._id(stack, ret, None)

@@ -1,0 +1,161 @@
+"""property_order="any": object members in any order, each at most once, exactly what the schema allows.
+
+The object rule keeps the members it wrote on its stack frame (grammars/any_order.py); these tests pin down
+the guards (duplicates, required members, dependencies, counts), the closing plan under a token budget, and
+that nesting, recursion and rollback keep each object's record to itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import jsonschema
+import pytest
+
+from fuzz_checks import random_walk
+from leapgen.grammars import SchemaError, compile_json_schema
+from tokenizers_util import accepts, byte_level_bpe
+
+TOKENIZER = byte_level_bpe()
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "email": {"type": "string"}}}
+
+
+def compiled(schema: dict, **options):
+    return compile_json_schema(schema, TOKENIZER, whitespace="dumps", property_order="any", **options)
+
+
+def dumps(pairs: list[tuple[str, object]]) -> str:
+    return "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in pairs) + "}"
+
+
+def test_every_order_of_the_members_is_accepted():
+    grammar = compiled(PERSON)
+    members = [("name", "Ada"), ("age", 36), ("email", "ada@x.org")]
+    for order in itertools.permutations(members):
+        assert accepts(grammar, TOKENIZER, dumps(list(order))), order
+    for order in itertools.permutations(members[:2]):
+        assert accepts(grammar, TOKENIZER, dumps(list(order))), order
+
+
+def test_the_schema_order_is_still_the_default():
+    grammar = compile_json_schema(PERSON, TOKENIZER, whitespace="dumps")
+    assert accepts(grammar, TOKENIZER, dumps([("name", "Ada"), ("age", 36)]))
+    assert not accepts(grammar, TOKENIZER, dumps([("age", 36), ("name", "Ada")]))
+
+
+@pytest.mark.parametrize("text", [
+    dumps([("name", "Ada"), ("age", 36), ("name", "Bob")]),      # a member twice
+    dumps([("age", 36), ("age", 37), ("name", "Ada")]),
+    dumps([("age", 36)]),                                         # a required member missing
+    dumps([("email", "e"), ("name", "Ada")]),
+    dumps([("name", "Ada"), ("age", 36), ("other", 1)]),          # an extra key where none may be
+    "{}",
+], ids=["repeat", "repeat-first", "missing", "missing-2", "extra", "empty"])
+def test_what_the_schema_forbids_is_refused(text):
+    assert not accepts(compiled(PERSON), TOKENIZER, text)
+
+
+def test_a_key_once_written_leaves_the_mask():
+    grammar = compiled(PERSON)
+    matcher = grammar.matcher()
+    for token in TOKENIZER.encode('{"age": 1, "', add_special_tokens=False):
+        matcher.advance(token)
+    texts = {TOKENIZER.decode([int(t)]) for t in matcher.allowed_token_ids()}
+    keys = ('name"', 'email"')
+    assert all(any(k.startswith(t) or t.startswith(k) for k in keys) for t in texts), sorted(texts)
+    assert {t[0] for t in texts} == {"n", "e"}
+
+
+def test_dependencies_and_counts_hold_in_any_order():
+    schema = {"type": "object", "dependentRequired": {"card": ["address"]}, "maxProperties": 3, "minProperties": 2,
+              "properties": {"card": {"type": "integer"}, "address": {"type": "string"}, "note": {"type": "string"}}}
+    grammar = compiled(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    values = {"card": 1, "address": "x", "note": "n", "other": 2}
+    for size in range(0, 5):
+        for keys in itertools.permutations(values, size):
+            text = dumps([(k, values[k]) for k in keys])
+            assert accepts(grammar, TOKENIZER, text) == validator.is_valid(json.loads(text)), text
+
+
+def test_extras_mix_with_declared_members():
+    schema = {"type": "object", "required": ["id"], "properties": {"id": {"type": "integer"}},
+              "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": False}
+    grammar = compiled(schema)
+    assert accepts(grammar, TOKENIZER, dumps([("x-a", "1"), ("id", 2), ("x-b", "3")]))
+    assert not accepts(grammar, TOKENIZER, dumps([("x-a", 1), ("id", 2)]))
+    assert not accepts(grammar, TOKENIZER, dumps([("x-a", "1"), ("y", "2"), ("id", 2)]))
+
+
+def test_nested_and_recursive_objects_keep_their_own_records():
+    tree = {"$defs": {"node": {"type": "object", "required": ["v"], "additionalProperties": False,
+                               "properties": {"v": {"type": "integer"},
+                                              "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+            "$ref": "#/$defs/node"}
+    grammar = compiled(tree)
+    assert accepts(grammar, TOKENIZER, '{"kids": [{"v": 2}, {"kids": [], "v": 3}], "v": 1}')
+    assert not accepts(grammar, TOKENIZER, '{"kids": [{"v": 2, "v": 3}], "v": 1}')
+    assert not accepts(grammar, TOKENIZER, '{"kids": [{"kids": []}], "v": 1}')
+    assert not accepts(grammar, TOKENIZER, '{"v": 1, "kids": [{"v": 2}], "v": 1}')
+
+
+def test_a_budget_closes_with_the_required_members_still_missing():
+    grammar = compiled(PERSON)
+    validator = jsonschema.Draft202012Validator(PERSON)
+    prefix = TOKENIZER.encode('{"email": "a", ', add_special_tokens=False)
+    free = grammar.matcher()
+    for token in prefix:
+        free.advance(token)
+    rest = free.completion_tokens()
+    text = TOKENIZER.decode(prefix + rest)
+    assert validator.is_valid(json.loads(text)), text
+    assert json.loads(text).keys() == {"email", "name", "age"}
+    tight = grammar.matcher(max_tokens=len(prefix) + len(rest))   # just room for that completion
+    for token in prefix:
+        tight.advance(token)
+    for token in rest:
+        assert list(tight.allowed_token_ids()) == [token]
+        tight.advance(token)
+    assert tight.is_finished() or list(tight.allowed_token_ids()) == [TOKENIZER.eos_token_id]
+
+
+def test_mask_walks_under_budgets_end_valid():
+    schema = {"type": "object", "required": ["a", "b"], "minProperties": 3, "dependentRequired": {"c": ["d"]},
+              "properties": {k: {"type": "integer", "maximum": 9, "minimum": 0} for k in "abcd"}}
+    grammar = compiled(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for seed in range(30):
+        walk = random_walk(grammar, random.Random(seed), slack=seed % 7)
+        assert walk.finished and not walk.problem, (seed, walk)
+        assert validator.is_valid(json.loads(walk.text)), walk.text
+
+
+def test_rollback_restores_the_record():
+    grammar = compiled(PERSON)
+    matcher = grammar.matcher()
+    first = TOKENIZER.encode('{"name": "A", ', add_special_tokens=False)
+    for token in first:
+        matcher.advance(token)
+    again = TOKENIZER.encode('"age": 1, ', add_special_tokens=False)
+    for token in again:
+        matcher.advance(token)
+    matcher.rollback(len(again))
+    for token in TOKENIZER.encode('"age": 2}', add_special_tokens=False):
+        matcher.advance(token)
+    assert matcher.is_finished() or TOKENIZER.eos_token_id in matcher.allowed_token_ids()
+
+
+def test_unsatisfiable_objects_are_still_refused_with_their_pointer():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False,
+              "minProperties": 2}
+    with pytest.raises(SchemaError, match="unsatisfiable"):
+        compiled(schema)
+
+
+def test_an_unknown_order_is_refused():
+    with pytest.raises(ValueError, match="property_order"):
+        compile_json_schema(PERSON, TOKENIZER, property_order="sorted")
