@@ -13,18 +13,20 @@ whether each trigger key is present.
 from __future__ import annotations
 
 import re
-from itertools import combinations, product
+from itertools import product
 from typing import Any
 
-from .errors import SchemaError, UnsupportedSchemaError
 from .any_order import EMPTY_TAG, FIRST, MemberSet
+from .errors import SchemaError, UnsupportedSchemaError
 from .ir import AnyOrder, Expr, Lit, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, expect
 from .json_schema_ir import NEVER, choice, json_text, optional, repeat, seq
 from .json_schema_scalars import string_terminal
 from .json_strings import pattern_regex, regex_escape
+from .regex import terminal_dfa
 
-_MAX_PATTERNS = 4
+_MAX_PATTERNS = 32
+_MAX_KEY_CLASSES = 64
 _MAX_TRIGGERS = 3
 _CALLED_TAILS = 8
 
@@ -111,31 +113,61 @@ class _ObjectBuilder:
         regexes = list(at)
         if len(regexes) > _MAX_PATTERNS:
             raise UnsupportedSchemaError(f"more than {_MAX_PATTERNS} distinct patternProperties", self.pointer)
+        regex_of = {r: pattern_regex(r, at[r]) for r in regexes}
         explicit = any(p.has("additionalProperties") for p in self.parts)
         names = [p.sub(p.get("propertyNames"), "propertyNames") for p in self.parts if p.has("propertyNames")]
         name_parts = self._string_parts(names)
         if string_terminal(self.ctx, name_parts, declared) == NEVER:
             return NEVER
         classes = []
-        for size in range(len(regexes) + 1):
-            for chosen in combinations(regexes, size):
-                if not chosen and not explicit and not self.ctx.options.additional_properties:
-                    continue  # extras only where the schema allows them explicitly
-                value = []
-                for p in self.parts:
-                    hits = [p.sub(sub, "patternProperties", pat) for pat, owner, sub in self.patterns
-                            if owner is p and pat in chosen]
-                    if hits:
-                        value += hits
-                    elif p.has("additionalProperties"):
-                        value.append(p.sub(p.get("additionalProperties"), "additionalProperties"))
-                value_expr = self.ctx.nested(value)
-                if value_expr == NEVER:
-                    continue
-                key = string_terminal(self.ctx, name_parts, declared, tuple((r, at[r]) for r in chosen),
-                                      tuple((r, at[r]) for r in regexes if r not in chosen))
-                classes.append(seq(key, self.ctx.punct.colon, value_expr))
+        overlapping = self._overlapping(regexes, regex_of)
+        if len(overlapping) > _MAX_KEY_CLASSES:
+            raise UnsupportedSchemaError(f"patternProperties overlap in more than {_MAX_KEY_CLASSES} ways",
+                                         self.pointer)
+        for chosen in overlapping:
+            if not chosen and not explicit and not self.ctx.options.additional_properties:
+                continue  # extras only where the schema allows them explicitly
+            value = []
+            for p in self.parts:
+                hits = [p.sub(sub, "patternProperties", pat) for pat, owner, sub in self.patterns
+                        if owner is p and pat in chosen]
+                if hits:
+                    value += hits
+                elif p.has("additionalProperties"):
+                    value.append(p.sub(p.get("additionalProperties"), "additionalProperties"))
+            value_expr = self.ctx.nested(value)
+            if value_expr == NEVER:
+                continue
+            key = string_terminal(self.ctx, name_parts, declared, tuple((r, at[r]) for r in chosen),
+                                  tuple((r, at[r]) for r in regexes if r not in chosen
+                                        and (not chosen or tuple(sorted((*chosen, r), key=regexes.index))
+                                             in overlapping)))
+            classes.append(seq(key, self.ctx.punct.colon, value_expr))
         return choice(classes)
+
+    @staticmethod
+    def _overlapping(regexes: list[str], regex_of: dict[str, str]) -> list[tuple[str, ...]]:
+        """The sets of patterns (in `regexes` order) that some key matches all of, the empty set first.  Level
+        by level: a set joins only when all its subsets did, so patterns that exclude each other (distinct
+        literal prefixes) cost one intersection per pair."""
+        found = [()]
+        known = {()}
+        level = [()]
+        while level:
+            nxt = []
+            for chosen in level:
+                start = regexes.index(chosen[-1]) + 1 if chosen else 0
+                for r in regexes[start:]:
+                    candidate = (*chosen, r)
+                    if any(candidate[:i] + candidate[i + 1:] not in known for i in range(len(candidate))):
+                        continue
+                    if len(candidate) == 1 or terminal_dfa(regex_of[candidate[0]],
+                                                            tuple(regex_of[x] for x in candidate[1:])).accept.any():
+                        nxt.append(candidate)
+                        known.add(candidate)
+            found += nxt
+            level = nxt
+        return found
 
     def _string_parts(self, names: list[Part]) -> list[Part]:
         """The string-keyword view of propertyNames conjuncts (keys are always strings)."""

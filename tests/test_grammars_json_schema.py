@@ -160,6 +160,16 @@ def test_pattern_properties_property_names_and_counts():
           valid=[{}, {"b": 1}, {"b": 1, "a": 2}], invalid=[{"a": 1}])
 
 
+def test_many_pattern_properties_split_keys_only_where_they_overlap():
+    """19 patterns with distinct literal prefixes (a MaskBench schema) exclude each other pairwise: 20 key classes,
+    not 2^19; two overlapping patterns make one more class whose value must satisfy both."""
+    patterns = {f"^k{i}:(en|nl)$": {"type": "integer"} for i in range(19)}
+    check({"patternProperties": patterns, "additionalProperties": False},
+          valid=[{"k3:en": 1, "k18:nl": 2}], invalid=[{"k3:de": 1}, {"k3:en": "s"}, {"k19:en": 1}])
+    check({"patternProperties": {"^a": {"type": "integer"}, "b$": {"minimum": 5}}, "additionalProperties": False},
+          valid=[{"ab": 5, "a": 1, "b": 7}], invalid=[{"ab": 4}, {"ab": 5.5}, {"b": 3}])
+
+
 def test_arrays_prefix_items_bounds_and_unique_enumerable_items():
     check({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": {"type": "boolean"}, "maxItems": 3},
           valid=[[], [1], [1, "a"], [1, "a", True]], invalid=[["a"], [1, "a", 2], [1, "a", True, False]])
