@@ -10,7 +10,9 @@ grammar determinizes its structure (a few states per IR node), never its bytes,
 and only terminal states consume bytes.  Rule DFAs are numbered into one
 global state space; a parser configuration is (global state, stack of return
 states), where a call returning to a state that only returns pushes nothing.
-Recursion is never unrolled; left recursion is refused.
+Recursion is never unrolled; left recursion is refused.  An object (`ir.Members`)
+is a rule of five hand-built states whose member calls are guarded at run time
+by the members its stack frame records (`object_members`, `stacks`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from . import ir
-from .any_order import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
+from .object_members import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
 from .errors import EmptyLanguageError, GrammarError
 from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .regex import literal_dfa, literals_dfa, terminal_dfa
@@ -33,7 +35,7 @@ CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this i
 
 @dataclass(frozen=True)
 class ObjectFrame:
-    """An any-order object rule (`ir.AnyOrder`) in the global state space: its states after `{`
+    """An object members rule (`ir.Members`) in the global state space: its states after `{`
     (`first`), after a member (`after`) and after a separator (`next`), and the start states of what it
     calls: per member, for extras (-1: none), the separator and the closing brace."""
 
@@ -49,7 +51,7 @@ class ObjectFrame:
     close: int
 
 
-# the hand-built call DFA of an any-order rule: its states, in this order
+# the hand-built call DFA of a members rule: its states, in this order
 _START, _FIRST, _AFTER, _NEXT, _END = range(5)
 
 
@@ -65,16 +67,16 @@ class Automaton:
     has_out: np.ndarray  # bool [G]: some byte transition leaves this state
     start: int
     # bool [G]: a structural state that only returns (accepting, no calls): a call returning there needs
-    # no stack frame, so chains of calls in tail position (the optional members of a large object) keep
+    # no stack frame, so chains of calls in tail position (a value ending a member, a closing brace) keep
     # the stack flat
     tail: np.ndarray
     # (first global state, terminal DFA) of each terminal rule, by increasing first state; only
     # terminal rules consume bytes, and their DFAs are shared objects, so their token walks are
     # memoised across grammars
     terminals: tuple[tuple[int, DFA], ...] = ()
-    framed: np.ndarray | None = None  # bool [G]: the start state of an any-order object rule
+    framed: np.ndarray | None = None  # bool [G]: the start state of an object members rule
     call_guard: np.ndarray | None = None  # int32, per call edge: index into `guards`, -1 for none
-    guards: tuple[tuple[int, int, int], ...] = ()  # (frame, any_order kind, member)
+    guards: tuple[tuple[int, int, int], ...] = ()  # (frame, object_members kind, member)
     frames: tuple[ObjectFrame, ...] = ()
 
     @property
@@ -90,15 +92,11 @@ def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
             _refs(item, out)
     elif isinstance(expr, ir.Repeat):
         _refs(expr.item, out)
-    elif isinstance(expr, ir.AnyOrder):
-        for item in _any_order_parts(expr):
+    elif isinstance(expr, ir.Members):
+        for item in expr.parts():
             _refs(item, out)
     return out
 
-
-def _any_order_parts(expr: ir.AnyOrder) -> list[ir.Expr]:
-    """What an any-order rule calls: open, members, separator, close, extra."""
-    return [expr.open, *expr.members, expr.separator, expr.close] + ([expr.extra] if expr.extra is not None else [])
 
 
 def _recursive_rules(rules: dict[str, ir.Expr]) -> set[str]:
@@ -226,15 +224,15 @@ class _Compiler:
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
         self._sizes: dict[str, int] = {}
-        # any-order rules: always called, each part called through a label of its own
-        self.any_order: dict[str, list[str]] = {}
+        # members rules: always called, each part called through a label of its own
+        self.members_rules: dict[str, list[str]] = {}
         for name, body in list(self.rules.items()):
-            if isinstance(body, ir.AnyOrder):
+            if isinstance(body, ir.Members):
                 if name == self.start:
-                    raise GrammarError("an any-order rule cannot be the start rule (it needs a caller's frame)")
+                    raise GrammarError("a members rule cannot be the start rule (it needs a caller's frame)")
                 self.called.add(name)
-                self.any_order[name] = [self._part_label(name, i, part)
-                                        for i, part in enumerate(_any_order_parts(body))]
+                self.members_rules[name] = [self._part_label(name, i, part)
+                                        for i, part in enumerate(body.parts())]
         for name in self.rules:
             self._size(ir.Ref(name))
 
@@ -269,8 +267,8 @@ class _Compiler:
             return max(expr.max if expr.max is not None else expr.min + 1, 1) * self._size(expr.item)
         if isinstance(expr, (ir.Seq, ir.Choice)):
             return max(sum(self._size(item) for item in expr.items), 1)
-        if isinstance(expr, ir.AnyOrder):
-            for item in _any_order_parts(expr):
+        if isinstance(expr, ir.Members):
+            for item in expr.parts():
                 self._size(item)
         return 1
 
@@ -316,8 +314,8 @@ class _Compiler:
                 self.build(nfa, item, src, dst)
         elif isinstance(expr, ir.Repeat):
             self.repeat(nfa, expr, src, dst)
-        elif isinstance(expr, ir.AnyOrder):
-            raise GrammarError("an any-order object must be the whole body of a rule")
+        elif isinstance(expr, ir.Members):
+            raise GrammarError("an object members rule must be the whole body of a rule")
         else:
             raise GrammarError(f"unknown grammar expression {expr!r}")
 
@@ -362,28 +360,28 @@ class _Compiler:
         return label
 
     def rule_dfa(self, name: str) -> CallDFA:
-        if name in self.any_order:
-            return self.any_order_dfa(name)
+        if name in self.members_rules:
+            return self.members_dfa(name)
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()
         self.build(nfa, self.rules[name], src, dst)
         return determinize_calls(nfa, src, dst, MAX_RULE_STATES)
 
-    def any_order_dfa(self, name: str) -> CallDFA:
+    def members_dfa(self, name: str) -> CallDFA:
         """`open`, then members and extras, each guarded at run time, between separators, then `close`."""
         body = self.rules[name]
-        labels = self.any_order[name]
+        labels = self.members_rules[name]
         n = len(body.members)
         opening, separator, closing = labels[0], labels[n + 1], labels[n + 2]
         items = tuple((label, _AFTER) for label in labels[1:n + 1] + labels[n + 3:])
         if len({label for label, _ in items}) < len(items) or separator == closing:
-            raise GrammarError(f"any-order rule {name!r} calls one rule for two of its parts")
+            raise GrammarError(f"members rule {name!r} calls one rule for two of its parts")
         calls = [((opening, _FIRST),), items, ((separator, _NEXT), (closing, _END)), items, ()]
         return CallDFA([False, False, False, False, True], calls)
 
     def guards(self, name: str) -> dict[tuple[int, str], tuple[int, int]]:
-        """(state, label) -> (any_order kind, member) for the guarded calls of an any-order rule."""
-        labels = self.any_order[name]
+        """(state, label) -> (object_members kind, member) for the guarded calls of a members rule."""
+        labels = self.members_rules[name]
         n = len(self.rules[name].members)
         out = {}
         for state in (_FIRST, _NEXT):
@@ -510,7 +508,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     framed = np.zeros(total, bool)
     for name, rule in rules.items():
         guarded = {}
-        if name in compiler.any_order:
+        if name in compiler.members_rules:
             guarded = compiler.guards(name)
             frames.append(_object_frame(compiler, name, offsets))
             framed[offsets[name]] = True
@@ -548,7 +546,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int]) -> ObjectFrame:
     body = compiler.rules[name]
-    labels = [offsets[label] for label in compiler.any_order[name]]
+    labels = [offsets[label] for label in compiler.members_rules[name]]
     n = len(body.members)
     first = offsets[name]
     return ObjectFrame(MemberSet(body), first + _START, first + _FIRST, first + _AFTER, first + _NEXT,

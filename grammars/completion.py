@@ -7,8 +7,8 @@ DFA), in a structural rule through its calls (a call costs its callee's distance
 distance from where it returns), relaxed to a fixed point since rules may recurse.  A
 configuration's completion then costs its state's distance plus, for every frame on its stack,
 the distance from the frame's return state; the bytes follow the same minima down.  Inside an
-any-order object the rest depends on the members its frame's tag says were written: the object's
-cheapest plan (`any_order.MemberSet.plan`) over the members' own distances.
+object the rest depends on the members its frame's tag says were written: the object's
+cheapest plan (`object_members.MemberSet.plan`) over the members' own distances.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from .any_order import AFTER, EMPTY_TAG, FIRST, Tag
+from .object_members import AFTER, EMPTY_TAG, FIRST, Tag
 from .automaton import Automaton, ObjectFrame
 from .fsm import DFA
 from .stacks import StackArena
@@ -65,7 +65,7 @@ class Completions:
         self.stacks = stacks
         self.distance = _distances(automaton)
         self._stack_costs: dict[int, int] = {0: 0}
-        # any-order object states -> (frame, where), and the cheapest plan per (frame, tag, where)
+        # object members states -> (frame, where), and the cheapest plan per (frame, tag, where)
         self._objects = {}
         for frame in automaton.frames:
             self._objects.update({frame.first: (frame, FIRST), frame.next: (frame, FIRST), frame.after: (frame, AFTER)})
@@ -115,7 +115,7 @@ class Completions:
         out = bytearray()
         while True:
             obj = self._objects.get(g)
-            if obj is not None:                    # the rest of an any-order object, then its caller's
+            if obj is not None:                    # the rest of an object, then its caller's
                 out += self._object_bytes(*obj, stacks.tag[s])
                 g, s = stacks.ret[s], stacks.parent[s]
                 continue
@@ -148,7 +148,7 @@ class Completions:
         return hit
 
     def _object_bytes(self, frame: ObjectFrame, where: int, tag: Tag) -> bytes:
-        """The planned members, extras and separators of an any-order object, and its closing brace."""
+        """The planned members, extras and separators of an object, and its closing brace."""
         _, members, extras = self._plan(frame, where, tag)
         items = [frame.items[k] for k in members] + [frame.extra] * extras
         separator = self._bytes_of(frame.separator)
@@ -161,7 +161,7 @@ class Completions:
 
 
 def _object_plan(dist: np.ndarray, frame: ObjectFrame, tag: Tag, where: int) -> tuple[int, list[int], int] | None:
-    """The cheapest completion of an any-order object from `tag`, at the members' current distances."""
+    """The cheapest completion of an object from `tag`, at the members' current distances."""
     costs = [int(dist[item]) for item in frame.items]
     extra = int(dist[frame.extra]) if frame.extra >= 0 else UNREACHABLE
     plan = frame.members.plan(tag, where, costs, extra, int(dist[frame.separator]), int(dist[frame.close]))
@@ -175,7 +175,7 @@ def _distances(a: Automaton) -> np.ndarray:
     for first, dfa in a.terminals:
         dist[first:first + dfa.num_states] = terminal_distances(dfa)
     calls_out = np.diff(a.call_ptr) > 0
-    for frame in a.frames:                     # any-order objects: their starts are planned below
+    for frame in a.frames:                     # object rules: their starts are planned below
         calls_out[[frame.start, frame.first, frame.after, frame.next]] = False
     structural = np.flatnonzero(calls_out)
     dist[a.accept & ~a.has_out] = np.minimum(dist[a.accept & ~a.has_out], 0)

@@ -35,7 +35,7 @@ class Terminal:
 @dataclass(frozen=True)
 class Ref:
     """A reference to the rule called `name` (may be recursive).  `call`: always a call into the rule, never
-    written out in place (the links of a long chain of rules, each calling the next in tail position)."""
+    written out in place."""
 
     name: str
     call: bool = False
@@ -61,12 +61,13 @@ class Repeat:
 
 
 @dataclass(frozen=True)
-class AnyOrder:
-    """`open`, then `members` in any order, each at most once, and `extra` any number of times, separated by
-    `separator`, then `close`: a JSON object whose keys may come in any order.  At least one member or extra is
-    written (the empty object is the caller's alternative).  `required`: indices of members that must appear;
-    `dependents`: (trigger, members needed when the trigger appears); members and extras together number
-    between `min` and `max`.  Only a rule's whole body: the rule keeps what it wrote on its stack frame."""
+class Members:
+    """`open`, then `members`, each at most once, and `extra` any number of times, separated by `separator`, then
+    `close`: a JSON object.  `ordered`: members in the order given, extras after them; else in any order.  At
+    least one member or extra is written (the empty object is the caller's alternative).  `required`: indices
+    of members that must appear; `dependents`: (trigger, members needed when the trigger appears); members and
+    extras together number between `min` and `max`.  Only a rule's whole body: the rule keeps what it wrote on
+    its stack frame."""
 
     open: "Expr"
     members: tuple["Expr", ...]
@@ -77,9 +78,14 @@ class AnyOrder:
     dependents: tuple[tuple[int, frozenset[int]], ...] = ()
     min: int = 0
     max: int | None = None
+    ordered: bool = False
+
+    def parts(self) -> list["Expr"]:
+        """What the rule calls: open, members, separator, close, extra."""
+        return [self.open, *self.members, self.separator, self.close] + ([self.extra] if self.extra is not None else [])
 
 
-Expr = Union[Lit, Terminal, Ref, Seq, Choice, Repeat, AnyOrder]
+Expr = Union[Lit, Terminal, Ref, Seq, Choice, Repeat, Members]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Hashable
 
-from .ir import Choice, Expr, Grammar, Lit, Ref, Repeat, Seq, Terminal
+from .ir import Choice, Expr, Grammar, Lit, Members, Ref, Repeat, Seq, Terminal
 from .json_strings import regex_escape
 
 NEVER = Choice(())
@@ -86,6 +86,8 @@ def inlined_size(expr: Expr, rules: dict[str, Expr], sizes: dict[str, int]) -> i
         return max(copies, 1) * inlined_size(expr.item, rules, sizes)
     if isinstance(expr, (Seq, Choice)):
         return max(sum(inlined_size(item, rules, sizes) for item in expr.items), 1)
+    if isinstance(expr, Members):
+        return sum(inlined_size(part, rules, sizes) for part in expr.parts())
     return 1
 
 

@@ -1,26 +1,24 @@
-"""Objects: declared properties in schema order, then extra keys; counts and dependencies exactly.
+"""Objects: declared properties in schema order (or any order), extra keys after them; counts and dependencies
+exactly.
 
-With the option property_order="any", members come in any order instead (`ir.AnyOrder`: the object's
-stack frame records what it wrote).  Otherwise, layout: every declared (or required) key has its slot in schema order and may
-be skipped unless required; keys not declared anywhere ("extras", allowed by
-`additionalProperties`/`patternProperties`) follow the declared ones.  Extra
-keys are split into classes by which `patternProperties` they match, so each
-class has one value schema.  `minProperties`/`maxProperties` count members
-through rule states; `dependentRequired` splits the object into variants by
-whether each trigger key is present.
+An object is one rule over its members (`ir.Members`): its stack frame records which members it wrote, and the
+rule's guarded edges keep each member to at most once, in schema order unless property_order="any", with the
+required ones, `dependentRequired` and `min/maxProperties` checked before it closes.  Every declared (or
+required) key is a member; keys not declared anywhere ("extras", allowed by
+`additionalProperties`/`patternProperties`) are split into classes by which `patternProperties` they match, so
+each class has one value schema.
 """
 
 from __future__ import annotations
 
 import re
-from itertools import product
 from typing import Any
 
-from .any_order import EMPTY_TAG, FIRST, MemberSet
+from .object_members import EMPTY_TAG, FIRST, MemberSet
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import AnyOrder, Expr, Lit, Ref
+from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, expect
-from .json_schema_ir import NEVER, choice, json_text, optional, repeat, seq
+from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import string_terminal
 from .json_strings import pattern_regex, regex_escape
 from .regex import terminal_dfa
@@ -28,7 +26,6 @@ from .regex import terminal_dfa
 _MAX_PATTERNS = 32
 _MAX_KEY_CLASSES = 64
 _MAX_TRIGGERS = 3
-_CALLED_TAILS = 8
 
 
 def _key_regex(name: str) -> str:
@@ -202,50 +199,13 @@ class _ObjectBuilder:
         members = {n: self.ctx.share(seq(Lit(json_text(n)), self.ctx.punct.colon, v), self.pointer)
                    for n, v in values.items() if v != NEVER}
         extra = self.ctx.share(extra, self.pointer)
-        if self.ctx.options.property_order == "any":
-            result = self._any_order(names, members, extra)
-            if result == NEVER:
-                return self.ctx.never("no object satisfies the property constraints", self.pointer)
-            return result
-        triggers = [t for t in self.dependents if t in members and t not in self.required]
-        if len(triggers) > _MAX_TRIGGERS:
-            raise UnsupportedSchemaError(f"more than {_MAX_TRIGGERS} optional dependentRequired triggers",
-                                         self.pointer)
-        always = [t for t in self.dependents if t in self.required]
-        variants = []
-        for present in product((True, False), repeat=len(triggers)):
-            required = set(self.required)
-            forbidden = set()
-            for t in always:
-                required |= set(self.dependents[t])
-            for t, here in zip(triggers, present):
-                if here:
-                    required |= {t, *self.dependents[t]}
-                else:
-                    forbidden.add(t)
-            variants.append(self._layout(names, members, extra, required, forbidden))
-        result = choice(variants)
+        result = self._members(names, members, extra)
         if result == NEVER:
             return self.ctx.never("no object satisfies the property constraints", self.pointer)
         return result
 
-    def _layout(self, names, members, extra, required: set, forbidden: set) -> Expr:
-        if any(n in forbidden or n not in members for n in required):
-            return NEVER
-        slots = [(members[n], n in required) for n in names if n in members and n not in forbidden]
-        pu = self.ctx.punct
-        lo, hi = self.min_props, self.max_props
-        if lo == 0 and hi is None:
-            body = self._uncounted(slots, extra)
-        else:
-            body = self._counted(slots, extra, lo, hi)
-        empty_ok = not any(req for _, req in slots) and lo == 0
-        alternatives = ([pu.obj_empty] if empty_ok else []) + (
-            [seq(pu.obj_open, body, pu.obj_close)] if body != NEVER else [])
-        return choice(alternatives)
-
-    def _any_order(self, names: list[str], members: dict[str, Expr], extra: Expr) -> Expr:
-        """Members in any order, each at most once, extras anywhere among them."""
+    def _members(self, names: list[str], members: dict[str, Expr], extra: Expr) -> Expr:
+        """The object as one rule over its members (`ir.Members`): in schema order, extras last, or in any order."""
         keys = [n for n in names if n in members]
         while True:  # a trigger whose dependents cannot appear cannot appear either
             blocked = {t for t, needed in self.dependents.items() if t in keys and any(n not in keys for n in needed)}
@@ -260,73 +220,17 @@ class _ObjectBuilder:
             raise UnsupportedSchemaError(f"more than {_MAX_TRIGGERS} optional dependentRequired triggers",
                                          self.pointer)
         pu = self.ctx.punct
-        body = AnyOrder(pu.obj_open, tuple(members[n] for n in keys), pu.comma, pu.obj_close,
+        body = Members(pu.obj_open, tuple(members[n] for n in keys), pu.comma, pu.obj_close,
                         extra=None if extra == NEVER else extra,
                         required=frozenset(index[n] for n in self.required),
                         dependents=tuple((index[t], frozenset(index[n] for n in self.dependents[t])) for t in triggers),
-                        min=self.min_props, max=self.max_props)
+                        min=self.min_props, max=self.max_props, ordered=self.ctx.options.property_order == "schema")
         alternatives = [pu.obj_empty] if not self.required and self.min_props == 0 else []
         if (keys or extra != NEVER) and self.max_props != 0 and MemberSet(body).feasible(EMPTY_TAG, FIRST):
             name = self.ctx.rule_name(self.pointer + "_object")
             self.ctx.rules[name] = body
-            alternatives.append(Ref(name, call=True))
+            alternatives.append(Ref(name))
         return choice(alternatives)
-
-    def _uncounted(self, slots, extra) -> Expr:
-        """Non-empty member lists: the first member present picks which slots may precede it."""
-        comma = self.ctx.punct.comma
-        extras_tail = repeat(seq(comma, extra))
-        tails = [extras_tail]  # tails[k]: slots k.. after something was written
-        for member, req in reversed(slots):
-            step = seq(comma, member)
-            tail = seq(step if req else optional(step), tails[0])
-            if len(slots) > _CALLED_TAILS:
-                # written out, slot k's tail holds every later slot's, and every first member writes out the
-                # tail after it: quadratic; as a chain of rules each calling the next (a tail call, no stack
-                # frame) the object stays linear in its slots
-                name = self.ctx.rule_name(self.pointer + "_tail")
-                self.ctx.rules[name] = tail
-                tail = Ref(name, call=True)
-            tails.insert(0, tail)
-        firsts = []
-        for i, (member, req) in enumerate(slots):
-            firsts.append(seq(member, tails[i + 1]))
-            if req:
-                break
-        else:
-            firsts.append(seq(extra, extras_tail))
-        return choice(firsts)
-
-    def _counted(self, slots, extra, lo: int, hi: int | None) -> Expr:
-        """Member lists whose length is in [lo, hi], tracked by (slot, count) rule states."""
-        comma = self.ctx.punct.comma
-        n = len(slots)
-        clip = hi if hi is not None else lo
-        memo: dict[tuple, Expr] = {}
-
-        def after(i: int, count: int) -> Expr:
-            if hi is not None and count > hi:
-                return NEVER
-            key = (i, min(count, clip + 1))
-            if key in memo:
-                return memo[key]
-            if i == n:
-                body = repeat(seq(comma, extra), max(0, lo - count), None if hi is None else hi - count)
-            else:
-                member, req = slots[i]
-                take = seq(comma, member, after(i + 1, count + 1))
-                body = take if req else choice([take, after(i + 1, count)])
-            memo[key] = body = self.ctx.share(body, self.pointer)
-            return body
-
-        def first(i: int) -> Expr:
-            if i == n:
-                return seq(extra, repeat(seq(comma, extra), max(0, lo - 1), None if hi is None else hi - 1))
-            member, req = slots[i]
-            take = seq(member, after(i + 1, 1))
-            return take if req else choice([take, first(i + 1)])
-
-        return first(0) if hi != 0 else NEVER
 
 
 def build_object(ctx: SchemaContext, parts: list[Part]) -> Expr:

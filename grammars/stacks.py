@@ -2,13 +2,13 @@
 
 A stack id names (parent id, return state, tag); id 0 is the empty stack.  A return state that only returns
 (`Automaton.tail`) is not pushed: a chain of calls in tail position keeps the stack flat.  The call into an
-any-order object rule always pushes a frame, since the frame's tag is where the object records the members
-it wrote (`any_order`); the guarded call edges of that rule read and update the tag of the top frame.
+object members rule always pushes a frame, since the frame's tag is where the object records the members
+it wrote (`object_members`); the guarded call edges of that rule read and update the tag of the top frame.
 """
 
 from __future__ import annotations
 
-from .any_order import EMPTY_TAG, Tag
+from .object_members import EMPTY_TAG, Tag
 from .automaton import Automaton
 
 

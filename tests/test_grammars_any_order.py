@@ -1,6 +1,6 @@
 """property_order="any": object members in any order, each at most once, exactly what the schema allows.
 
-The object rule keeps the members it wrote on its stack frame (grammars/any_order.py); these tests pin down
+The object rule keeps the members it wrote on its stack frame (grammars/object_members.py); these tests pin down
 the guards (duplicates, required members, dependencies, counts), the closing plan under a token budget, and
 that nesting, recursion and rollback keep each object's record to itself.
 """

@@ -12,7 +12,7 @@ import pytest
 
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars.automaton import compile_automaton
-from leapgen.grammars.ir import Choice, Lit, Ref, Repeat, Seq, Terminal
+from leapgen.grammars.ir import Choice, Lit, Members, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import at_least, at_most, multiple_of_regex, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
@@ -44,6 +44,8 @@ def ir_accepts(grammar, text: str) -> bool:
                     r = {k for j in r for k in ends(item, j)}
             elif isinstance(e, Choice):
                 r = set().union(*(ends(item, i) for item in e.items))
+            elif isinstance(e, Members):
+                r = members_ends(e, i)
             else:
                 assert isinstance(e, Repeat)
                 r, cur, n, seen = ({i} if e.min == 0 else set()), {i}, 0, {i}
@@ -55,6 +57,30 @@ def ir_accepts(grammar, text: str) -> bool:
                         r |= cur
             memo[key] = r
         return memo[key]
+
+    def members_ends(e, i):
+        """An object: every (position, members written, extras written, first item still to come) reachable."""
+        cap = (e.max if e.max is not None else e.min) + 1
+        out, seen_states = set(), set()
+        todo = [(j, frozenset(), 0, True) for j in ends(e.open, i)]
+        while todo:
+            state = todo.pop()
+            if state in seen_states:
+                continue
+            seen_states.add(state)
+            pos, written, extras, first = state
+            count = len(written) + extras
+            if (not first and e.required <= written and e.min <= count and (e.max is None or count <= e.max)
+                    and all(deps <= written for t, deps in e.dependents if t in written)):
+                out |= ends(e.close, pos)
+            for start in [pos] if first else ends(e.separator, pos):
+                for k, member in enumerate(e.members):
+                    if k in written or (e.ordered and (extras or any(w > k for w in written))):
+                        continue
+                    todo += [(q, written | {k}, extras, False) for q in ends(member, start)]
+                if e.extra is not None:
+                    todo += [(q, written, min(extras + 1, cap), False) for q in ends(e.extra, start)]
+        return out
 
     return len(text) in ends(grammar.rules[grammar.start], 0)
 

@@ -1,11 +1,12 @@
-"""Objects whose keys may come in any order: what the object rule keeps on its stack frame.
+"""JSON objects as one rule that keeps on its stack frame which members it wrote.
 
 A finite automaton for n keys in any order, each at most once, needs a state per subset of keys.  The
-`ir.AnyOrder` rule instead keeps a tag on its stack frame: which members it has written (a bit each) and how
+`ir.Members` rule instead keeps a tag on its stack frame: which members it has written (a bit each) and how
 many extra keys.  Its call edges are guarded: a member may be claimed once, and only where the object can
 still be completed after it (its required members, dependencies and counts); a separator only where another
 member can follow; the closing brace only where the object is complete.  Every guard and every shortest
 completion comes from one plan: the cheapest set of members and extras that completes the object from a tag.
+In schema order (`ordered`) a member may only follow the members before it, and extras only follow them all.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ def _bits(indices) -> int:
 
 
 class MemberSet:
-    """The rules of one `ir.AnyOrder` object over tags."""
+    """The rules of one `ir.Members` object over tags."""
 
-    def __init__(self, spec: ir.AnyOrder):
+    def __init__(self, spec: ir.Members):
         self.size = len(spec.members)
         self.all = (1 << self.size) - 1
         self.required = _bits(spec.required)
@@ -40,6 +41,7 @@ class MemberSet:
         self.triggers = _bits(self.needs)
         self.optional_triggers = [t for t in self.needs if not self.required >> t & 1]
         self.extra = spec.extra is not None
+        self.ordered = spec.ordered
         self.min, self.max = spec.min, spec.max
         # beyond this many extras the count no longer changes what may follow
         self.cap = spec.max if spec.max is not None else spec.min
@@ -49,7 +51,7 @@ class MemberSet:
         """The tag after taking a guarded edge, or None when the edge is closed for this tag."""
         seen, extras = tag
         if kind == CLAIM:
-            if seen >> member & 1:
+            if not self._open(tag) >> member & 1:
                 return None
             tag = (seen | 1 << member, extras)
             return tag if self.feasible(tag, AFTER) else None
@@ -78,16 +80,19 @@ class MemberSet:
         """Per choice of the optional triggers still unwritten, when the object can be completed with them:
         (members it must add, how many more items it needs, members that may fill those in)."""
         seen, extras = tag
-        free = [t for t in self.optional_triggers if not seen >> t & 1]
+        available = self._open(tag)
+        free = [t for t in self.optional_triggers if available >> t & 1]
         for r in range(len(free) + 1):
             for chosen in combinations(free, r):
                 have = self._closed(seen | self.required | _bits(chosen))
                 count = have.bit_count() + extras
                 added = have & ~seen
+                if added & ~available:
+                    continue
                 need = max(self.min - count, 1 - added.bit_count() if where == FIRST else 0, 0)
                 if self.max is not None and count + need > self.max:
                     continue
-                spare = self.all & ~(have | self.triggers)   # writing these requires nothing more
+                spare = available & ~(have | self.triggers)   # writing these requires nothing more
                 if need > spare.bit_count() and not self.extra:
                     continue
                 yield added, need, spare
@@ -111,6 +116,14 @@ class MemberSet:
             if best is None or cost < best[0]:
                 best = (cost, sorted(items), n_extras)
         return best
+
+    def _open(self, tag: Tag) -> int:
+        """The members that may still be written: those not written yet; in schema order, only those after the
+        last one written, and none once an extra key was."""
+        seen, extras = tag
+        if not self.ordered:
+            return self.all & ~seen
+        return 0 if extras else self.all & ~((1 << seen.bit_length()) - 1)
 
     def _closed(self, have: int) -> int:
         """`have` with the dependents of every trigger in it."""
