@@ -30,13 +30,16 @@ class ConstraintState:
         """Consume a generated token (ValueError when the constraint does not allow it)."""
         self.matcher.advance(token_id)
 
-    def admissible(self, token_id: int) -> int:
+    def admissible(self, token_id: int, eos_token_ids: Sequence[int]) -> int:
         """`token_id` if the constraint takes it; else (a sampled token after which the output could not
-        close within its budget) the first token of a shortest completion, which always can."""
+        close within its budget) the first token of a shortest completion, which always can, or eos where
+        the text is already complete."""
         if self.matcher.is_token_allowed(token_id):
             return token_id
         closing = self.matcher.completion_tokens()
-        return closing[0] if closing else token_id
+        if closing:
+            return closing[0]
+        return next((t for t in eos_token_ids if self.matcher.is_token_allowed(t)), token_id)
 
     def is_forced(self) -> bool:
         """Whether a forced-token jump would append something here (eos, or the forced continuation)."""

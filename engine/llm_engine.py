@@ -329,7 +329,7 @@ class LLMEngine:
             if i == accepted and state.constraint is not None:
                 if i and self.config.enable_forced_tokens and state.constraint.is_forced():
                     break                       # the draft ended where the text is forced: the jump below appends it
-                token = state.constraint.admissible(token)      # closes in time if the sample would not
+                token = state.constraint.admissible(token, self.vocabulary.eos_ids)    # closes in time
             if state.completion.logprobs is not None:
                 state.record_logprob(_token_logprob(sampled, first_row + i, token, state.seq.params.logprobs))
             if i < accepted:

@@ -166,6 +166,22 @@ class _ObjectBuilder:
             level = nxt
         return found
 
+    def _listed_names(self) -> list[str] | None:
+        """The keys a `propertyNames` enum or const allows (every other key is invalid), None without one."""
+        listed = None
+        for p in self.parts:
+            if not p.has("propertyNames"):
+                continue
+            expanded = self.ctx.expand([p.sub(p.get("propertyNames"), "propertyNames")])
+            for part in expanded[0] if expanded is not None else []:
+                for key in ("enum", "const"):
+                    if part.has(key):
+                        values = part.get(key) if key == "enum" else [part.get(key)]
+                        expect(isinstance(values, list), "enum must be an array", part.at(key))
+                        strings = [v for v in values if isinstance(v, str)]
+                        listed = strings if listed is None else [n for n in listed if n in strings]
+        return listed
+
     def _string_parts(self, names: list[Part]) -> list[Part]:
         """The string-keyword view of propertyNames conjuncts (keys are always strings)."""
         expanded = self.ctx.expand(names)
@@ -191,11 +207,14 @@ class _ObjectBuilder:
         names += [n for n in self.required if n not in names]
         for trigger, needed in self.dependents.items():
             names += [n for n in [*needed, trigger] if n not in names]  # dependents usually come first
+        listed = self._listed_names()
+        if listed is not None:      # every key is one of these: each a member, and no other key
+            names += [n for n in listed if n not in names]
         values: dict[str, Expr] = {}
         for name in names:
             parts = self.value_parts(name)
             values[name] = NEVER if parts is None else self.ctx.nested(parts)
-        extra = self.extras(names)
+        extra = self.extras(names) if listed is None else NEVER
         members = {n: self.ctx.share(seq(Lit(json_text(n)), self.ctx.punct.colon, v), self.pointer)
                    for n, v in values.items() if v != NEVER}
         extra = self.ctx.share(extra, self.pointer)

@@ -10,12 +10,13 @@ import re
 import jsonschema
 import lark
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from leapgen.constraints import Grammar, JsonSchema, Regex
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.engine.admission import RequestError
+from leapgen.engine.constraint_state import ConstraintState
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
 from leapgen.engine.loader import load_model
 from leapgen.grammars import compile_json_schema, compile_lark, compile_regex
@@ -52,14 +53,16 @@ def text_of(grammar, ids):
 
 def random_walk(grammar, budget, rng):
     """Pick uniformly among the mask's tokens (eos last resort), as a sampler that ignores budgets would;
-    a pick the matcher refuses is replaced by the first token of a shortest completion, as the engine does."""
+    a pick the matcher refuses is replaced by the first token of a shortest completion, or by eos where the text
+    is complete, as the engine does."""
     matcher, ids = grammar.matcher(budget), []
     eos = set(grammar.vocabulary.eos_ids)
     while len(ids) < budget and not matcher.is_finished():
         allowed = matcher.allowed_token_ids().tolist()
         token = rng.choice([t for t in allowed if t not in eos] or allowed)
         if not matcher.is_token_allowed(token):
-            token = matcher.completion_tokens()[0]
+            closing = matcher.completion_tokens()
+            token = closing[0] if closing else next(t for t in allowed if t in eos)     # complete: end it
         matcher.advance(token)
         ids.append(token)
         if token in eos:
@@ -177,6 +180,7 @@ def schemas():
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=schemas(), slack=st.integers(0, 40), seed=st.integers(0, 2 ** 16),
        whitespace=st.sampled_from(["compact", "flexible"]))
+@example(schema={"type": "number", "minimum": 0}, slack=10, seed=1272, whitespace="compact")
 def test_random_schemas_under_random_budgets_always_validate(tokenizer, schema, slack, seed, whitespace):
     grammar = compile_json_schema(schema, tokenizer, whitespace=whitespace)
     need = len(grammar.matcher().completion_tokens())
@@ -185,6 +189,17 @@ def test_random_schemas_under_random_budgets_always_validate(tokenizer, schema, 
 
 
 # --- in the engine --------------------------------------------------------------------------------
+
+def test_a_sample_past_the_budget_after_a_complete_text_becomes_eos(tokenizer):
+    """Found by the random-budget test: "5" is a complete number, "5e" is not and no room is left to finish it;
+    the shortest completion is empty, so the engine must end the text rather than append the refused sample."""
+    grammar = compile_json_schema({"type": "number"}, tokenizer, whitespace="compact")
+    ids = tokenizer.encode("5", add_special_tokens=False)
+    state = ConstraintState(grammar, ids, max_tokens=len(ids) + 1)
+    exponent = tokenizer.encode("e", add_special_tokens=False)[0]
+    assert not state.matcher.is_token_allowed(exponent) and state.matcher.completion_tokens() == []
+    assert state.admissible(exponent, [tokenizer.eos_token_id]) == tokenizer.eos_token_id
+
 
 @pytest.fixture(scope="module")
 def engine(byte_level_model_dir):

@@ -196,6 +196,16 @@ def test_many_pattern_properties_split_keys_only_where_they_overlap():
           valid=[{"ab": 5, "a": 1, "b": 7}], invalid=[{"ab": 4}, {"ab": 5.5}, {"b": 3}])
 
 
+def test_property_names_from_an_enum_are_the_only_keys():
+    schema = {"propertyNames": {"$ref": "#/$defs/names"}, "additionalProperties": {"type": "integer"},
+              "properties": {"b": {"type": "string"}}, "$defs": {"names": {"enum": ["a", "b", "c", 1]}}}
+    # in schema order: the declared properties, then the listed names in the enum's order
+    check(schema, valid=[{}, {"a": 1}, {"b": "x", "a": 1, "c": 2}], invalid=[{"d": 1}, {"a": "x"}, {"b": 1}])
+    check(schema, valid=[{"c": 2, "a": 1}], property_order="any")
+    assert not ir_accepts(json_schema_to_grammar(schema, property_order="any"), '{"a": 1, "a": 2}')
+    check({"propertyNames": {"const": "k"}, "minProperties": 2}, invalid=[{"k": 1}])
+
+
 def test_arrays_prefix_items_bounds_and_unique_enumerable_items():
     check({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": {"type": "boolean"}, "maxItems": 3},
           valid=[[], [1], [1, "a"], [1, "a", True]], invalid=[["a"], [1, "a", 2], [1, "a", True, False]])

@@ -357,11 +357,11 @@ def test_engine_failure_in_one_request_is_a_500_for_it_alone(llm, server, client
     original = ConstraintState.admissible
     calls = {"count": 0}
 
-    def flaky(self, token):
+    def flaky(self, token, eos_token_ids):
         calls["count"] += 1
         if calls["count"] > 2:                # after the first tokens: the request fails while it runs
             raise RuntimeError("matcher exploded")
-        return original(self, token)
+        return original(self, token, eos_token_ids)
 
     monkeypatch.setattr(ConstraintState, "admissible", flaky)
     request = {"model": MODEL, "prompt": "p", "max_tokens": 60, "extra_body": {"regex": "[a-z]{40}"}}
