@@ -16,6 +16,7 @@ from .json_schema_context import Part, SchemaContext, count_of, enum_values, exp
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
 from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, capped_length, chars_regex, format_pattern, pattern_regex,
                            regex_escape, string_regex)
+from .regex import MAX_DFA_STATES
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
 
@@ -170,12 +171,24 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         hi = capped_length(ctx.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)
     if lo == 0 and hi is None and also:
         return Terminal(also[0], also[1:], exclude)
-    if not also and not exclude and max(lo, hi or 0) > _CHUNK:
-        return _chunked_string(ctx, lo, hi)
+    if not also and not excluded_patterns and max(lo, hi or 0) > _CHUNK:
+        # excluded values (declared keys) are short: strings longer than all of them need no exclusion, so
+        # only the short ones are one terminal and the long ones count in chunks
+        short = max((len(v) for v in excluded), default=-1)
+        if lo > short:
+            return _chunked_string(ctx, lo, hi)
+        if hi is not None and hi > short:
+            return choice([Terminal(string_regex(lo, short), (), exclude), _chunked_string(ctx, short + 1, hi)])
+    if max(lo, hi or 0) * _STATES_PER_CHARACTER > MAX_DFA_STATES:
+        # the length count alone outgrows one terminal's budget: say so now, not after building most of it
+        pointer = parts[0].pointer if parts else ""
+        raise UnsupportedSchemaError(f"a length bound of {max(lo, hi or 0)} characters together with a pattern, format "
+                                     f"or excluded values needs more than {MAX_DFA_STATES} automaton states", pointer)
     return Terminal(string_regex(lo, hi), also, exclude)
 
 
 _CHUNK = 32  # longer length bounds count in chunks of this many characters: one terminal would unroll each one
+_STATES_PER_CHARACTER = 14  # a quoted string's DFA, per character its length bound counts
 
 
 def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:

@@ -231,9 +231,14 @@ def pattern_regex(pattern: str, pointer: str = "") -> str:
     if parsed.state.flags & re.IGNORECASE:
         raise UnsupportedSchemaError(f"pattern {pattern!r}: inline flags cannot be compiled exactly", pointer)
     tr = _Translator(pattern, pointer)
-    alts = []
+    # alternatives anchored alike share their padding: `X*(?:a|b|c)X*` determinizes to about the sum of the
+    # words' lengths, where `X*aX*|X*bX*|X*cX*` tracks which words were seen, 2^words times as many states
+    anchored: dict[tuple[bool, bool], list[str]] = {}
     for start, end, nodes in _alternatives(parsed.data):
-        body = tr.seq(nodes)
+        anchored.setdefault((start, end), []).append(tr.seq(nodes))
+    alts = []
+    for (start, end), bodies in anchored.items():
+        body = bodies[0] if len(bodies) == 1 else "(?:" + "|".join(bodies) + ")"
         alts.append(("" if start else f"{CHAR}*") + body + ("" if end else f"{CHAR}*"))
     regex = '"' + (alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")") + '"'
     try:

@@ -206,6 +206,26 @@ def test_property_names_from_an_enum_are_the_only_keys():
     check({"propertyNames": {"const": "k"}, "minProperties": 2}, invalid=[{"k": 1}])
 
 
+def test_unanchored_alternatives_share_their_padding():
+    """Nine words to search for: one automaton of about their total length, not one per set of words seen."""
+    words = [f"{row}-{col}" for row in ("top", "middle", "bottom") for col in ("left", "center", "right")]
+    check({"type": "string", "pattern": "|".join(words)}, valid=["at middle-center", "bottom-right!", "top-left"],
+          invalid=["middle", "top-centre", ""])
+    check({"type": "string", "pattern": "^ab|cd$|ef"}, valid=["abx", "xcd", "xefx"], invalid=["xab", "cdx"])
+
+
+def test_long_keys_beside_declared_ones_count_in_chunks():
+    schema = {"properties": {"id": {}}, "propertyNames": {"maxLength": 2000}, "additionalProperties": {"type": "integer"}}
+    check(schema, valid=[{"id": "x", "k" * 1500: 1}], invalid=[{"k" * 2001: 1}, {"id": "x", "k": "s"}])
+
+
+def test_a_long_length_bound_with_a_format_is_refused_at_once_with_its_pointer():
+    schema = {"properties": {"site": {"type": "string", "format": "uri-reference", "maxLength": 2000}}}
+    with pytest.raises(UnsupportedSchemaError, match="length bound of 2000") as error:
+        json_schema_to_grammar(schema)
+    assert error.value.pointer == "/properties/site"
+
+
 def test_arrays_prefix_items_bounds_and_unique_enumerable_items():
     check({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": {"type": "boolean"}, "maxItems": 3},
           valid=[[], [1], [1, "a"], [1, "a", True]], invalid=[["a"], [1, "a", 2], [1, "a", True, False]])
