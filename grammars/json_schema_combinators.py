@@ -83,8 +83,8 @@ def _negation_size(schema: Any) -> int | None:
 def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Expr | None:
     """The `not` shapes that become other keywords: `not: {required: [k1, ...]}` is an object missing some ki
     (everything else satisfies `required`), a choice of objects each forbidding one key; `not: {anyOf}` is
-    every branch negated, `not: {allOf}` a choice of one branch negated, `not: {not: X}` is X, `not: {$ref}`
-    a choice of the referenced conjuncts negated.  None for the other shapes (`negate` handles those it can)."""
+    every branch negated, `not: {allOf}` a choice of one branch negated, `not: {not: X}` is X.  None for
+    the other shapes (`negate` handles those it can)."""
     inner = part.get("not")
     if not isinstance(inner, dict) or len(_constraining(inner)) != 1:
         return None
@@ -105,16 +105,6 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return choice(ctx.compile(rest + [negation]) for negation in negations)
     if keyword == "not":
         return ctx.compile(rest + [part.sub(value, "not", "not")])
-    if keyword == "$ref":
-        # the referenced schema's conjuncts, each negated where it lives (its base resolves its own refs)
-        expanded = ctx.expand([part.sub(inner, "not")])
-        if expanded is None:        # not false: no constraint at all
-            return ctx.compile(rest)
-        negations = [c.derived({"not": {k: v for k, v in c.schema.items() if k not in c.skip}}, "not ref")
-                     for c in expanded[0] if isinstance(c.schema, dict)]
-        if len(negations) < len(expanded[0]):   # a conjunct `true`: nothing satisfies its negation
-            negations = []
-        return choice(ctx.compile(rest + [negation]) for negation in negations)
     return None
 
 
