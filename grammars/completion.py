@@ -17,9 +17,9 @@ import weakref
 
 import numpy as np
 
-from .object_members import AFTER, EMPTY_TAG, FIRST, Tag
 from .automaton import Automaton, ObjectFrame
 from .fsm import DFA
+from .object_members import AFTER, EMPTY_TAG, FIRST, Tag
 from .stacks import StackArena
 
 UNREACHABLE = np.iinfo(np.int64).max // 4   # large, yet sums of a few never overflow
@@ -65,10 +65,11 @@ class Completions:
         self.stacks = stacks
         self.distance = _distances(automaton)
         self._stack_costs: dict[int, int] = {0: 0}
-        # object members states -> (frame, where), and the cheapest plan per (frame, tag, where)
+        # object members states -> (frame, where), start states -> frame, the cheapest plan per (frame, tag, where)
         self._objects = {}
         for frame in automaton.frames:
             self._objects.update({frame.first: (frame, FIRST), frame.next: (frame, FIRST), frame.after: (frame, AFTER)})
+        self._object_starts = {frame.start: frame for frame in automaton.frames}
         self._plans: dict[tuple[int, Tag, int], tuple[int, list[int], int] | None] = {}
         self._rule_bytes: dict[int, bytes] = {}
 
@@ -119,8 +120,8 @@ class Completions:
                 out += self._object_bytes(*obj, stacks.tag[s])
                 g, s = stacks.ret[s], stacks.parent[s]
                 continue
-            if a.framed[g]:
-                frame = next(f for f in a.frames if f.start == g)
+            frame = self._object_starts.get(g)
+            if frame is not None:
                 out += self._bytes_of(frame.open)
                 g = frame.first
                 continue
@@ -166,7 +167,6 @@ def _object_plan(dist: np.ndarray, frame: ObjectFrame, tag: Tag, where: int) -> 
     extra = int(dist[frame.extra]) if frame.extra >= 0 else UNREACHABLE
     plan = frame.members.plan(tag, where, costs, extra, int(dist[frame.separator]), int(dist[frame.close]))
     return None if plan is None or plan[0] >= UNREACHABLE else plan
-
 
 
 def _distances(a: Automaton) -> np.ndarray:

@@ -14,22 +14,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .object_members import EMPTY_TAG, FIRST, MemberSet
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, expect
 from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import string_terminal
-from .json_strings import pattern_regex, regex_escape
+from .json_strings import pattern_regex
+from .object_members import EMPTY_TAG, FIRST, MemberSet
 from .regex import terminal_dfa
 
 _MAX_PATTERNS = 32
 _MAX_KEY_CLASSES = 64
 _MAX_TRIGGERS = 3
-
-
-def _key_regex(name: str) -> str:
-    return regex_escape(json_text(name))
 
 
 def _matches(pattern: str, name: str, pointer: str) -> bool:

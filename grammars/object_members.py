@@ -65,7 +65,7 @@ class MemberSet:
     def complete(self, tag: Tag) -> bool:
         """Whether the object may close with this tag."""
         seen, extras = tag
-        count = bin(seen).count("1") + extras
+        count = seen.bit_count() + extras
         return (self.required & ~seen == 0 and self._closed(seen) == seen and count >= self.min
                 and (self.max is None or count <= self.max))
 

@@ -8,8 +8,8 @@ it wrote (`object_members`); the guarded call edges of that rule read and update
 
 from __future__ import annotations
 
-from .object_members import EMPTY_TAG, Tag
 from .automaton import Automaton
+from .object_members import EMPTY_TAG, Tag
 
 
 class StackArena:
