@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +24,15 @@ def test_cpu_decode_matches_reference(num_heads, num_kv_heads, dim, block_size):
     expected = reference.paged_decode_attention(q, k_cache, v_cache, table, lengths, softmax_scale=0.3)
     got = cpu_decode.paged_decode_attention(q, k_cache, v_cache, table, lengths, softmax_scale=0.3)
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_vectorizable_exp_error_is_a_few_ulps_of_its_argument():
+    x = np.concatenate([np.linspace(-87.0, 0.0, 100_001), -np.logspace(-8, 1.9, 2001), [0.0, -1e-30]])
+    x = x.astype(np.float32)
+    got = np.array([cpu_decode._exp(np.float32(v)) for v in x], dtype=np.float64)
+    # Rounding x * log2(e) to float32 costs relative error in proportion to |x|.
+    relative = np.abs(got / np.exp(x.astype(np.float64)) - 1)
+    assert (relative / np.maximum(1.0, np.abs(x))).max() < 1.5e-7
 
 
 def test_dispatch_uses_cpu_kernel_for_float32_only(monkeypatch):
