@@ -22,11 +22,10 @@ import platform
 import statistics
 import time
 
+import leapgen  # noqa: I001 - before torch, as a user's script would: it sets torch's OpenMP spin (leapgen/__init__.py)
 import torch
 import transformers
 from transformers import AutoModelForCausalLM
-
-import leapgen
 from leapgen.decoding.constraint import ConstraintSpec
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.engine.default_model import default_model_path

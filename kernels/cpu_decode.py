@@ -3,14 +3,18 @@
 The torch reference gathers every sequence's K/V out of the block table before attending, which on
 a CPU costs several times the arithmetic.  This kernel reads each cached position's K/V rows in
 place through the block table, all heads at once, so every row is read once and in memory order; at
-batch 32 it is bound by reading the cache from memory.  It runs on one thread: numba's thread pool woke up erratically (10 ms stalls)
-beside torch's own threads on a 2-core machine.  Other dtypes and devices use the reference (numba
-has no bf16/fp16 math).
+batch 32 it is bound by reading the cache from memory.  A large batch may be cut into parts of equal
+context run by Python threads (the kernel releases the GIL; `_Threads` says when that pays): numba's
+own thread pool woke up erratically (10 ms stalls) beside torch's threads on a 2-core machine.  Other
+dtypes and devices use the reference (numba has no bf16/fp16 math).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -101,6 +105,62 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out):  # pragma: 
                 out[b, head, d] = acc[head, d] * peaks[head]
 
 
+class _Threads:
+    """Whether a large batch is cut across torch's thread count: timed on the first large calls, then kept.
+
+    A second thread pays only while torch's OpenMP workers sleep: libgomp spins for GOMP_SPINCOUNT
+    iterations after each parallel region (by default long enough to cover the whole kernel), and a
+    spinning worker takes half the core the second part runs on.  leapgen shortens the spin when it is
+    imported before torch (leapgen/__init__.py); otherwise one thread stays faster.  So the first large
+    calls alternate one thread and all of them, and the faster per unit of work is kept.
+    """
+
+    # A part costs a thread hand-off (tens of microseconds): worth it from this many (query head,
+    # cached position) pairs per part, about 0.15 ms of the kernel's work.
+    MIN_PART_WORK = 8_000
+    TRIALS = 8
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.trials: dict[bool, list[float]] = {False: [], True: []}    # split? -> seconds per unit of work
+        self.split: bool | None = None
+
+    def count(self, work: int) -> int:
+        """Threads for a call with `work` (query head, cached position) pairs."""
+        most = min(torch.get_num_threads(), work // self.MIN_PART_WORK)
+        if most <= 1:
+            return 1
+        split = self.split if self.split is not None else len(self.trials[True]) < len(self.trials[False])
+        return most if split else 1
+
+    def observe(self, threads: int, work: int, seconds: float) -> None:
+        """Record a trial; once both ways have enough, keep the faster."""
+        if self.split is not None or work < 2 * self.MIN_PART_WORK:
+            return
+        self.trials[threads > 1].append(seconds / work)
+        if min(len(t) for t in self.trials.values()) >= self.TRIALS:
+            self.split = statistics.median(self.trials[True]) < statistics.median(self.trials[False])
+
+    def run(self, parts: list[tuple]) -> None:
+        """`_decode` over each argument tuple: the first on this thread, the others on the pool."""
+        if self.pool is None and len(parts) > 1:
+            self.pool = ThreadPoolExecutor(torch.get_num_threads() - 1, thread_name_prefix="leapgen-decode")
+        others = [self.pool.submit(_decode, *args) for args in parts[1:]]
+        _decode(*parts[0])
+        for other in others:
+            other.result()
+
+
+_THREADS = _Threads()
+
+
+def _cuts(seq_lens: np.ndarray, count: int) -> list[slice]:
+    """`count` consecutive batch slices of about equal total context."""
+    cumulative = np.cumsum(seq_lens, dtype=np.int64)
+    cuts = [0, *np.searchsorted(cumulative, cumulative[-1] * np.arange(1, count) / count).tolist(), len(seq_lens)]
+    return [slice(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """True when the compiled kernel applies: float32 CPU tensors."""
     return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
@@ -113,8 +173,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """Same contract as `reference.paged_decode_attention`, for float32 CPU tensors."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out = torch.empty_like(q)
-    if q.shape[0]:
-        _decode(q.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(),
-                block_table.to(torch.int32).contiguous().numpy(), seq_lens.to(torch.int32).contiguous().numpy(),
-                np.float32(scale), out.numpy())
+    if not q.shape[0]:
+        return out
+    queries, results = q.contiguous().numpy(), out.numpy()
+    tables, lengths = block_table.to(torch.int32).contiguous().numpy(), seq_lens.to(torch.int32).contiguous().numpy()
+    keys, values, scale = k_cache.numpy(), v_cache.numpy(), np.float32(scale)
+    work = int(lengths.sum()) * q.shape[1]
+    threads = _THREADS.count(work)
+    start = time.perf_counter()
+    _THREADS.run([(queries[part], keys, values, tables[part], lengths[part], scale, results[part])
+                  for part in _cuts(lengths, threads)])
+    _THREADS.observe(threads, work, time.perf_counter() - start)
     return out

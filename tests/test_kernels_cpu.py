@@ -52,6 +52,36 @@ def test_empty_batch():
     assert out.shape == (0, 2, 8)
 
 
+def test_a_batch_cut_across_threads_gives_the_same_outputs(monkeypatch):
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.randint(200, 600, (12,), generator=generator)
+    k_cache, v_cache = (torch.randn(12 * 40, 16, 2, 32, generator=generator) for _ in range(2))
+    table = torch.randperm(12 * 40, generator=generator).view(12, 40).to(torch.int32)
+    q = torch.randn(12, 8, 32, generator=generator)
+    outputs = []
+    for split in (False, True):
+        threads = cpu_decode._Threads()
+        threads.split = split
+        monkeypatch.setattr(cpu_decode, "_THREADS", threads)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+        outputs.append(cpu_decode.paged_decode_attention(q, k_cache, v_cache, table, lengths))
+        assert (threads.pool is not None) == split
+    assert torch.equal(*outputs)
+
+
+def test_threads_trial_both_ways_then_keep_the_faster(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    threads, work = cpu_decode._Threads(), 10 * cpu_decode._Threads.MIN_PART_WORK
+    assert threads.count(cpu_decode._Threads.MIN_PART_WORK) == 1      # too little work to cut
+    seen = []
+    while threads.split is None:
+        count = threads.count(work)
+        seen.append(count)
+        threads.observe(count, work, 1.0 if count == 1 else 0.6)
+    assert seen.count(1) == seen.count(2) == cpu_decode._Threads.TRIALS
+    assert threads.split and threads.count(work) == 2
+
+
 def naive_causal_attention(q, k, v, scale):
     """Bottom-right causal attention of `q [lq, hq, d]` over `k, v [lk, hkv, d]`, written out in full."""
     lq, lk, group = q.shape[0], k.shape[0], q.shape[1] // k.shape[1]
