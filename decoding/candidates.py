@@ -16,6 +16,7 @@ window (most nuclei are tiny), then the sampler's full window.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -26,6 +27,19 @@ _NEG_INF = -float("inf")
 # Most nuclei fit in 128 tokens, and [32, 128] candidate tensors are small enough for torch to keep on one
 # thread (on a busy machine every multi-threaded op waits for a free core); wider nuclei get a second try.
 FIRST_WINDOW = 128
+
+
+class RowLogSumExp(Protocol):
+    """log(sum_j exp(scale_r * x[r, j])) per row of float32 `x` [R, V] as float64 [R], given each row's
+    maximum `shift` [R] and `scale` [R] > 0 (-inf for a row whose maximum is -inf).  The engine passes
+    a compiled one on CPU (`kernels.cpu_rows`), which reads the row without writing a softmax."""
+
+    def __call__(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor: ...
+
+
+def torch_row_logsumexp(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`RowLogSumExp` with torch's `logsumexp` (any device)."""
+    return torch.logsumexp(x * scale[:, None].to(x.dtype), dim=-1).double()
 
 
 @dataclass
@@ -49,12 +63,14 @@ def candidate_rows(batch: SamplingBatch, window: int) -> list[int]:
 
 
 def sample_from_candidates(logits: torch.Tensor, batch: SamplingBatch, rows: list[int], uniform: torch.Tensor,
-                           window: int, workspace: Workspace | None = None) -> CandidateDraw:
+                           window: int, workspace: Workspace | None = None,
+                           row_logsumexp: RowLogSumExp = torch_row_logsumexp) -> CandidateDraw:
     """Draw rows `rows` of `logits` [B, V] (processed up to the warpers) with `uniform` [len(rows)] float64 in [0, 1).
 
     A top-p row looks for its nucleus among its FIRST_WINDOW best tokens, then among its `window` best;
     a top-k-only row among its 2k best (room for ties at the k-th value).  `logits` is only read; `workspace`
-    holds the full-vocabulary temporaries (the sampler passes its own, so they are not allocated each step).
+    holds the full-vocabulary temporaries (the sampler passes its own, so they are not allocated each step);
+    `row_logsumexp` gives the whole-row mass a top-p cut without top_k is measured against.
     """
     workspace = workspace or Workspace()
     token_ids = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
@@ -64,7 +80,8 @@ def sample_from_candidates(logits: torch.Tensor, batch: SamplingBatch, rows: lis
         joining = [i for i in pending if _joins(batch, rows[i], size, first=tier == 0)]
         if not joining:
             continue
-        draw = _draw_in_window(logits, batch, [rows[i] for i in joining], uniform[joining], size, workspace)
+        draw = _draw_in_window(logits, batch, [rows[i] for i in joining], uniform[joining], size, workspace,
+                               row_logsumexp)
         done = [i for i, ok in zip(joining, draw.covered.tolist()) if ok]
         token_ids[done] = draw.token_ids[draw.covered]
         covered[done] = True
@@ -81,7 +98,7 @@ def _joins(batch: SamplingBatch, row: int, size: int, first: bool) -> bool:
 
 
 def _draw_in_window(logits: torch.Tensor, batch: SamplingBatch, rows: list[int], uniform: torch.Tensor,
-                    window: int, workspace: Workspace) -> CandidateDraw:
+                    window: int, workspace: Workspace, row_logsumexp: RowLogSumExp) -> CandidateDraw:
     """One attempt: top-p rows within `window` candidates, top-k-only rows within 2k."""
     vocab = logits.shape[-1]
     index = torch.tensor(rows, dtype=torch.long, device=logits.device)
@@ -100,8 +117,9 @@ def _draw_in_window(logits: torch.Tensor, batch: SamplingBatch, rows: list[int],
     weights = scaled.double().softmax(dim=-1)
     threshold = kth
     if bool(nucleus.any()):
-        threshold = torch.where(nucleus[:, None], _nucleus_threshold(x, scaled, ids, weights, kth, temperature,
-                                                                     top_p, nucleus & ~limited, workspace), kth)
+        threshold = torch.where(nucleus[:, None], _nucleus_threshold(x, raw, scaled, weights, kth, temperature, top_p,
+                                                                     nucleus & ~limited, workspace, row_logsumexp),
+                                kth)
     # min-p keeps p >= min_p * p_max; masked (-inf) candidates are never kept.
     keep = (scaled >= threshold) & (weights >= min_p[:, None].double() * weights[:, :1]) & (scaled > _NEG_INF)
     # Covered when everything past the window is cut: below the threshold, and below the k-th value when
@@ -137,25 +155,26 @@ def top_candidates(x: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Ten
     return values, ids
 
 
-def _nucleus_threshold(x: torch.Tensor, scaled: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                       kth: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-                       whole_row: torch.Tensor, workspace: Workspace) -> torch.Tensor:
+def _nucleus_threshold(x: torch.Tensor, raw: torch.Tensor, scaled: torch.Tensor, weights: torch.Tensor,
+                       kth: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, whole_row: torch.Tensor,
+                       workspace: Workspace, row_logsumexp: RowLogSumExp) -> torch.Tensor:
     """The smallest kept logit under top-p (transformers' rule), on the top-k-renormalised distribution if top_k is set.
 
-    Without top_k the mass is relative to the whole row, so those rows take one softmax over the vocabulary.
+    Without top_k the mass is relative to the whole row: those rows take one log-sum-exp over the vocabulary
+    (`raw` are the candidates' logits, best first, so the first is the row's maximum).
     """
     in_k = weights.masked_fill(scaled < kth, 0.0)
     probs = in_k / in_k.sum(dim=-1, keepdim=True)
     if bool(whole_row.any()):
         rows = None if bool(whole_row.all()) else whole_row.nonzero()[:, 0]
         full = x if rows is None else workspace.rows("nucleus rows", x, rows)
-        scaled_rows = workspace.tensor("nucleus", full.shape, full.dtype, full.device)
-        torch.div(full, temperature if rows is None else temperature[rows], out=scaled_rows)
-        row_probs = torch.softmax(scaled_rows, dim=-1, out=scaled_rows).gather(1, ids if rows is None else ids[rows])
+        pick = slice(None) if rows is None else rows
+        total = row_logsumexp(full, raw[pick, 0], 1.0 / temperature[pick, 0])
+        row_probs = torch.exp(scaled[pick].double() - total[:, None])
         if rows is None:
-            probs = row_probs.double()
+            probs = row_probs
         else:
-            probs[rows] = row_probs.double()
+            probs[rows] = row_probs
     cumulative = probs.cumsum(dim=-1)
     # A token stays while the mass strictly above it is below top_p (a row of NaN keeps none; it is not covered).
     last = (((cumulative - probs) < top_p[:, None].double()).sum(dim=-1, keepdim=True) - 1).clamp_(min=0)

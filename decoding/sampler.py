@@ -13,7 +13,8 @@ from typing import Literal
 import torch
 
 from leapgen.decoding.batch import SamplingBatch
-from leapgen.decoding.candidates import candidate_rows, sample_from_candidates, top_candidates
+from leapgen.decoding.candidates import (RowLogSumExp, candidate_rows, sample_from_candidates, top_candidates,
+                                         torch_row_logsumexp)
 from leapgen.decoding.pipeline import LogitsPipeline
 from leapgen.decoding.warpers import MinP, Temperature, TopKTopP, TypicalP
 from leapgen.decoding.workspace import Workspace
@@ -55,11 +56,13 @@ class Sampler:
     """
 
     def __init__(self, pipeline: LogitsPipeline | None = None, logprobs_mode: Literal["raw", "processed"] = "raw",
-                 seed: int | None = None, device: torch.device | str = "cpu"):
+                 seed: int | None = None, device: torch.device | str = "cpu",
+                 row_logsumexp: RowLogSumExp = torch_row_logsumexp):
         if logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"logprobs_mode must be 'raw' or 'processed', got {logprobs_mode!r}")
         self.pipeline = pipeline or LogitsPipeline()
         self.logprobs_mode = logprobs_mode
+        self.row_logsumexp = row_logsumexp
         self.generator = torch.Generator(device=device)
         self.workspace = Workspace()
         if seed is None:
@@ -76,10 +79,11 @@ class Sampler:
         given = logits
         if head.is_active(batch) or logits.dtype != torch.float32:
             logits = self.workspace.copy("logits", logits, torch.float32)
-        raw_logprobs = None
+        raw = None
         if wants_logprobs and self.logprobs_mode == "raw":
-            raw_logprobs = torch.log_softmax(logits, dim=-1, out=self.workspace.tensor(
-                "logprobs", logits.shape, torch.float32, logits.device))
+            # Before the head rewrites `logits`: the best raw logits and each row's normaliser, no log_softmax.
+            raw = top_candidates(logits, max(num_logprobs, 1))
+            raw_total = self.row_logsumexp(logits, raw[0][:, 0], torch.ones_like(raw[0][:, 0]))
         logits = head(logits, batch)
         processed = None
         if wants_logprobs and self.logprobs_mode == "processed":
@@ -87,10 +91,16 @@ class Sampler:
         token_ids = self._choose(logits, logits is not given, processed, batch, warpers, window)
         if not wants_logprobs:
             return SamplerOutput(token_ids)
-        source = raw_logprobs if raw_logprobs is not None else processed.log_softmax(dim=-1)
-        chosen = source.gather(1, token_ids[:, None])[:, 0]
-        top_values, top_ids = top_candidates(source, num_logprobs) if num_logprobs else (None, None)
-        return SamplerOutput(token_ids, chosen, top_ids, top_values)
+        if raw is None:
+            source = processed.log_softmax(dim=-1)
+            chosen = source.gather(1, token_ids[:, None])[:, 0]
+            top_values, top_ids = top_candidates(source, num_logprobs) if num_logprobs else (None, None)
+            return SamplerOutput(token_ids, chosen, top_ids, top_values)
+        chosen = (given.gather(1, token_ids[:, None])[:, 0].double() - raw_total).float()
+        if not num_logprobs:
+            return SamplerOutput(token_ids, chosen)
+        top_values = (raw[0][:, :num_logprobs].double() - raw_total[:, None]).float()
+        return SamplerOutput(token_ids, chosen, raw[1][:, :num_logprobs], top_values)
 
     def _choose(self, logits: torch.Tensor, owned: bool, processed: torch.Tensor | None, batch: SamplingBatch,
                 warpers: LogitsPipeline, window: int | None) -> torch.Tensor:
@@ -110,7 +120,8 @@ class Sampler:
         if window is not None:
             rows = candidate_rows(batch, window)
             if rows:
-                draw = sample_from_candidates(logits, batch, rows, uniform[rows], window, self.workspace)
+                draw = sample_from_candidates(logits, batch, rows, uniform[rows], window, self.workspace,
+                                              self.row_logsumexp)
                 done = [r for r, ok in zip(rows, draw.covered.tolist()) if ok]
                 token_ids[done] = draw.token_ids[draw.covered]
                 full = sorted(set(full) - set(done))

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
+from leapgen.decoding.candidates import torch_row_logsumexp
 from leapgen.decoding.constraint import ConstraintSpec, TokenConstraint
 from leapgen.decoding.detokenizer import IncrementalDetokenizer
 from leapgen.decoding.sampler import Sampler, SamplerOutput, prompt_logprobs, request_generator
@@ -36,6 +37,7 @@ from leapgen.engine.request_state import EngineRequest, SequenceState
 from leapgen.engine.scheduler import Scheduler, SchedulerOutput
 from leapgen.engine.sequence import Sequence
 from leapgen.grammars.vocab import vocabulary_for
+from leapgen.kernels.dispatch import compiled_row_logsumexp
 
 CPU_KV_CACHE_CAP = 512 * 2**20
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -109,7 +111,8 @@ class LLMEngine:
             self.runner = PagedModelRunner(loaded, num_blocks, config.block_size, config.pack_weights)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.sampler = Sampler(seed=seed, device=loaded.device)
+        self.sampler = Sampler(seed=seed, device=loaded.device,
+                               row_logsumexp=compiled_row_logsumexp(loaded.device) or torch_row_logsumexp)
         self.vocabulary = vocabulary_for(loaded.tokenizer, size=loaded.vocab_size, eos_ids=loaded.eos_token_ids)
         self.limits = EngineLimits(loaded.vocab_size, loaded.max_model_len, self.block_manager.capacity_tokens)
         self.proposer = self._proposer(config.speculative)

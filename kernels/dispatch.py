@@ -8,10 +8,11 @@ tensors, or the reference on a GPU to bisect a kernel bug); unset or `auto` pick
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 
-from leapgen.kernels import cpu_decode, reference
+from leapgen.kernels import cpu_decode, cpu_rows, reference
 
 
 def _triton():
@@ -54,6 +55,13 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, softmax_s
     if impl is reference and os.environ.get("LEAPGEN_KERNELS", "auto") == "auto" and cpu_decode.supports(q, k_cache):
         impl = cpu_decode
     return impl.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, softmax_scale=softmax_scale)
+
+
+def compiled_row_logsumexp(device: torch.device) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The compiled per-row log-sum-exp for a sampler on `device` (CPU, kernels not forced), else None."""
+    if device.type == "cpu" and os.environ.get("LEAPGEN_KERNELS", "auto") == "auto":
+        return cpu_rows.row_logsumexp
+    return None
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:

@@ -9,18 +9,23 @@ import torch
 from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
+from leapgen.decoding.candidates import torch_row_logsumexp
 from leapgen.decoding.sampler import Sampler, prompt_logprobs, request_generator
+from leapgen.kernels.cpu_rows import row_logsumexp as compiled_row_logsumexp
 from leapgen.decoding.sampling_params import SamplingParams
 from stats_util import chi_square_critical
 
 VOCAB = 12
 DRAWS = 20000
+# The sampler's whole-row normalisers: torch's (any device) and the compiled one the engine uses on CPU.
+ROW_LOGSUMEXP = {"torch": torch_row_logsumexp, "compiled": compiled_row_logsumexp}
 
 
-def draw(params: SamplingParams, logits: torch.Tensor, seed: int) -> np.ndarray:
+def draw(params: SamplingParams, logits: torch.Tensor, seed: int, normaliser: str = "torch") -> np.ndarray:
     rows = [SamplingRow(params)] * DRAWS
     batch = SamplingBatch.build(rows, VOCAB)
-    tokens = Sampler(seed=seed)(logits.expand(DRAWS, VOCAB), batch).token_ids
+    sampler = Sampler(seed=seed, row_logsumexp=ROW_LOGSUMEXP[normaliser])
+    tokens = sampler(logits.expand(DRAWS, VOCAB), batch).token_ids
     return np.bincount(tokens.numpy(), minlength=VOCAB)
 
 
@@ -38,15 +43,16 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("normaliser", sorted(ROW_LOGSUMEXP))
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_samples_follow_the_defined_distribution(name):
+def test_samples_follow_the_defined_distribution(name, normaliser):
     params, reference = CASES[name]
     logits = base_logits()
     expected_logits = logits.clone()
     for warper in reference:
         expected_logits = warper(torch.zeros(1, 1, dtype=torch.long), expected_logits)
     expected = expected_logits.softmax(dim=-1)[0].double().numpy() * DRAWS
-    observed = draw(params, logits, seed=1234)
+    observed = draw(params, logits, seed=1234, normaliser=normaliser)
     allowed = expected > 0
     assert observed[~allowed].sum() == 0, "sampled a token the settings exclude"
     assert allowed.sum() >= 4 and expected[allowed].min() >= 5   # chi-square needs enough cells and counts
@@ -111,14 +117,15 @@ def test_greedy_rows_take_the_argmax_next_to_sampled_rows():
     assert all(t in allowed for t, allowed in zip(tokens[1::2].tolist(), top3.tolist()))
 
 
+@pytest.mark.parametrize("normaliser", sorted(ROW_LOGSUMEXP))
 @pytest.mark.parametrize("mode", ["raw", "processed"])
-def test_logprobs_of_chosen_and_top_tokens(mode):
+def test_logprobs_of_chosen_and_top_tokens(mode, normaliser):
     logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(4))
     rows = [SamplingRow(SamplingParams(temperature=0.8, top_k=10, logprobs=5)),
             SamplingRow(SamplingParams(logprobs=0)),
             SamplingRow(SamplingParams(temperature=1.0))]
     batch = SamplingBatch.build(rows, 300)
-    out = Sampler(logprobs_mode=mode, seed=0)(logits, batch)
+    out = Sampler(logprobs_mode=mode, seed=0, row_logsumexp=ROW_LOGSUMEXP[normaliser])(logits, batch)
     if mode == "raw":
         reference = logits.log_softmax(dim=-1)
     else:
@@ -127,6 +134,24 @@ def test_logprobs_of_chosen_and_top_tokens(mode):
     torch.testing.assert_close(out.logprobs, reference.gather(1, out.token_ids[:, None])[:, 0])
     torch.testing.assert_close(out.top_logprobs, reference.topk(5).values)
     assert torch.equal(out.top_logprob_ids, reference.topk(5).indices)
+
+
+def test_the_compiled_normaliser_draws_what_torch_s_does():
+    generator = torch.Generator().manual_seed(7)
+    ranked = -1.1 * torch.log(torch.arange(1, 5001, dtype=torch.float32))
+    logits = torch.stack([ranked[torch.randperm(5000, generator=generator)] for _ in range(64)])
+    logits[::5, ::3] = -float("inf")                                    # masked tokens, as a constraint leaves them
+    params = [SamplingParams(temperature=0.7, top_p=0.9, logprobs=3, seed=i, repetition_penalty=1.1)
+              for i in range(64)]
+    outputs = []
+    for normaliser in ROW_LOGSUMEXP.values():
+        rows = [SamplingRow(p, [1, 2, 3], [4, 5], request_generator(p.seed)) for p in params]
+        outputs.append(Sampler(row_logsumexp=normaliser)(logits, SamplingBatch.build(rows, 5000)))
+    torch_out, compiled_out = outputs
+    assert torch.equal(torch_out.token_ids, compiled_out.token_ids)
+    assert torch.equal(torch_out.top_logprob_ids, compiled_out.top_logprob_ids)
+    torch.testing.assert_close(torch_out.logprobs, compiled_out.logprobs, rtol=0, atol=2e-6)
+    torch.testing.assert_close(torch_out.top_logprobs, compiled_out.top_logprobs, rtol=0, atol=2e-6)
 
 
 def test_no_logprobs_requested_means_none_computed():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from leapgen.kernels import cpu_decode, dispatch, reference
+from leapgen.kernels import cpu_decode, cpu_exp, cpu_rows, cpu_threads, dispatch, reference
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,dim", [(4, 4, 64), (8, 2, 128), (16, 2, 32)])
@@ -29,10 +29,24 @@ def test_cpu_decode_matches_reference(num_heads, num_kv_heads, dim, block_size):
 def test_vectorizable_exp_error_is_a_few_ulps_of_its_argument():
     x = np.concatenate([np.linspace(-87.0, 0.0, 100_001), -np.logspace(-8, 1.9, 2001), [0.0, -1e-30]])
     x = x.astype(np.float32)
-    got = np.array([cpu_decode._exp(np.float32(v)) for v in x], dtype=np.float64)
+    got = np.array([cpu_exp.exp_nonpositive(np.float32(v)) for v in x], dtype=np.float64)
     # Rounding x * log2(e) to float32 costs relative error in proportion to |x|.
     relative = np.abs(got / np.exp(x.astype(np.float64)) - 1)
     assert (relative / np.maximum(1.0, np.abs(x))).max() < 1.5e-7
+
+
+def test_row_logsumexp_matches_float64_and_gives_empty_rows_their_limits():
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 3000, generator=generator) * 4
+    x[1, ::2] = -float("inf")
+    x[2] = -float("inf")
+    x[3, 17] = float("nan")
+    scale = torch.tensor([1.0, 1 / 0.7, 2.0, 1.0, 0.5, 1.0])
+    got = cpu_rows.row_logsumexp(x, x.amax(dim=-1), scale)
+    expected = torch.logsumexp(x.double() * scale.double()[:, None], dim=-1)
+    assert got.dtype == torch.float64 and got[2] == -float("inf") and got[3].isnan()
+    finite = [0, 1, 4, 5]
+    torch.testing.assert_close(got[finite], expected[finite], rtol=0, atol=1e-6)
 
 
 def test_dispatch_uses_cpu_kernel_for_float32_only(monkeypatch):
@@ -60,7 +74,7 @@ def test_a_batch_cut_across_threads_gives_the_same_outputs(monkeypatch):
     q = torch.randn(12, 8, 32, generator=generator)
     outputs = []
     for split in (False, True):
-        threads = cpu_decode._Threads()
+        threads = cpu_threads.Threads(cpu_decode._decode, min_part_work=1000)
         threads.split = split
         monkeypatch.setattr(cpu_decode, "_THREADS", threads)
         monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
@@ -71,14 +85,15 @@ def test_a_batch_cut_across_threads_gives_the_same_outputs(monkeypatch):
 
 def test_threads_trial_both_ways_then_keep_the_faster(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    threads, work = cpu_decode._Threads(), 10 * cpu_decode._Threads.MIN_PART_WORK
-    assert threads.count(cpu_decode._Threads.MIN_PART_WORK) == 1      # too little work to cut
+    threads = cpu_threads.Threads(lambda: None, min_part_work=100)
+    work = 1000
+    assert threads.count(100) == 1      # too little work to cut
     seen = []
     while threads.split is None:
         count = threads.count(work)
         seen.append(count)
         threads.observe(count, work, 1.0 if count == 1 else 0.6)
-    assert seen.count(1) == seen.count(2) == cpu_decode._Threads.TRIALS
+    assert seen.count(1) == seen.count(2) == cpu_threads.Threads.TRIALS
     assert threads.split and threads.count(work) == 2
 
 
