@@ -65,6 +65,8 @@ class Threads:
 
 def cuts(sizes: np.ndarray, count: int) -> list[slice]:
     """`count` consecutive slices of about equal total size (fewer where `sizes` is short)."""
+    if count == 1:
+        return [slice(None)]
     cumulative = np.cumsum(sizes, dtype=np.int64)
     bounds = [0, *np.searchsorted(cumulative, cumulative[-1] * np.arange(1, count) / count).tolist(), len(sizes)]
     return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
