@@ -14,6 +14,9 @@ import numba
 import numpy as np
 
 
+Ranges = tuple[tuple[int, int, int], ...]   # a state's transitions: (lo byte, hi byte, target)
+
+
 class BudgetExceeded(Exception):
     """An automaton grew past its state budget."""
 
@@ -59,14 +62,14 @@ class DFA:
             cache[state] = remap[self.trans[old]].tobytes() + self.accept[old].tobytes()
         return cache[state]
 
-    def ranges(self) -> list[list[tuple[int, int, int]]]:
+    def ranges(self) -> tuple[Ranges, ...]:
         """Per state, the maximal byte ranges (lo, hi, target) of its transitions (cached)."""
         cached = self.__dict__.get("_ranges")
         if cached is None:
             cached = self.__dict__["_ranges"] = _row_ranges(self.trans)
         return cached
 
-    def state_ranges(self, state: int) -> list[tuple[int, int, int]]:
+    def state_ranges(self, state: int) -> Ranges:
         """`ranges()[state]`, without computing every state's (a signature visits a few states of DFAs that
         may have tens of thousands)."""
         full = self.__dict__.get("_ranges")
@@ -130,9 +133,13 @@ class NFA:
         self.epsilon(src, first)
 
 
-def _row_ranges(trans: np.ndarray) -> list[list[tuple[int, int, int]]]:
+def _row_ranges(trans: np.ndarray) -> tuple[Ranges, ...]:
     """Per row of `trans [n, 256]`, its maximal byte ranges with the same live target, found for all rows
-    at once (per-row numpy calls cost more than the work on the DFAs of large enums)."""
+    at once (per-row numpy calls cost more than the work on the DFAs of large enums).
+
+    Tuples, not lists: the ranges of cached DFAs live as long as the process, and tuples of ints drop out
+    of the garbage collector's scans where lists would add to every full collection.
+    """
     starts = np.ones(trans.shape, bool)
     starts[:, 1:] = trans[:, 1:] != trans[:, :-1]
     rows, los = np.nonzero(starts)              # row-major: each row's runs in byte order
@@ -146,7 +153,7 @@ def _row_ranges(trans: np.ndarray) -> list[list[tuple[int, int, int]]]:
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(len(trans))]
     for row, lo, hi, t in zip(rows[live].tolist(), los[live].tolist(), his[live].tolist(), targets[live].tolist()):
         out[row].append((lo, hi, t))
-    return out
+    return tuple(map(tuple, out))
 
 
 class _Closures:

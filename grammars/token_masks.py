@@ -101,26 +101,29 @@ def _root_children(vocabulary: Vocabulary) -> np.ndarray:
     return hit
 
 
-class Walk:
-    """The result of one walk: allowed tokens (a bitmask, stored sparse when it is) and pop points."""
+# One walk's result, a plain tuple (words, values, pops, pops_key): the allowed tokens as a bitmask (`words`
+# the indices of its non-zero words, or None when `values` is the whole bitmask), the trie nodes where it
+# stopped and their bytes.  Tens of thousands stay cached for the life of the process, and a tuple of arrays
+# and bytes drops out of the garbage collector's scans, where a class instance (a NamedTuple too) is
+# visited by every full collection: that made collections of 250 ms stall a mask in long runs.
+Walk = tuple
 
-    __slots__ = ("words", "values", "pops", "pops_key")
 
-    def __init__(self, bits: np.ndarray, pops: np.ndarray):
-        nonzero = np.flatnonzero(bits)
-        if len(nonzero) * 4 < len(bits):
-            self.words, self.values = nonzero, bits[nonzero]
-        else:
-            self.words, self.values = None, bits
-        self.pops = pops
-        self.pops_key = pops.tobytes()
+def new_walk(bits: np.ndarray, pops: np.ndarray) -> Walk:
+    """The walk allowing the tokens of bitmask `bits`, stopping at trie nodes `pops` (stored sparse when it is)."""
+    nonzero = np.flatnonzero(bits)
+    if len(nonzero) * 4 < len(bits):
+        return nonzero, bits[nonzero], pops, pops.tobytes()
+    return None, bits, pops, pops.tobytes()
 
-    def add_to(self, bits: np.ndarray) -> None:
-        """OR the allowed tokens into `bits`."""
-        if self.words is None:
-            np.bitwise_or(bits, self.values, out=bits)
-        elif len(self.words):
-            bits[self.words] |= self.values
+
+def add_walk(walk: Walk, bits: np.ndarray) -> None:
+    """OR the walk's allowed tokens into `bits`."""
+    words, values = walk[0], walk[1]
+    if words is None:
+        np.bitwise_or(bits, values, out=bits)
+    elif len(words):
+        bits[words] |= values
 
 
 # per vocabulary: (terminal DFA, state, trie nodes) or (state signature, root) -> Walk, shared by every grammar
@@ -139,7 +142,7 @@ def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray) -
     # walks from nested nodes can stop at the same node twice: keep pop points a sorted set (walks from
     # sorted disjoint subtrees already list theirs in order, once)
     disjoint = len(nodes) < 2 or bool((t.end[nodes[:-1]] <= nodes[1:]).all())
-    return Walk(bits, pops if disjoint else np.unique(pops))
+    return new_walk(bits, pops if disjoint else np.unique(pops))
 
 
 class TokenMasks:
@@ -201,24 +204,25 @@ class TokenMasks:
         base = self._shared_walk(dfa, ref, _ROOT, _ROOT_KEY, depth + 1)
         t, children = self.vocabulary.trie, _root_children(self.vocabulary)
         bits = np.zeros(self.vocabulary.mask_words, np.uint32)
-        base.add_to(bits)
-        keep = np.ones(len(base.pops), bool)
+        add_walk(base, bits)
+        base_pops = base[2]
+        keep = np.ones(len(base_pops), bool)
         extra = [np.zeros(1, np.int32)] if dfa.accept[state] else []
-        keep &= base.pops != 0
+        keep &= base_pops != 0
         for byte in differ.tolist():
             child = int(children[byte])
             if child < 0:
                 continue
             end = int(t.end[child])
             _set_tokens(bits, t.tok_ids, t.tok_ptr[child], t.tok_ptr[end], False)
-            keep &= (base.pops < child) | (base.pops >= end)
+            keep &= (base_pops < child) | (base_pops >= end)
             nxt = int(row[byte])
             if nxt >= 0:
                 _set_tokens(bits, t.tok_ids, t.tok_ptr[child], t.tok_ptr[child + 1], True)
                 sub = _run_walk(dfa, self.vocabulary, nxt, np.array([child], np.int32))
-                sub.add_to(bits)
-                extra.append(sub.pops)
-        return Walk(bits, np.unique(np.concatenate([base.pops[keep], *extra])))
+                add_walk(sub, bits)
+                extra.append(sub[2])
+        return new_walk(bits, np.unique(np.concatenate([base_pops[keep], *extra])))
 
     def add_mask(self, bits: np.ndarray, state: int, stack: int, stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from configuration (state, stack)."""
@@ -231,9 +235,10 @@ class TokenMasks:
             nexts = []
             if self.terminal_of(g) is not None:
                 found = self.walk(g, nodes, nodes_key)
-                found.add_to(bits)
-                if s and len(found.pops):
-                    nexts.append((stacks.ret[s], stacks.parent[s], found.pops, found.pops_key))
+                add_walk(found, bits)
+                pops, pops_key = found[2], found[3]
+                if s and len(pops):
+                    nexts.append((stacks.ret[s], stacks.parent[s], pops, pops_key))
             else:
                 # a structural state consumes no bytes: go on into each callee from the same nodes
                 for c in range(call_ptr[g], call_ptr[g + 1]):

@@ -67,13 +67,16 @@ class Vocabulary:
     """
 
     size: int                          # logit columns of the model (>= the tokenizer's tokens when padded)
-    token_bytes: list[bytes | None]    # len == size; None for special tokens, eos and ids the tokenizer lacks
+    token_bytes: Sequence[bytes | None]  # len == size; None for special tokens, eos and ids the tokenizer lacks
     special_bytes: dict[int, bytes]    # the text of special tokens, shown when skip_special_tokens=False
     eos_ids: tuple[int, ...]           # the ids that end generation
     trie: Trie
     tokenizer_ref: Any = field(default=None, repr=False)  # weakref.ref to the HF tokenizer: canonical encodings
 
     def __post_init__(self):
+        # A tuple of bytes drops out of the garbage collector's scans; a list of 100k+ entries would be
+        # visited by every full collection for as long as the vocabulary lives.
+        self.token_bytes = tuple(self.token_bytes)
         if len(self.token_bytes) != self.size:
             raise ValueError(f"token_bytes has {len(self.token_bytes)} entries for a vocabulary of {self.size}")
         bad = [e for e in self.eos_ids if not 0 <= e < self.size]
@@ -265,7 +268,7 @@ def build_trie(token_bytes: list[bytes | None]) -> Trie:
 class _TokenizerTables:
     """What every Vocabulary of one tokenizer shares: the expensive part (~1.4 s for 100k tokens)."""
 
-    token_bytes: list[bytes | None]
+    token_bytes: tuple[bytes | None, ...]   # a tuple, untracked by the garbage collector (see Vocabulary)
     special_bytes: dict[int, bytes]
     trie: Trie
 
@@ -278,7 +281,7 @@ def _tables(tokenizer) -> _TokenizerTables:
     hit = _TABLES.get(tokenizer)
     if hit is None:
         token_bytes, special_bytes = _token_bytes(tokenizer)
-        hit = _TABLES[tokenizer] = _TokenizerTables(token_bytes, special_bytes, build_trie(token_bytes))
+        hit = _TABLES[tokenizer] = _TokenizerTables(tuple(token_bytes), special_bytes, build_trie(token_bytes))
     return hit
 
 
@@ -297,7 +300,7 @@ def vocabulary_for(tokenizer, size: int | None = None, eos_ids: Sequence[int] | 
     if hit is not None:
         return hit
     known = len(tables.token_bytes)
-    token_bytes = tables.token_bytes[:size] + [None] * (size - known)
+    token_bytes = [*tables.token_bytes[:size], *[None] * (size - known)]
     special_bytes = dict(tables.special_bytes)
     plain_eos = [e for e in eos_ids if 0 <= e < size and token_bytes[e] is not None]
     for e in plain_eos:
