@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, compile_constraint, load_llm,
-                                positive_float, positive_int, print_error, speculative_config, speculative_method)
+from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, compile_constraint,
+                                frozen_startup_heap, load_llm, positive_float, positive_int, print_error,
+                                speculative_config, speculative_method)
 
 _EXTRACT_DESCRIPTION = """Extract one JSON object per input record into OUT.jsonl, one line per record:
 {"id", "status": "ok"|"error", "data", "error", "finish_reason", "usage": {"prompt_tokens", "completion_tokens",
@@ -112,7 +113,8 @@ def run_extract(args: argparse.Namespace) -> int:
                     pipeline.check_budget(llm.engine.compile(plan.job.constraint()), args.max_tokens)
                 except ValueError as exc:
                     raise CliError(f"--max-tokens: {exc}") from None
-            summary = pipeline.run(llm, plan, progress=not args.quiet)
+            with frozen_startup_heap():
+                summary = pipeline.run(llm, plan, progress=not args.quiet)
     except KeyboardInterrupt:
         print_error(f"interrupted; the lines in {args.output} are kept: run the same command again to resume")
         return 130

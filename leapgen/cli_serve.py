@@ -10,8 +10,8 @@ import socket
 import sys
 from typing import Any
 
-from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, load_llm, memory_size,
-                                positive_int, speculative_method)
+from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, frozen_startup_heap,
+                                load_llm, memory_size, positive_int, speculative_method)
 
 _SERVE_DESCRIPTION = """Serve the model over HTTP with OpenAI's API: GET /v1/models, POST /v1/completions,
 POST /v1/chat/completions (streaming with stream: true) and GET /health.  Requests from every connection
@@ -66,7 +66,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     print(f"leapgen: serving {name!r} at http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr)
     try:
-        server.engine_loop.run()              # until the app shuts down, or an interrupt
+        with frozen_startup_heap():
+            server.engine_loop.run()          # until the app shuts down, or an interrupt
     except KeyboardInterrupt:
         print("leapgen: stopping the server", file=sys.stderr)
     finally:

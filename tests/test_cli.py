@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import shutil
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from leapgen.cli import main
+from leapgen.cli_common import frozen_startup_heap
 from leapgen.cli_inputs import decode_escapes
 from leapgen.llm import LLM
 
@@ -339,3 +341,9 @@ def test_many_prompts_print_json_lines_in_order_and_a_bar_on_stderr(cli_model, t
     assert f"/{len(prompts)}" in err and "req" in err
     code, out, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--prompt", "w4", "--max-tokens", "2")
     assert code == 0 and "req" not in err                          # a few prompts: no bar
+
+
+def test_long_commands_freeze_the_startup_heap_and_give_it_back():
+    with frozen_startup_heap():
+        assert gc.get_freeze_count() > 10_000      # torch, transformers and all loaded so far: out of full collections
+    assert gc.get_freeze_count() == 0
