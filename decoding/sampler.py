@@ -79,11 +79,11 @@ class Sampler:
         given = logits
         if head.is_active(batch) or logits.dtype != torch.float32:
             logits = self.workspace.copy("logits", logits, torch.float32)
-        raw = None
+        raw_best = None
         if wants_logprobs and self.logprobs_mode == "raw":
             # Before the head rewrites `logits`: the best raw logits and each row's normaliser, no log_softmax.
-            raw = top_candidates(logits, max(num_logprobs, 1))
-            raw_total = self.row_logsumexp(logits, raw[0][:, 0], torch.ones_like(raw[0][:, 0]))
+            raw_best = top_candidates(logits, max(num_logprobs, 1))
+            raw_total = self.row_logsumexp(logits, raw_best[0][:, 0], torch.ones_like(raw_best[0][:, 0]))
         logits = head(logits, batch)
         processed = None
         if wants_logprobs and self.logprobs_mode == "processed":
@@ -91,7 +91,7 @@ class Sampler:
         token_ids = self._choose(logits, logits is not given, processed, batch, warpers, window)
         if not wants_logprobs:
             return SamplerOutput(token_ids)
-        if raw is None:
+        if raw_best is None:
             source = processed.log_softmax(dim=-1)
             chosen = source.gather(1, token_ids[:, None])[:, 0]
             top_values, top_ids = top_candidates(source, num_logprobs) if num_logprobs else (None, None)
@@ -99,8 +99,9 @@ class Sampler:
         chosen = (given.gather(1, token_ids[:, None])[:, 0].double() - raw_total).float()
         if not num_logprobs:
             return SamplerOutput(token_ids, chosen)
-        top_values = (raw[0][:, :num_logprobs].double() - raw_total[:, None]).float()
-        return SamplerOutput(token_ids, chosen, raw[1][:, :num_logprobs], top_values)
+        best_values, best_ids = raw_best
+        top_values = (best_values[:, :num_logprobs].double() - raw_total[:, None]).float()
+        return SamplerOutput(token_ids, chosen, best_ids[:, :num_logprobs], top_values)
 
     def _choose(self, logits: torch.Tensor, owned: bool, processed: torch.Tensor | None, batch: SamplingBatch,
                 warpers: LogitsPipeline, window: int | None) -> torch.Tensor:
