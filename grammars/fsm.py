@@ -8,7 +8,8 @@ with the same NFA builder and its own subset construction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import numba
 import numpy as np
@@ -21,12 +22,18 @@ class BudgetExceeded(Exception):
     """An automaton grew past its state budget."""
 
 
+_DFA_UIDS = itertools.count()
+
+
 @dataclass(eq=False)
 class DFA:
     """A deterministic automaton over bytes (plus optional call edges); start state 0."""
 
     trans: np.ndarray  # int32 [n, 256]
     accept: np.ndarray  # bool [n]
+    # Never reused: caches key on it instead of the DFA, so their keys are tuples of ints that the garbage
+    # collector stops scanning (a key holding the DFA object stays tracked).
+    uid: int = field(default_factory=lambda: next(_DFA_UIDS), init=False, repr=False)
 
     @property
     def num_states(self) -> int:

@@ -178,7 +178,7 @@ class TokenMasks:
         # with the same future (the inside of every JSON string, whatever its declared keys)
         root = nodes_key == _ROOT_KEY
         signature = dfa.signature(state) if root else None
-        key = (signature, nodes_key) if signature is not None else (dfa, state, nodes_key)
+        key = (signature, nodes_key) if signature is not None else (dfa.uid, state, nodes_key)
         hit = self._shared.get(key)
         if hit is None:
             hit = self._patched_root_walk(dfa, state, depth) if root else None
