@@ -14,13 +14,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-if "torch" not in sys.modules:
+if "torch" not in sys.modules and not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
     # torch's OpenMP workers (libgomp) spin for GOMP_SPINCOUNT iterations after each parallel region,
     # 300,000 by default: long enough to hold a core through the whole CPU decode-attention kernel, whose
     # second thread then gets half a core.  50,000 still covers the gaps between torch ops (batch-1 speed
     # unchanged) and lets that thread run (batch 32: 238 -> 266 tok/s).  libgomp reads it once, when torch
-    # is imported, so this only helps when leapgen comes first; a value the user set is kept.
-    os.environ.setdefault("GOMP_SPINCOUNT", "50000")
+    # is imported, so this only helps when leapgen comes first; a spin or wait policy the user set is kept.
+    os.environ["GOMP_SPINCOUNT"] = "50000"
 
 if TYPE_CHECKING:   # static analysers and IDEs see the real names
     from leapgen.constraints import Grammar, JsonSchema, Regex, from_response_format

@@ -3,6 +3,11 @@ settings (threads, the KV cache's default size)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
+
 import pytest
 import torch
 
@@ -93,3 +98,13 @@ def test_generate_iter_yields_as_requests_finish_and_bounds_what_is_queued(llm):
     assert [seen[i].token_ids for i in range(7)] == [o.token_ids for o in expected[:7]]
     assert seen[7].finish_reason == "error" and "prompts[7]" in seen[7].error
     assert not llm.engine.has_unfinished
+
+
+@pytest.mark.parametrize("env,expected", [({}, "50000"), ({"GOMP_SPINCOUNT": "7"}, "7"),
+                                          ({"OMP_WAIT_POLICY": "ACTIVE"}, "None")])
+def test_importing_leapgen_first_shortens_the_openmp_spin_unless_the_user_chose(env, expected):
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    code = "import leapgen, os; print(os.environ.get('GOMP_SPINCOUNT'))"
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                         check=True, cwd=tempfile.gettempdir())
+    assert out.stdout.strip() == expected
