@@ -53,17 +53,10 @@ class DFA:
         than `limit` states are reachable."""
         cache = self.__dict__.setdefault("_signatures", {})
         if state not in cache:
-            order = {state: 0}
-            queue = [state]
-            for s in queue:
-                for _, _, t in self.state_ranges(s):
-                    if t not in order:
-                        if len(order) >= limit:
-                            cache[state] = None
-                            return None
-                        order[t] = len(order)
-                        queue.append(t)
-            old = np.array(queue, np.int64)
+            old = _reachable_in_order(self.trans, state, limit)
+            if len(old) > limit:
+                cache[state] = None
+                return None
             remap = np.full(self.num_states + 1, -1, np.int32)
             remap[old] = np.arange(len(old), dtype=np.int32)
             cache[state] = remap[self.trans[old]].tobytes() + self.accept[old].tobytes()
@@ -75,18 +68,6 @@ class DFA:
         if cached is None:
             cached = self.__dict__["_ranges"] = _row_ranges(self.trans)
         return cached
-
-    def state_ranges(self, state: int) -> Ranges:
-        """`ranges()[state]`, without computing every state's (a signature visits a few states of DFAs that
-        may have tens of thousands)."""
-        full = self.__dict__.get("_ranges")
-        if full is not None:
-            return full[state]
-        each = self.__dict__.setdefault("_state_ranges", {})
-        hit = each.get(state)
-        if hit is None:
-            hit = each[state] = _row_ranges(self.trans[state:state + 1])[0]
-        return hit
 
 
 @dataclass(eq=False)
@@ -138,6 +119,27 @@ class NFA:
         self.eps.extend([dst] if acc else [] for acc in dfa.accept.tolist())
         self.calls.extend([] for _ in range(n))
         self.epsilon(src, first)
+
+
+@numba.njit(cache=True)
+def _reachable_in_order(trans, start, limit):  # pragma: no cover - compiled
+    """States reachable from `start` in canonical order (breadth first, each state's targets by first byte);
+    stops after `limit` + 1 of them (the caller then knows there are more than `limit`)."""
+    seen = np.zeros(trans.shape[0], np.bool_)
+    order = np.empty(min(trans.shape[0], limit + 1), np.int64)
+    order[0], seen[start], count, head = start, True, 1, 0
+    while head < count:
+        s = order[head]
+        head += 1
+        for b in range(256):
+            t = trans[s, b]
+            if t >= 0 and not seen[t]:
+                if count > limit:
+                    return order
+                seen[t] = True
+                order[count] = t
+                count += 1
+    return order[:count]
 
 
 def _row_ranges(trans: np.ndarray) -> tuple[Ranges, ...]:
