@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,11 @@ class Threads:
         self.pool: ThreadPoolExecutor | None = None
         self.trials: dict[bool, list[float]] = {False: [], True: []}    # split? -> seconds per unit of work
         self.split: bool | None = None
+        # A forked child inherits the pool but not its threads: work handed to it would never run.
+        os.register_at_fork(after_in_child=self._forget_pool)
+
+    def _forget_pool(self) -> None:
+        self.pool = None
 
     def count(self, work: int) -> int:
         """Threads for a call with `work` units of work."""

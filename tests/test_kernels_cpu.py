@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -81,6 +85,29 @@ def test_a_batch_cut_across_threads_gives_the_same_outputs(monkeypatch):
         outputs.append(cpu_decode.paged_decode_attention(q, k_cache, v_cache, table, lengths))
         assert (threads.pool is not None) == split
     assert torch.equal(*outputs)
+
+
+def test_a_forked_child_cuts_across_threads_of_its_own(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    done = []
+    threads = cpu_threads.Threads(lambda i: done.append(i), min_part_work=1)
+    threads.split = True
+    threads.run(4, lambda count: [(i,) for i in range(count)])          # the parent's pool now exists
+    assert threads.pool is not None and sorted(done) == [0, 1]
+    pid = os.fork()
+    if pid == 0:                                                       # the child: exit 0 once its work ran
+        threads.run(4, lambda count: [(i,) for i in range(count)])
+        os._exit(0 if sorted(done) == [0, 0, 1, 1] else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on the parent's thread pool")
 
 
 def test_threads_trial_both_ways_then_keep_the_faster(monkeypatch):
