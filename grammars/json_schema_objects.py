@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
-from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, expect
+from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values, expect
 from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import string_terminal
 from .json_strings import pattern_regex
@@ -164,19 +164,13 @@ class _ObjectBuilder:
 
     def _listed_names(self) -> list[str] | None:
         """The keys a `propertyNames` enum or const allows (every other key is invalid), None without one."""
-        listed = None
+        conjuncts: list[Part] = []
         for p in self.parts:
-            if not p.has("propertyNames"):
-                continue
-            expanded = self.ctx.expand([p.sub(p.get("propertyNames"), "propertyNames")])
-            for part in expanded[0] if expanded is not None else []:
-                for key in ("enum", "const"):
-                    if part.has(key):
-                        values = part.get(key) if key == "enum" else [part.get(key)]
-                        expect(isinstance(values, list), "enum must be an array", part.at(key))
-                        strings = [v for v in values if isinstance(v, str)]
-                        listed = strings if listed is None else [n for n in listed if n in strings]
-        return listed
+            if p.has("propertyNames"):
+                expanded = self.ctx.expand([p.sub(p.get("propertyNames"), "propertyNames")])
+                conjuncts += expanded[0] if expanded is not None else []
+        values = enum_values(conjuncts)
+        return None if values is None else [v for v in values if isinstance(v, str)]
 
     def _string_parts(self, names: list[Part]) -> list[Part]:
         """The string-keyword view of propertyNames conjuncts (keys are always strings)."""
