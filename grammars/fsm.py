@@ -15,9 +15,6 @@ import numba
 import numpy as np
 
 
-Ranges = tuple[tuple[int, int, int], ...]   # a state's transitions: (lo byte, hi byte, target)
-
-
 class BudgetExceeded(Exception):
     """An automaton grew past its state budget."""
 
@@ -62,11 +59,12 @@ class DFA:
             cache[state] = remap[self.trans[old]].tobytes() + self.accept[old].tobytes()
         return cache[state]
 
-    def ranges(self) -> tuple[Ranges, ...]:
-        """Per state, the maximal byte ranges (lo, hi, target) of its transitions (cached)."""
-        cached = self.__dict__.get("_ranges")
+    def edge_table(self) -> np.ndarray:
+        """Its transitions as int32 rows (state, lo byte, hi byte, target), one per maximal byte range
+        (cached)."""
+        cached = self.__dict__.get("_edge_table")
         if cached is None:
-            cached = self.__dict__["_ranges"] = _row_ranges(self.trans)
+            cached = self.__dict__["_edge_table"] = _edge_table(self.trans)
         return cached
 
 
@@ -83,42 +81,65 @@ class CallDFA:
 
 
 class NFA:
-    """A Thompson-style NFA under construction: byte-range, epsilon and call edges."""
+    """A Thompson-style NFA under construction: byte-range, epsilon and call edges, kept as flat lists
+    (one `extend` per edge) that the compiled subset construction reads as arrays."""
 
     def __init__(self, budget: int = 200_000):
-        self.edges: list[list[tuple[int, int, int]]] = []
-        self.eps: list[list[int]] = []
-        self.calls: list[list[tuple[object, int]]] = []
+        self.count = 0
         self.budget = budget
+        self._edges: list[int] = []          # (src, lo, hi, dst) quadruples, flat
+        self._eps: list[int] = []            # (src, dst) pairs, flat
+        self._calls: list[object] = []       # (src, label, dst) triples, flat
+        self._embedded: list[np.ndarray] = []      # [E, 4] edges of spliced DFAs
+        self._embedded_eps: list[np.ndarray] = []  # [2, E] epsilons out of their accepting states
 
     def node(self) -> int:
         """A fresh node."""
-        if len(self.edges) >= self.budget:
+        if self.count >= self.budget:
             raise BudgetExceeded(f"more than {self.budget} automaton nodes")
-        self.edges.append([])
-        self.eps.append([])
-        self.calls.append([])
-        return len(self.edges) - 1
+        self.count += 1
+        return self.count - 1
 
     def byte_range(self, src: int, lo: int, hi: int, dst: int) -> None:
-        self.edges[src].append((lo, hi, dst))
+        self._edges += (src, lo, hi, dst)
 
     def epsilon(self, src: int, dst: int) -> None:
-        self.eps[src].append(dst)
+        self._eps += (src, dst)
 
     def call(self, src: int, label: object, dst: int) -> None:
-        self.calls[src].append((label, dst))
+        self._calls += (src, label, dst)
 
     def embed(self, dfa: DFA, src: int, dst: int) -> None:
         """Splice a copy of `dfa` between nodes src and dst."""
-        n = dfa.num_states
-        first = len(self.edges)
-        if first + n > self.budget:
+        first = self.count
+        if first + dfa.num_states > self.budget:
             raise BudgetExceeded(f"more than {self.budget} automaton nodes")
-        self.edges.extend([(lo, hi, first + t) for lo, hi, t in ranges] for ranges in dfa.ranges())
-        self.eps.extend([dst] if acc else [] for acc in dfa.accept.tolist())
-        self.calls.extend([] for _ in range(n))
+        self.count += dfa.num_states
+        self._embedded.append(dfa.edge_table() + np.array([first, 0, 0, first], np.int32))
+        finals = np.flatnonzero(dfa.accept).astype(np.int32) + first
+        self._embedded_eps.append(np.stack([finals, np.full_like(finals, dst)]))
         self.epsilon(src, first)
+
+    def byte_edges(self) -> np.ndarray:
+        """All byte edges as int32 [E, 4] rows (src, lo, hi, dst)."""
+        return np.concatenate([np.array(self._edges, np.int32).reshape(-1, 4), *self._embedded])
+
+    def epsilons(self) -> np.ndarray:
+        """All epsilon edges as int32 [2, E] (sources, targets)."""
+        return np.concatenate([np.array(self._eps, np.int32).reshape(-1, 2).T, *self._embedded_eps], axis=1)
+
+    def adjacency(self) -> tuple[dict[int, list[int]], dict[int, list[tuple[object, int]]]]:
+        """Per node that has any: its epsilon targets and its (label, target) calls, for the call NFAs of
+        rules (which splice no DFAs)."""
+        eps: dict[int, list[int]] = {}
+        calls: dict[int, list[tuple[object, int]]] = {}
+        pairs = iter(self._eps)
+        for src, dst in zip(pairs, pairs):
+            eps.setdefault(src, []).append(dst)
+        triples = iter(self._calls)
+        for src, label, dst in zip(triples, triples, triples):
+            calls.setdefault(src, []).append((label, dst))
+        return eps, calls
 
 
 @numba.njit(cache=True)
@@ -142,13 +163,9 @@ def _reachable_in_order(trans, start, limit):  # pragma: no cover - compiled
     return order[:count]
 
 
-def _row_ranges(trans: np.ndarray) -> tuple[Ranges, ...]:
-    """Per row of `trans [n, 256]`, its maximal byte ranges with the same live target, found for all rows
-    at once (per-row numpy calls cost more than the work on the DFAs of large enums).
-
-    Tuples, not lists: the ranges of cached DFAs live as long as the process, and tuples of ints drop out
-    of the garbage collector's scans where lists would add to every full collection.
-    """
+def _edge_table(trans: np.ndarray) -> np.ndarray:
+    """Per row of `trans [n, 256]`, its maximal byte ranges with the same live target, as int32 rows
+    (row, lo, hi, target), found for all rows at once."""
     starts = np.ones(trans.shape, bool)
     starts[:, 1:] = trans[:, 1:] != trans[:, :-1]
     rows, los = np.nonzero(starts)              # row-major: each row's runs in byte order
@@ -159,86 +176,205 @@ def _row_ranges(trans: np.ndarray) -> tuple[Ranges, ...]:
     his[ends_row] = 255
     targets = trans[rows, los]
     live = targets >= 0
-    out: list[list[tuple[int, int, int]]] = [[] for _ in range(len(trans))]
-    for row, lo, hi, t in zip(rows[live].tolist(), los[live].tolist(), his[live].tolist(), targets[live].tolist()):
-        out[row].append((lo, hi, t))
-    return tuple(map(tuple, out))
-
-
-class _Closures:
-    """Epsilon closures of node sets, memoised."""
-
-    def __init__(self, nfa: NFA):
-        self.eps = nfa.eps
-        self.memo: dict[frozenset, frozenset] = {}
-
-    def __call__(self, nodes) -> frozenset:
-        key = frozenset(nodes)
-        hit = self.memo.get(key)
-        if hit is not None:
-            return hit
-        seen, todo = set(key), list(key)
-        while todo:
-            for t in self.eps[todo.pop()]:
-                if t not in seen:
-                    seen.add(t)
-                    todo.append(t)
-        self.memo[key] = result = frozenset(seen)
-        return result
+    return np.stack([rows[live], los[live], his[live], targets[live]], axis=1).astype(np.int32)
 
 
 def determinize(nfa: NFA, start: int, final: int, max_states: int) -> DFA:
     """Subset construction over bytes from `start`; DFA states containing `final` accept."""
-    closure = _Closures(nfa)
-    first = closure([start])
-    index = {first: 0}
-    sets = [first]
-    rows: list[np.ndarray] = []
-    i = 0
-    while i < len(sets):
-        current = sets[i]
-        i += 1
-        row = np.full(256, -1, np.int32)
-        # sweep the byte range: the edges live between two boundaries give that piece its target set
-        events: dict[int, list[tuple[int, int]]] = {}
-        for n in current:
-            for lo, hi, t in nfa.edges[n]:
-                events.setdefault(lo, []).append((t, 1))
-                events.setdefault(hi + 1, []).append((t, -1))
-        live: dict[int, int] = {}
-        points = sorted(events)
-        for a, b in zip(points, points[1:]):
-            for t, delta in events[a]:
-                count = live.get(t, 0) + delta
-                if count:
-                    live[t] = count
-                else:
-                    del live[t]
-            if live:
-                row[a:b] = _intern(closure(live), index, sets, max_states)
-        rows.append(row)
-    trans = np.stack(rows) if rows else np.zeros((0, 256), np.int32)
-    accept = np.array([final in s for s in sets], bool)
+    eps_ptr, eps_dst = _by_source(nfa.count, nfa.epsilons())
+    edge_ptr, edge_cols = _by_source(nfa.count, nfa.byte_edges().T)
+    trans, accept, count = _subset_construction(eps_ptr, eps_dst[0], edge_ptr, edge_cols[0], edge_cols[1],
+                                                edge_cols[2], start, final, max_states)
+    if count < 0:
+        raise BudgetExceeded(f"more than {max_states} automaton states")
     return DFA(trans, accept)
 
 
 def determinize_calls(nfa: NFA, start: int, final: int, max_states: int) -> CallDFA:
-    """Subset construction over the call labels of an NFA without byte edges."""
-    closure = _Closures(nfa)
-    first = closure([start])
-    index = {first: 0}
-    sets = [first]
-    calls: list[tuple[tuple[object, int], ...]] = []
+    """Subset construction over the call labels of an NFA without byte edges.  Rule NFAs are a few dozen
+    nodes, where Python sets beat the compiled byte construction's set-up (9 against 25 us on a chain of
+    six calls)."""
+    eps, calls = nfa.adjacency()
+    memo: dict[frozenset, frozenset] = {}
+
+    def closure(nodes) -> frozenset:
+        key = frozenset(nodes)
+        hit = memo.get(key)
+        if hit is None:
+            seen, todo = set(key), list(key)
+            while todo:
+                for t in eps.get(todo.pop(), ()):
+                    if t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            hit = memo[key] = frozenset(seen)
+        return hit
+
+    first = closure((start,))
+    index, sets, out = {first: 0}, [first], []
     i = 0
     while i < len(sets):
-        current = sets[i]
-        i += 1
         by_label: dict[object, set[int]] = {}
-        for n in current:
-            for label, t in nfa.calls[n]:
+        for n in sets[i]:
+            for label, t in calls.get(n, ()):
                 by_label.setdefault(label, set()).add(t)
-        calls.append(tuple((lab, _intern(closure(ts), index, sets, max_states)) for lab, ts in by_label.items()))
-    return CallDFA([final in s for s in sets], calls)
+        out.append(tuple((lab, _intern(closure(ts), index, sets, max_states)) for lab, ts in by_label.items()))
+        i += 1
+    return CallDFA([final in s for s in sets], out)
+
+
+def _by_source(count: int, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges `[1 + k, E]` (sources, then k columns) grouped by source: offsets `[count + 1]` and the k columns
+    in that order."""
+    src = edges[0]
+    ptr = np.zeros(count + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=count), out=ptr[1:])
+    return ptr, np.ascontiguousarray(edges[1:, np.argsort(src, kind="stable")])
+
+
+@numba.njit(cache=True)
+def _closure(seeds, n_seeds, eps_ptr, eps_dst, mark, stamp, out):  # pragma: no cover - compiled
+    """Write the epsilon closure of seeds[:n_seeds] to out, sorted; its size (nodes are marked `stamp`)."""
+    count = 0
+    for i in range(n_seeds):
+        s = seeds[i]
+        if mark[s] != stamp:
+            mark[s] = stamp
+            out[count] = s
+            count += 1
+    i = 0
+    while i < count:
+        node = out[i]
+        i += 1
+        for k in range(eps_ptr[node], eps_ptr[node + 1]):
+            t = eps_dst[k]
+            if mark[t] != stamp:
+                mark[t] = stamp
+                out[count] = t
+                count += 1
+    out[:count].sort()
+    return count
+
+
+@numba.njit(cache=True)
+def _grown(array, need):  # pragma: no cover - compiled
+    """`array`, or a copy at least twice as long when it holds fewer than `need` rows."""
+    if len(array) >= need:
+        return array
+    shape = (max(need, 2 * len(array)),) + array.shape[1:]
+    bigger = np.empty(shape, array.dtype)
+    bigger[:len(array)] = array
+    return bigger
+
+
+@numba.njit(cache=True)
+def _intern_set(closed, size, accepting, sets):  # pragma: no cover - compiled
+    """The id of the node set closed[:size] in `sets` (pool, offsets, hashes, accept, table, count), added
+    if new; returns (id, sets), the arrays grown as needed.  Set i is pool[offsets[i]:offsets[i + 1]];
+    `table` is an open-addressing index by hash, kept at most half full."""
+    pool, offsets, hashes, accept, table, count = sets
+    h = np.uint64(14695981039346656037)
+    for i in range(size):
+        h = (h ^ np.uint64(closed[i])) * np.uint64(1099511628211)
+    mask = np.uint64(len(table) - 1)
+    slot = h & mask
+    while table[slot] >= 0:
+        other = table[slot]
+        first = offsets[other]
+        if hashes[other] == h and offsets[other + 1] - first == size:
+            same = True
+            for i in range(size):
+                if pool[first + i] != closed[i]:
+                    same = False
+                    break
+            if same:
+                return other, sets
+        slot = (slot + np.uint64(1)) & mask
+    new = count
+    count += 1
+    table[slot] = new
+    pool = _grown(pool, offsets[new] + size)
+    pool[offsets[new]:offsets[new] + size] = closed[:size]
+    offsets = _grown(offsets, count + 1)
+    offsets[count] = offsets[new] + size
+    hashes, accept = _grown(hashes, count), _grown(accept, count)
+    hashes[new], accept[new] = h, accepting
+    if 2 * count > len(table):
+        table = np.full(2 * len(table), -1, np.int32)
+        mask = np.uint64(len(table) - 1)
+        for s in range(count):
+            slot = hashes[s] & mask
+            while table[slot] >= 0:
+                slot = (slot + np.uint64(1)) & mask
+            table[slot] = s
+    return new, (pool, offsets, hashes, accept, table, count)
+
+
+@numba.njit(cache=True)
+def _subset_construction(eps_ptr, eps_dst, edge_ptr, edge_lo, edge_hi, edge_dst, start, final,
+                         max_states):  # pragma: no cover - compiled
+    """Subset construction over bytes.  A set's edges are swept in order of their range ends,
+    so each run of symbols with the same live targets is closed and interned once.  Returns
+    (trans [n, 256], accept [n], n); n = -1 past max_states."""
+    nodes = len(eps_ptr) - 1
+    mark = np.zeros(nodes, np.int64)             # nodes in the closure being built carry the current stamp
+    closed = np.empty(nodes, np.int32)
+    live = np.zeros(nodes, np.int32)             # per target node: how many swept edges reach it now
+    active = np.empty(nodes, np.int32)           # the targets live now, and where each sits in `active`
+    where = np.empty(nodes, np.int32)
+    points = np.empty(64, np.int32)
+    targets = np.empty(64, np.int32)
+    deltas = np.empty(64, np.int32)
+    sets = (np.empty(max(nodes, 64), np.int32), np.zeros(65, np.int64), np.empty(64, np.uint64),
+            np.zeros(64, np.bool_), np.full(128, -1, np.int32), 0)
+    size = _closure(np.full(1, start, np.int32), 1, eps_ptr, eps_dst, mark, 1, closed)
+    _, sets = _intern_set(closed, size, mark[final] == 1, sets)
+    trans = np.full((64, 256), -1, np.int32)
+    n_active, stamp, state = 0, 1, 0
+    while state < sets[5]:
+        pool, offsets = sets[0], sets[1]
+        n_events = 0
+        for j in range(offsets[state], offsets[state + 1]):
+            node = pool[j]
+            need = n_events + 2 * (edge_ptr[node + 1] - edge_ptr[node])
+            points, targets, deltas = _grown(points, need), _grown(targets, need), _grown(deltas, need)
+            for k in range(edge_ptr[node], edge_ptr[node + 1]):
+                points[n_events], targets[n_events], deltas[n_events] = edge_lo[k], edge_dst[k], 1
+                points[n_events + 1], targets[n_events + 1], deltas[n_events + 1] = edge_hi[k] + 1, edge_dst[k], -1
+                n_events += 2
+        order = np.argsort(points[:n_events])
+        e = 0
+        while e < n_events:
+            lo = points[order[e]]
+            while e < n_events and points[order[e]] == lo:
+                k = order[e]
+                t = targets[k]
+                if deltas[k] > 0:
+                    if live[t] == 0:
+                        where[t], active[n_active] = n_active, t
+                        n_active += 1
+                    live[t] += 1
+                else:
+                    live[t] -= 1
+                    if live[t] == 0:
+                        last = active[n_active - 1]
+                        active[where[t]], where[last] = last, where[t]
+                        n_active -= 1
+                e += 1
+            if n_active == 0 or lo > 255:
+                continue
+            stamp += 1
+            size = _closure(active, n_active, eps_ptr, eps_dst, mark, stamp, closed)
+            target, sets = _intern_set(closed, size, mark[final] == stamp, sets)
+            if target >= max_states:
+                return trans[:0], sets[3][:0], -1
+            if target >= len(trans):
+                trans = _grown(trans, target + 1)
+                trans[target:] = -1
+            trans[state, lo:points[order[e]]] = target     # a live edge ends further on: e < n_events
+        state += 1
+    count = sets[5]
+    return trans[:count].copy(), sets[3][:count].copy(), count
 
 
 def _intern(state: frozenset, index: dict, sets: list, max_states: int) -> int:
@@ -251,65 +387,121 @@ def _intern(state: frozenset, index: dict, sets: list, max_states: int) -> int:
     return sid
 
 
-def live_states(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
-    """States from which an accepting state is reachable."""
-    src, _ = np.nonzero(trans >= 0)
-    dst = trans[trans >= 0]
-    order = np.argsort(dst, kind="stable")
-    ptr = np.zeros(len(accept) + 1, np.int64)
-    np.cumsum(np.bincount(dst, minlength=len(accept)), out=ptr[1:])
-    return _reverse_reach(ptr, src[order].astype(np.int32), accept.copy())
+def minimize(dfa: DFA) -> DFA:
+    """The minimal trimmed DFA (no calls): dead and unreachable states removed, equivalent states merged,
+    states numbered breadth first from the start (targets by byte), so equal languages give equal tables."""
+    return DFA(*_minimal(dfa.trans, dfa.accept))
 
 
 @numba.njit(cache=True)
-def _reverse_reach(ptr, preds, live):  # pragma: no cover - compiled
-    todo = np.flatnonzero(live).astype(np.int32)
-    stack = np.empty(len(live), np.int32)
-    n = len(todo)
-    stack[:n] = todo
-    while n:
-        n -= 1
-        t = stack[n]
+def _minimal(trans, accept):  # pragma: no cover - compiled
+    """Hopcroft's partition refinement over the byte classes the DFA distinguishes, on the DFA completed
+    with a sink state (dead and missing transitions); then the quotient's states reachable from the start."""
+    n = trans.shape[0]
+    live = _live_states(trans, accept)
+    if n == 0 or not live[0]:
+        return np.full((1, 256), -1, np.int32), np.zeros(1, np.bool_)
+    full = np.empty((n + 1, 256), np.int32)
+    for s in range(n):
+        for b in range(256):
+            t = trans[s, b]
+            full[s, b] = t if t >= 0 and live[t] else n
+    full[n, :] = n
+    done = np.empty(n + 1, np.bool_)
+    done[:n] = accept & live
+    done[n] = False
+    classes = _byte_classes(full)
+    block, count = _hopcroft(np.ascontiguousarray(full[:, classes]), done)
+    reps = np.full(count, -1, np.int64)         # the first member of each block
+    for s in range(n + 1):
+        if reps[block[s]] < 0:
+            reps[block[s]] = s
+    sink = block[n]
+    quotient = np.empty((count, 256), np.int32)
+    for q in range(count):
+        for b in range(256):
+            t = block[full[reps[q], b]]
+            quotient[q, b] = -1 if t == sink else t
+    order = _breadth_first(quotient, block[0])
+    remap = np.full(count, -1, np.int32)
+    for i in range(len(order)):
+        remap[order[i]] = i
+    out = np.empty((len(order), 256), np.int32)
+    final = np.empty(len(order), np.bool_)
+    for i in range(len(order)):
+        q = order[i]
+        final[i] = done[reps[q]]
+        for b in range(256):
+            t = quotient[q, b]
+            out[i, b] = -1 if t < 0 else remap[t]
+    return out, final
+
+
+@numba.njit(cache=True)
+def _live_states(trans, accept):  # pragma: no cover - compiled
+    """States from which an accepting state is reachable (backwards from the accepting ones)."""
+    n = trans.shape[0]
+    ptr = np.zeros(n + 1, np.int64)                 # predecessors of t: preds[ptr[t]:ptr[t + 1]]
+    for s in range(n):
+        for b in range(256):
+            if trans[s, b] >= 0:
+                ptr[trans[s, b] + 1] += 1
+    for t in range(n):
+        ptr[t + 1] += ptr[t]
+    fill = ptr[:-1].copy()
+    preds = np.empty(ptr[n], np.int32)
+    for s in range(n):
+        for b in range(256):
+            t = trans[s, b]
+            if t >= 0:
+                preds[fill[t]] = s
+                fill[t] += 1
+    live = accept.copy()
+    stack = np.empty(n, np.int32)
+    top = 0
+    for s in range(n):
+        if live[s]:
+            stack[top] = s
+            top += 1
+    while top:
+        top -= 1
+        t = stack[top]
         for k in range(ptr[t], ptr[t + 1]):
             p = preds[k]
             if not live[p]:
                 live[p] = True
-                stack[n] = p
-                n += 1
+                stack[top] = p
+                top += 1
     return live
 
 
-def minimize(dfa: DFA) -> DFA:
-    """The minimal trimmed DFA (no calls): dead and unreachable states removed, equivalent states merged
-    (Hopcroft's partition refinement over the byte classes the DFA distinguishes)."""
-    if dfa.num_states == 0 or not dfa.accept.any():
-        return DFA(np.full((1, 256), -1, np.int32), np.zeros(1, bool))
-    live = live_states(dfa.trans, dfa.accept)
-    n = dfa.num_states
-    # complete over a sink state n (dead and missing transitions), bytes grouped into the classes of equal columns
-    full = np.where((dfa.trans >= 0) & np.append(live, False)[dfa.trans], dfa.trans, n).astype(np.int32)
-    full = np.concatenate([full, np.full((1, 256), n, np.int32)])
-    accept = np.append(dfa.accept & live, False)
-    block, count = _hopcroft(np.ascontiguousarray(full[:, _byte_classes(full)]), accept)
-    reps = np.zeros(count, np.int64)
-    reps[block[::-1]] = np.arange(n + 1)[::-1]  # the first member of each block
-    quotient = block[full[reps]]                # [block, byte]
-    sink = block[n]
-    trans = np.where(quotient == sink, -1, quotient).astype(np.int32)
-    return _reachable(DFA(trans, accept[reps]), start=int(block[0]))
-
-
-_WEIGHTS = np.random.default_rng(0).integers(1, 1 << 31, 1 << 16)
-
-
-def _byte_classes(trans: np.ndarray) -> np.ndarray:
-    """One byte of each class of bytes that every state treats alike (equal columns of `trans`): a column
-    hash groups them, an exact comparison confirms the groups."""
-    weights = _WEIGHTS[:len(trans)] if len(trans) <= len(_WEIGHTS) else np.arange(1, len(trans) + 1)
-    _, firsts, group = np.unique(weights @ trans.astype(np.int64), return_index=True, return_inverse=True)
-    if (trans == trans[:, firsts[group.reshape(-1)]]).all():
-        return np.sort(firsts)
-    return np.array(sorted({trans[:, b].tobytes(): b for b in range(255, -1, -1)}.values()))  # a hash collision
+@numba.njit(cache=True)
+def _byte_classes(trans):  # pragma: no cover - compiled
+    """One byte (the lowest) of each class of bytes that every state treats alike (equal columns of
+    `trans`), in increasing order: a column hash finds the candidates, an exact comparison confirms."""
+    n = trans.shape[0]
+    hashes = np.zeros(256, np.uint64)
+    for s in range(n):
+        for b in range(256):
+            hashes[b] = hashes[b] * np.uint64(1099511628211) + np.uint64(trans[s, b] + 1)
+    firsts = np.empty(256, np.int64)
+    count = 0
+    for b in range(256):
+        known = False
+        for c in range(count):
+            r = firsts[c]
+            if hashes[r] == hashes[b]:
+                known = True
+                for s in range(n):
+                    if trans[s, r] != trans[s, b]:
+                        known = False
+                        break
+                if known:
+                    break
+        if not known:
+            firsts[count] = b
+            count += 1
+    return firsts[:count]
 
 
 @numba.njit(cache=True)
@@ -418,14 +610,6 @@ def _hopcroft(trans, accept):  # pragma: no cover - compiled
                     in_work[small, d] = True
                 top += 1
     return block, blocks
-
-
-def _reachable(dfa: DFA, start: int = 0) -> DFA:
-    """Renumber the states reachable from `start` in breadth-first order (targets by byte), `start` as 0."""
-    old = _breadth_first(dfa.trans, start)
-    remap = np.full(dfa.num_states + 1, -1, np.int32)
-    remap[old] = np.arange(len(old), dtype=np.int32)
-    return DFA(remap[dfa.trans[old]], dfa.accept[old])
 
 
 @numba.njit(cache=True)

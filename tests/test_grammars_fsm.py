@@ -1,0 +1,116 @@
+"""Automata: the compiled subset construction and minimisation against direct simulation of random automata."""
+
+import random
+
+import numpy as np
+import pytest
+
+from leapgen.grammars.fsm import DFA, NFA, BudgetExceeded, determinize, determinize_calls, minimize
+from leapgen.grammars.regex import dfa_fullmatch
+
+SYMBOLS = [0, 1, 40, 41, 42, 97, 98, 200, 255]
+
+
+def _random_nfa(rng: random.Random) -> tuple[NFA, list[tuple[int, int, int, int]], list[tuple[int, int]]]:
+    nodes = rng.randint(2, 25)
+    nfa = NFA()
+    for _ in range(nodes):
+        nfa.node()
+    edges, eps = [], []
+    for _ in range(rng.randint(0, 3 * nodes)):
+        lo = rng.choice(SYMBOLS)
+        hi = min(255, lo + rng.choice([0, 0, 1, 2, 60, 255]))
+        edges.append((rng.randrange(nodes), lo, hi, rng.randrange(nodes)))
+    for _ in range(rng.randint(0, nodes)):
+        eps.append((rng.randrange(nodes), rng.randrange(nodes)))
+    for src, lo, hi, dst in edges:
+        nfa.byte_range(src, lo, hi, dst)
+    for src, dst in eps:
+        nfa.epsilon(src, dst)
+    return nfa, edges, eps
+
+
+def _nfa_accepts(edges, eps, data: bytes, start: int = 0, final: int = 1) -> bool:
+    def close(nodes):
+        todo, seen = list(nodes), set(nodes)
+        while todo:
+            n = todo.pop()
+            for src, dst in eps:
+                if src == n and dst not in seen:
+                    seen.add(dst)
+                    todo.append(dst)
+        return seen
+
+    current = close({start})
+    for b in data:
+        current = close({dst for src, lo, hi, dst in edges if src in current and lo <= b <= hi})
+    return final in current
+
+
+def _strings(rng: random.Random, count: int):
+    for _ in range(count):
+        yield bytes(rng.choice(SYMBOLS + [rng.randrange(256)]) for _ in range(rng.randint(0, 6)))
+
+
+def test_subset_construction_and_minimisation_keep_the_language_of_random_nfas():
+    rng = random.Random(7)
+    for _ in range(300):
+        nfa, edges, eps = _random_nfa(rng)
+        dfa = determinize(nfa, 0, 1, 10_000)
+        small = minimize(dfa)
+        assert small.num_states <= max(dfa.num_states, 1)
+        for data in _strings(rng, 30):
+            expected = _nfa_accepts(edges, eps, data)
+            assert dfa_fullmatch(dfa, data) == expected, (edges, eps, data)
+            assert dfa_fullmatch(small, data) == expected, (edges, eps, data)
+
+
+def test_equal_languages_minimise_to_equal_tables():
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        n = int(rng.integers(1, 30))
+        trans = np.where(rng.random((n, 256)) < 0.05, rng.integers(0, n, (n, 256)), -1).astype(np.int32)
+        accept = rng.random(n) < 0.3
+        # the same automaton twice over: each state's copy is equivalent to it, and the copies interleave
+        doubled = np.where(trans >= 0, trans + n * (np.arange(256) % 2), -1).astype(np.int32)
+        a = minimize(DFA(trans, accept))
+        b = minimize(DFA(np.concatenate([doubled, doubled]), np.concatenate([accept, accept])))
+        assert np.array_equal(a.trans, b.trans) and np.array_equal(a.accept, b.accept)
+
+
+def test_minimising_an_empty_language_gives_one_dead_state():
+    trans = np.full((3, 256), -1, np.int32)
+    trans[0, 97], trans[1, 98] = 1, 2          # no state accepts
+    for dfa in (DFA(trans, np.zeros(3, bool)), DFA(np.zeros((0, 256), np.int32), np.zeros(0, bool))):
+        empty = minimize(dfa)
+        assert empty.num_states == 1 and not empty.accept.any() and (empty.trans < 0).all()
+
+
+def test_subset_construction_stops_at_its_state_budget():
+    # (a|b)*a(a|b){k}: the classic automaton whose DFA has 2**(k+1) states
+    nfa = NFA()
+    start, final = nfa.node(), nfa.node()
+    nfa.byte_range(start, 97, 98, start)
+    cur = nfa.node()
+    nfa.byte_range(start, 97, 97, cur)
+    for _ in range(8):
+        nxt = nfa.node()
+        nfa.byte_range(cur, 97, 98, nxt)
+        cur = nxt
+    nfa.epsilon(cur, final)
+    assert determinize(nfa, start, final, 1 << 10).num_states == 1 << 9
+    with pytest.raises(BudgetExceeded, match="more than 511 automaton states"):
+        determinize(nfa, start, final, (1 << 9) - 1)
+
+
+def test_call_subset_construction_merges_labels_and_follows_epsilons():
+    nfa = NFA()
+    start, final = nfa.node(), nfa.node()
+    a, b = nfa.node(), nfa.node()
+    nfa.call(start, "x", a)
+    nfa.call(start, "x", b)          # two x-calls from one set: one DFA edge to the set {a, b}
+    nfa.epsilon(a, final)
+    nfa.call(b, "y", final)
+    dfa = determinize_calls(nfa, start, final, 100)
+    assert dfa.accept == [False, True, True]
+    assert dfa.calls == [(("x", 1),), (("y", 2),), ()]
