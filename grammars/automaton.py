@@ -507,10 +507,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         offsets[name] = total
         total += part.num_states
     first_terminal = offsets[next(iter(terminals))] if terminals else total
-    trans = np.full((total, 256), -1, np.int32)
-    for label, dfa in terminals.items():
-        first = offsets[label]
-        trans[first : first + dfa.num_states] = np.where(dfa.trans >= 0, dfa.trans + first, -1)
+    trans = _global_table(first_terminal, [dfa.trans for dfa in terminals.values()])
     accept = np.zeros(total, bool)
     for name, rule in rules.items():
         accept[offsets[name] : offsets[name] + rule.num_states] = rule.accept
@@ -535,7 +532,8 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
             call_ptr.append(len(callee))
     call_ptr += [len(callee)] * (total - first_terminal)
     has_out = np.zeros(total, bool)
-    has_out[first_terminal:] = (trans[first_terminal:] >= 0).any(axis=1)
+    if terminals:
+        has_out[first_terminal:] = np.concatenate([dfa.has_out for dfa in terminals.values()])
     calls_out = np.diff(np.array(call_ptr, np.int64))
     tail = np.zeros(total, bool)
     tail[:first_terminal] = accept[:first_terminal] & (calls_out[:first_terminal] == 0)
@@ -554,6 +552,21 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         guards=tuple(guards),
         frames=tuple(frames),
     )
+
+
+def _global_table(structural: int, tables: list[np.ndarray]) -> np.ndarray:
+    """`structural` rows without byte transitions, then each terminal table with its targets shifted to where
+    the table lands (one pass over the whole: per-table numpy calls cost more than the copying)."""
+    if not tables:
+        return np.full((structural, 256), -1, np.int32)
+    local = np.concatenate([np.full((structural, 256), -1, np.int32), *tables])
+    sizes = [len(table) for table in tables]
+    shift = np.repeat(np.cumsum([structural] + sizes[:-1]), sizes).astype(np.int32)
+    out = local[structural:]
+    missing = out < 0
+    out += shift[:, None]
+    out[missing] = -1
+    return local
 
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int]) -> ObjectFrame:
