@@ -128,6 +128,15 @@ class NFA:
         """All epsilon edges as int32 [2, E] (sources, targets)."""
         return np.concatenate([np.array(self._eps, np.int32).reshape(-1, 2).T, *self._embedded_eps], axis=1)
 
+    def call_table(self) -> tuple[list[object], np.ndarray]:
+        """The call labels in order of first use, and the call edges as int32 [E, 4] rows (src, label id,
+        label id, dst): a label is a one-symbol range."""
+        ids: dict[object, int] = {}
+        triples = iter(self._calls)
+        rows = [(src, ids.setdefault(label, len(ids)), dst) for src, label, dst in zip(triples, triples, triples)]
+        edges = np.array(rows, np.int32).reshape(-1, 3)
+        return list(ids), edges[:, [0, 1, 1, 2]]
+
     def adjacency(self) -> tuple[dict[int, list[int]], dict[int, list[tuple[object, int]]]]:
         """Per node that has any: its epsilon targets and its (label, target) calls, for the call NFAs of
         rules (which splice no DFAs)."""
@@ -181,19 +190,36 @@ def _edge_table(trans: np.ndarray) -> np.ndarray:
 
 def determinize(nfa: NFA, start: int, final: int, max_states: int) -> DFA:
     """Subset construction over bytes from `start`; DFA states containing `final` accept."""
+    return DFA(*_subsets(nfa, nfa.byte_edges(), 256, start, final, max_states))
+
+
+def _subsets(nfa: NFA, edges: np.ndarray, width: int, start: int, final: int,
+             max_states: int) -> tuple[np.ndarray, np.ndarray]:
+    """The compiled subset construction over symbols 0..width-1 of `edges` (rows src, lo, hi, dst)."""
     eps_ptr, eps_dst = _by_source(nfa.count, nfa.epsilons())
-    edge_ptr, edge_cols = _by_source(nfa.count, nfa.byte_edges().T)
+    edge_ptr, edge_cols = _by_source(nfa.count, edges.T)
     trans, accept, count = _subset_construction(eps_ptr, eps_dst[0], edge_ptr, edge_cols[0], edge_cols[1],
-                                                edge_cols[2], start, final, max_states)
+                                                edge_cols[2], start, final, width, max_states)
     if count < 0:
         raise BudgetExceeded(f"more than {max_states} automaton states")
-    return DFA(trans, accept)
+    return trans, accept
+
+
+_COMPILED_CALL_NODES = 200   # call NFAs larger than this use the compiled subset construction
 
 
 def determinize_calls(nfa: NFA, start: int, final: int, max_states: int) -> CallDFA:
-    """Subset construction over the call labels of an NFA without byte edges.  Rule NFAs are a few dozen
-    nodes, where Python sets beat the compiled byte construction's set-up (9 against 25 us on a chain of
-    six calls)."""
+    """Subset construction over the call labels of an NFA without byte edges.  Most rule NFAs are a few
+    dozen nodes, where Python sets beat the compiled construction's set-up (9 against 25 us on a chain of
+    six calls); larger ones (long unrolled repetitions) go through it with labels numbered."""
+    if nfa.count > _COMPILED_CALL_NODES:
+        labels, edges = nfa.call_table()
+        trans, accept = _subsets(nfa, edges, len(labels), start, final, max_states)
+        states, ids = np.nonzero(trans >= 0)
+        rows: list[list[tuple[object, int]]] = [[] for _ in range(len(accept))]
+        for s, label, t in zip(states.tolist(), ids.tolist(), trans[states, ids].tolist()):
+            rows[s].append((labels[label], t))
+        return CallDFA(accept.tolist(), [tuple(row) for row in rows])
     eps, calls = nfa.adjacency()
     memo: dict[frozenset, frozenset] = {}
 
@@ -311,11 +337,11 @@ def _intern_set(closed, size, accepting, sets):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _subset_construction(eps_ptr, eps_dst, edge_ptr, edge_lo, edge_hi, edge_dst, start, final,
+def _subset_construction(eps_ptr, eps_dst, edge_ptr, edge_lo, edge_hi, edge_dst, start, final, width,
                          max_states):  # pragma: no cover - compiled
-    """Subset construction over bytes.  A set's edges are swept in order of their range ends,
+    """Subset construction over symbols 0..width-1.  A set's edges are swept in order of their range ends,
     so each run of symbols with the same live targets is closed and interned once.  Returns
-    (trans [n, 256], accept [n], n); n = -1 past max_states."""
+    (trans [n, width], accept [n], n); n = -1 past max_states."""
     nodes = len(eps_ptr) - 1
     mark = np.zeros(nodes, np.int64)             # nodes in the closure being built carry the current stamp
     closed = np.empty(nodes, np.int32)
@@ -329,7 +355,7 @@ def _subset_construction(eps_ptr, eps_dst, edge_ptr, edge_lo, edge_hi, edge_dst,
             np.zeros(64, np.bool_), np.full(128, -1, np.int32), 0)
     size = _closure(np.full(1, start, np.int32), 1, eps_ptr, eps_dst, mark, 1, closed)
     _, sets = _intern_set(closed, size, mark[final] == 1, sets)
-    trans = np.full((64, 256), -1, np.int32)
+    trans = np.full((64, width), -1, np.int32)
     n_active, stamp, state = 0, 1, 0
     while state < sets[5]:
         pool, offsets = sets[0], sets[1]
@@ -361,7 +387,7 @@ def _subset_construction(eps_ptr, eps_dst, edge_ptr, edge_lo, edge_hi, edge_dst,
                         active[where[t]], where[last] = last, where[t]
                         n_active -= 1
                 e += 1
-            if n_active == 0 or lo > 255:
+            if n_active == 0 or lo >= width:
                 continue
             stamp += 1
             size = _closure(active, n_active, eps_ptr, eps_dst, mark, stamp, closed)

@@ -114,3 +114,40 @@ def test_call_subset_construction_merges_labels_and_follows_epsilons():
     dfa = determinize_calls(nfa, start, final, 100)
     assert dfa.accept == [False, True, True]
     assert dfa.calls == [(("x", 1),), (("y", 2),), ()]
+
+
+def _walk_calls(dfa, labels) -> bool:
+    state = 0
+    for label in labels:
+        state = dict(dfa.calls[state]).get(label)
+        if state is None:
+            return False
+    return dfa.accept[state]
+
+
+def test_large_call_nfas_take_the_compiled_construction_with_the_same_language(monkeypatch):
+    from leapgen.grammars import fsm
+
+    rng = random.Random(11)
+    names = ["a", "b", ("rule", 1), "<terminal 0>"]
+    for _ in range(200):
+        nodes = rng.randint(2, 20)
+        edges = [(rng.randrange(nodes), rng.choice(names), rng.randrange(nodes))
+                 for _ in range(rng.randint(0, 2 * nodes))]
+        eps = [(rng.randrange(nodes), rng.randrange(nodes)) for _ in range(rng.randint(0, nodes))]
+        built = []
+        for threshold in (10**9, 0):        # the Python construction, then the compiled one
+            monkeypatch.setattr(fsm, "_COMPILED_CALL_NODES", threshold)
+            nfa = NFA()
+            for _ in range(nodes):
+                nfa.node()
+            for src, label, dst in edges:
+                nfa.call(src, label, dst)
+            for src, dst in eps:
+                nfa.epsilon(src, dst)
+            built.append(determinize_calls(nfa, 0, 1, 10_000))
+        python, compiled = built
+        assert python.num_states == compiled.num_states
+        for _ in range(30):
+            word = [rng.choice(names) for _ in range(rng.randint(0, 5))]
+            assert _walk_calls(python, word) == _walk_calls(compiled, word), (edges, eps, word)
