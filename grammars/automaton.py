@@ -426,7 +426,7 @@ def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[CallD
 def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[str, CallDFA]:
     """Drop the calls that cannot lead to the end of their rule; `productive`: terminals matching
     something (terminal DFAs are already trimmed)."""
-    productive = _least_set(rules, productive, lambda rule, found: _live(rule, found)[0])
+    productive = _least_set(rules, productive, _ends)
     if start not in productive:
         raise EmptyLanguageError("the grammar matches no string at all")
     out = {}
@@ -457,7 +457,7 @@ def _live(rule: CallDFA, productive: set[str]) -> list[bool]:
 
 def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str]) -> None:
     """Refuse rules that can call themselves before consuming a byte."""
-    nullable = _least_set(rules, nullable_terminals, _reaches_accept_without_bytes)
+    nullable = _least_set(rules, nullable_terminals, _ends)
     first_calls = {}
     for name, rule in rules.items():
         seen, todo, callees = {0}, [0], set()
@@ -475,14 +475,16 @@ def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str
         raise GrammarError(f"rule {min(cyclic)!r} is left-recursive (it can call itself before any text)")
 
 
-def _reaches_accept_without_bytes(rule: CallDFA, nullable: set[str]) -> bool:
+def _ends(rule: CallDFA, callable_rules: set[str]) -> bool:
+    """Whether the rule can get from its start to its end calling only `callable_rules` (a forward search
+    that stops at the first end)."""
     seen, todo = {0}, [0]
     while todo:
         s = todo.pop()
         if rule.accept[s]:
             return True
         for lab, t in rule.calls[s]:
-            if lab in nullable and t not in seen:
+            if lab in callable_rules and t not in seen:
                 seen.add(t)
                 todo.append(t)
     return False
