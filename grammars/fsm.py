@@ -448,7 +448,7 @@ def _minimal(trans, accept):  # pragma: no cover - compiled
         for b in range(256):
             t = block[full[reps[q], b]]
             quotient[q, b] = -1 if t == sink else t
-    order = _breadth_first(quotient, block[0])
+    order = _reachable_in_order(quotient, block[0], count)
     remap = np.full(count, -1, np.int32)
     for i in range(len(order)):
         remap[order[i]] = i
@@ -636,26 +636,6 @@ def _hopcroft(trans, accept):  # pragma: no cover - compiled
                     in_work[small, d] = True
                 top += 1
     return block, blocks
-
-
-@numba.njit(cache=True)
-def _breadth_first(trans, start):  # pragma: no cover - compiled
-    """The states reachable from `start`, in breadth-first order."""
-    seen = np.zeros(trans.shape[0], np.bool_)
-    queue = np.empty(trans.shape[0], np.int64)
-    seen[start] = True
-    queue[0] = start
-    n, i = 1, 0
-    while i < n:
-        row = trans[queue[i]]
-        i += 1
-        for b in range(256):
-            t = row[b]
-            if t >= 0 and not seen[t]:
-                seen[t] = True
-                queue[n] = t
-                n += 1
-    return queue[:n]
 
 
 _DENSE_PAIRS = 1 << 23  # products with at most this many state pairs index them in a flat table (32 MiB)
