@@ -36,8 +36,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", type=memory_size, metavar="SIZE",
                         help="KV cache size in bytes or like '512MiB' (default: chosen from the device's memory)")
     parser.add_argument("--no-pack-weights", dest="pack_weights", action="store_false",
-                        help="CPU: skip the packed copy of the weights that speeds up passes of a few tokens (float32) "
-                             "and bfloat16 decoding (saves the weights' size in memory)")
+                        help="CPU: skip the oneDNN-packed copy of the weights that speeds up the passes where MKL's "
+                             "sgemm is slow (saves the weights' size in memory)")
 
 
 # --- argument types: a bad value is refused by argparse, which names the flag ---------------------------
