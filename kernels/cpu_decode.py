@@ -1,9 +1,8 @@
 """Paged decode attention for float32 CPU tensors, compiled with numba.
 
 The torch reference gathers every sequence's K/V out of the block table before attending, which on
-a CPU costs several times the arithmetic.  This kernel reads each cached position's K/V rows in
-place through the block table, all heads at once, so every row is read once and in memory order; at
-batch 32 it is bound by reading the cache from memory.  A large batch may be cut into parts of equal
+a CPU costs several times the arithmetic.  This kernel reads each sequence's K/V blocks in place
+through the block table, in memory order.  A large batch may be cut into parts of equal
 context run by Python threads (`cpu_threads.Threads` says when that pays): numba's own thread pool
 woke up erratically (10 ms stalls) beside torch's threads on a 2-core machine.  Other dtypes and
 devices use the reference (numba has no bf16/fp16 math).
@@ -29,8 +28,10 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out):  # pragma: 
     longest = 0
     for b in range(batch):
         longest = max(longest, seq_lens[b])
-    # Scratch shared by every sequence; a cached position's rows of all KV heads are contiguous, so the
-    # passes over K and over V each walk the sequence's blocks in memory order.
+    # Scratch shared by every sequence.  Both passes walk a sequence block by block (each block's K or V
+    # rows are contiguous) and, within a block, head by head: a head's query, or its accumulator, then
+    # stays in registers across the block's positions instead of being reloaded at every position
+    # (1.4x faster than position by position at batch 32).
     scores = np.empty((num_heads, longest), dtype=np.float32)
     acc = np.empty((num_heads, dim), dtype=np.float32)
     peaks = np.empty(num_heads, dtype=np.float32)
@@ -38,18 +39,22 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out):  # pragma: 
         length = seq_lens[b]
         queries = q[b]
         peaks[:] = -np.inf
-        for pos in range(length):
-            keys = k_cache[block_table[b, pos // block_size], pos % block_size]
+        num_blocks = (length + block_size - 1) // block_size
+        for block in range(num_blocks):
+            keys = k_cache[block_table[b, block]]
+            first = block * block_size
             for head in range(num_heads):
-                key = keys[head // group]
-                dot = np.float32(0.0)
-                for d in range(dim):
-                    dot += queries[head, d] * key[d]
-                dot *= scale
-                scores[head, pos] = dot
-                # The running maximum here, not in a loop of its own: numba's max loops do not vectorize.
-                if dot > peaks[head]:
-                    peaks[head] = dot
+                query, kv_head = queries[head], head // group
+                for i in range(min(block_size, length - first)):
+                    key = keys[i, kv_head]
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += query[d] * key[d]
+                    dot *= scale
+                    scores[head, first + i] = dot
+                    # The running maximum here, not in a loop of its own: numba's max loops do not vectorize.
+                    if dot > peaks[head]:
+                        peaks[head] = dot
         for head in range(num_heads):
             row, peak, total = scores[head], peaks[head], np.float32(0.0)
             for pos in range(length):
@@ -58,12 +63,15 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, out):  # pragma: 
                 total += weight
             peaks[head] = np.float32(1.0) / total if total > 0 else np.float32(0.0)   # now the normaliser
         acc[:, :] = 0.0
-        for pos in range(length):
-            values = v_cache[block_table[b, pos // block_size], pos % block_size]
+        for block in range(num_blocks):
+            values = v_cache[block_table[b, block]]
+            first = block * block_size
             for head in range(num_heads):
-                weight, value = scores[head, pos], values[head // group]
-                for d in range(dim):
-                    acc[head, d] += weight * value[d]
+                head_acc, kv_head = acc[head], head // group
+                for i in range(min(block_size, length - first)):
+                    weight, value = scores[head, first + i], values[i, kv_head]
+                    for d in range(dim):
+                        head_acc[d] += weight * value[d]
         for head in range(num_heads):
             for d in range(dim):
                 out[b, head, d] = acc[head, d] * peaks[head]
