@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from leapgen.decoding import penalty_kernels
 from leapgen.decoding.batch import SamplingBatch
 from leapgen.decoding.bitmask import apply_token_bitmask_
 
@@ -80,6 +81,14 @@ class RepetitionPenalty:
         return batch.uses_repetition_penalty
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """In place: compiled on float32 CPU logits, else through torch."""
+        if penalty_kernels.applies(logits):
+            ids, starts, _, ends = batch.flat_ids
+            penalty_kernels.repetition_penalty_(logits, ids, starts, ends, batch.repetition_penalty)
+            return logits
+        return self.with_torch(logits, batch)
+
+    def with_torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """Gather the seen tokens' logits, penalise, scatter back (repeated ids write the same value)."""
         ids, valid = batch.history_ids
         if ids.shape[1] == 0:
@@ -99,6 +108,15 @@ class FrequencyPresencePenalty:
         return batch.uses_output_penalties
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """In place: compiled on float32 CPU logits, else through torch."""
+        if penalty_kernels.applies(logits):
+            ids, _, output_starts, ends = batch.flat_ids
+            penalty_kernels.frequency_presence_penalty_(logits, ids, output_starts, ends, batch.frequency_penalty,
+                                                        batch.presence_penalty)
+            return logits
+        return self.with_torch(logits, batch)
+
+    def with_torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """Every occurrence subtracts the frequency penalty, the first occurrence of each id also the presence one."""
         ids, valid = batch.output_ids
         if ids.shape[1] == 0:

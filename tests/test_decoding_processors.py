@@ -17,6 +17,7 @@ from transformers import (
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
 from leapgen.decoding.bitmask import allocate_token_bitmask
+from leapgen.decoding.penalties import FrequencyPresencePenalty, RepetitionPenalty
 from leapgen.decoding.pipeline import LogitsPipeline
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.warpers import TopKTopP, TypicalP
@@ -136,6 +137,28 @@ def test_frequency_and_presence_penalties_count_output_tokens_only():
     expected[0, 4] -= 0.5 * 3 + 1.0
     expected[0, 5] -= 0.5 * 1 + 1.0
     torch.testing.assert_close(run(rows, logits), expected)
+
+
+def test_compiled_penalties_equal_the_torch_forms_to_the_bit():
+    generator = torch.Generator().manual_seed(5)
+    settings = [SamplingParams(repetition_penalty=1.3, frequency_penalty=0.7, presence_penalty=0.35),
+                SamplingParams(repetition_penalty=0.8, frequency_penalty=-0.4), SamplingParams(),
+                SamplingParams(presence_penalty=1.5), SamplingParams(repetition_penalty=1.1, frequency_penalty=0.1)]
+    rows = []
+    for i, params in enumerate(settings * 3):
+        # Few distinct ids, so every row repeats some; ids past the logits (padded embeddings) are skipped.
+        prompt = torch.randint(0, 40, (int(torch.randint(0, 60, (1,), generator=generator)),), generator=generator)
+        output = torch.randint(0, 40, (int(torch.randint(0, 60, (1,), generator=generator)),), generator=generator)
+        rows.append(SamplingRow(params, prompt.tolist() + [VOCAB + i], output.tolist()))
+    batch = SamplingBatch.build(rows, VOCAB)
+    logits = random_logits(len(rows), 11)
+    for processor in (RepetitionPenalty(), FrequencyPresencePenalty()):
+        assert processor.is_active(batch)
+        compiled, reference = processor(logits.clone(), batch), processor.with_torch(logits.clone(), batch)
+        assert not torch.equal(compiled, logits) and torch.equal(compiled, reference)
+    # Not float32 on CPU (or not contiguous): the torch form.
+    wide = logits.double()
+    assert torch.equal(RepetitionPenalty()(wide.clone(), batch), RepetitionPenalty().with_torch(wide.clone(), batch))
 
 
 def test_logit_bias_and_bad_token_id():

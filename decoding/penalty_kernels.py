@@ -1,0 +1,78 @@
+"""The history penalties compiled for float32 CPU logits: one pass over each row's ids, in place.
+
+The torch forms (`penalties.RepetitionPenalty`, `penalties.FrequencyPresencePenalty`) pad every row's history
+to one width, sort the generated ids to find first occurrences, then gather and scatter; at batch 32 with 1,000
+ids a row that was most of a sampling step's penalty time.  These walk the flat ids once per row and give the
+same values to the bit: the same float32 operations in the same order (a repeated id's frequency penalty
+subtracted once per occurrence, after the first occurrence's frequency + presence).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+
+def applies(logits: torch.Tensor) -> bool:
+    """Whether the compiled forms can rewrite `logits` in place: a contiguous float32 CPU tensor."""
+    return logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous()
+
+
+def repetition_penalty_(logits: torch.Tensor, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                        penalty: torch.Tensor) -> None:
+    """Row r's distinct ids among `ids[starts[r]:ends[r]]`: positive logits divided by its penalty, others
+    multiplied (ids outside the vocabulary are skipped)."""
+    seen = np.zeros(logits.shape[1], dtype=np.bool_)
+    _repetition(logits.numpy(), ids, starts, ends, penalty.numpy(), seen)
+
+
+def frequency_presence_penalty_(logits: torch.Tensor, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                                frequency: torch.Tensor, presence: torch.Tensor) -> None:
+    """Row r's ids among `ids[starts[r]:ends[r]]` each subtract the frequency penalty per occurrence and the
+    presence penalty once."""
+    counts = np.zeros(logits.shape[1], dtype=np.int32)
+    _frequency_presence(logits.numpy(), ids, starts, ends, frequency.numpy(), presence.numpy(), counts)
+
+
+@numba.njit(cache=True, nogil=True)
+def _repetition(logits, ids, starts, ends, penalty, seen):  # pragma: no cover - compiled
+    vocab = logits.shape[1]
+    for r in range(logits.shape[0]):
+        p = penalty[r]
+        if p == 1.0:
+            continue
+        row = logits[r]
+        for i in range(starts[r], ends[r]):
+            t = ids[i]
+            if 0 <= t < vocab and not seen[t]:
+                seen[t] = True
+                x = row[t]
+                row[t] = x / p if x > 0 else x * p
+        for i in range(starts[r], ends[r]):     # clear only what this row marked
+            t = ids[i]
+            if 0 <= t < vocab:
+                seen[t] = False
+
+
+@numba.njit(cache=True, nogil=True)
+def _frequency_presence(logits, ids, starts, ends, frequency, presence, counts):  # pragma: no cover - compiled
+    vocab = logits.shape[1]
+    for r in range(logits.shape[0]):
+        f, p = frequency[r], presence[r]
+        if f == 0.0 and p == 0.0:
+            continue
+        row = logits[r]
+        for i in range(starts[r], ends[r]):
+            t = ids[i]
+            if 0 <= t < vocab:
+                counts[t] += 1
+        first = f + p
+        for i in range(starts[r], ends[r]):
+            t = ids[i]
+            if 0 <= t < vocab and counts[t] > 0:
+                x = row[t] - first
+                for _ in range(counts[t] - 1):
+                    x -= f
+                row[t] = x
+                counts[t] = 0                    # also clears the counts for the next row
