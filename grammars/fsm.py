@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numba
 import numpy as np
+from numba import types
+from numba.typed import Dict
 
 
 class BudgetExceeded(Exception):
@@ -645,32 +647,59 @@ def product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
     """Intersection (keep_b=True) or difference a minus b (keep_b=False) of two DFAs."""
     if a.num_states * (b.num_states + 1) <= _DENSE_PAIRS:
         return _dense_product(a, b, keep_b, max_states)
-    index = {(0, 0): 0}
-    pairs = [(0, 0)]
-    rows = []
-    width = b.num_states + 1
-    dead = np.full(256, -1, np.int32)
-    i = 0
-    while i < len(pairs):
-        sa, sb = pairs[i]
-        i += 1
-        ta = a.trans[sa]
-        tb = b.trans[sb] if sb >= 0 else dead
-        live = (ta >= 0) & (tb >= 0) if keep_b else ta >= 0
-        # one code per target pair; a row has few distinct ones, so intern those, not each byte
-        codes = np.where(live, ta.astype(np.int64) * width + tb + 1, -1)
-        uniq, inverse = np.unique(codes, return_inverse=True)
-        ids = np.empty(len(uniq), np.int32)
-        for k, code in enumerate(uniq.tolist()):
-            if code < 0:
-                ids[k] = -1
+    trans, qa, qb, n = _sparse_product(a.trans, b.trans, keep_b, max_states)
+    if n < 0:
+        raise BudgetExceeded(f"more than {max_states} automaton states")
+    acc_b = np.append(b.accept, False)[qb[:n]]           # index -1: b is dead
+    accept = a.accept[qa[:n]] & (acc_b if keep_b else ~acc_b)
+    return minimize(DFA(trans[:n].copy(), accept))
+
+
+@numba.njit(cache=True)
+def _sparse_product(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
+    """A product with too many state pairs for `_product_pairs`' flat index: the reachable pairs numbered
+    breadth-first through a hash table, their transition rows filled on the way.  Returns (trans, qa, qb, n):
+    pair i is (qa[i], qb[i]) (qb -1: b is dead), n = -1 past max_states."""
+    nb1 = tb.shape[0] + 1
+    index = Dict.empty(key_type=types.int64, value_type=types.int64)
+    qa = np.empty(256, np.int32)
+    qb = np.empty(256, np.int32)
+    trans = np.empty((256, 256), np.int32)
+    index[1] = 0                                            # pair (0, 0)
+    qa[0] = 0
+    qb[0] = 0
+    n, i = 1, 0
+    while i < n:
+        sa, sb = qa[i], qb[i]
+        for c in range(256):
+            x = ta[sa, c]
+            y = tb[sb, c] if sb >= 0 else -1
+            if x < 0 or (keep_b and y < 0):
+                trans[i, c] = -1
                 continue
-            ids[k] = _intern((code // width, code % width - 1), index, pairs, max_states)
-        rows.append(ids[inverse.reshape(-1)])
-    acc_b = np.array([sb >= 0 and bool(b.accept[sb]) for _, sb in pairs])
-    acc_a = a.accept[[sa for sa, _ in pairs]]
-    accept = acc_a & (acc_b if keep_b else ~acc_b)
-    return minimize(DFA(np.stack(rows), accept))
+            key = np.int64(x) * nb1 + y + 1
+            j = index.get(key, -1)
+            if j < 0:
+                if n >= max_states:
+                    return trans, qa, qb, -1
+                if n == qa.shape[0]:                    # grow the pair queue and the rows
+                    grown_a = np.empty(2 * n, np.int32)
+                    grown_a[:n] = qa
+                    qa = grown_a
+                    grown_b = np.empty(2 * n, np.int32)
+                    grown_b[:n] = qb
+                    qb = grown_b
+                    grown_t = np.empty((2 * n, 256), np.int32)
+                    grown_t[:n] = trans
+                    trans = grown_t
+                j = n
+                index[key] = j
+                qa[n] = x
+                qb[n] = y
+                n += 1
+            trans[i, c] = j
+        i += 1
+    return trans, qa, qb, n
 
 
 @numba.njit(cache=True)

@@ -5,6 +5,7 @@ import random
 import numpy as np
 import pytest
 
+from leapgen.grammars import fsm
 from leapgen.grammars.fsm import DFA, NFA, BudgetExceeded, determinize, determinize_calls, minimize
 from leapgen.grammars.regex import dfa_fullmatch
 
@@ -76,6 +77,27 @@ def test_equal_languages_minimise_to_equal_tables():
         a = minimize(DFA(trans, accept))
         b = minimize(DFA(np.concatenate([doubled, doubled]), np.concatenate([accept, accept])))
         assert np.array_equal(a.trans, b.trans) and np.array_equal(a.accept, b.accept)
+
+
+def test_products_through_the_hash_table_equal_the_flat_indexed_ones(monkeypatch):
+    rng = random.Random(11)
+    for _ in range(150):
+        (nfa_a, edges_a, eps_a), (nfa_b, edges_b, eps_b) = _random_nfa(rng), _random_nfa(rng)
+        a, b = minimize(determinize(nfa_a, 0, 1, 10_000)), minimize(determinize(nfa_b, 0, 1, 10_000))
+        for keep_b in (True, False):
+            monkeypatch.setattr(fsm, "_DENSE_PAIRS", 1 << 23)
+            flat = fsm.product(a, b, keep_b, 10_000)
+            monkeypatch.setattr(fsm, "_DENSE_PAIRS", 0)
+            hashed = fsm.product(a, b, keep_b, 10_000)
+            assert np.array_equal(flat.trans, hashed.trans) and np.array_equal(flat.accept, hashed.accept)
+            for data in _strings(rng, 10):
+                in_b = _nfa_accepts(edges_b, eps_b, data)
+                expected = _nfa_accepts(edges_a, eps_a, data) and (in_b if keep_b else not in_b)
+                assert dfa_fullmatch(hashed, data) == expected
+    chain = DFA(np.ones((2, 256), np.int32), np.array([False, True]))      # pairs (0, 0) then (1, 1)
+    assert fsm.product(chain, chain, True, 2).num_states == 2
+    with pytest.raises(BudgetExceeded):               # the state budget holds on the hashed path too
+        fsm.product(chain, chain, True, 1)
 
 
 def test_minimising_an_empty_language_gives_one_dead_state():
