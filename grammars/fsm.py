@@ -682,16 +682,7 @@ def _sparse_product(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
             if j < 0:
                 if n >= max_states:
                     return trans, qa, qb, -1
-                if n == qa.shape[0]:                    # grow the pair queue and the rows
-                    grown_a = np.empty(2 * n, np.int32)
-                    grown_a[:n] = qa
-                    qa = grown_a
-                    grown_b = np.empty(2 * n, np.int32)
-                    grown_b[:n] = qb
-                    qb = grown_b
-                    grown_t = np.empty((2 * n, 256), np.int32)
-                    grown_t[:n] = trans
-                    trans = grown_t
+                qa, qb, trans = _grown(qa, n + 1), _grown(qb, n + 1), _grown(trans, n + 1)
                 j = n
                 index[key] = j
                 qa[n] = x

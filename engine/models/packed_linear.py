@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 INTEL_PACKED_ROWS = {torch.float32: range(4, 128), torch.bfloat16: range(1, 128)}
+_PACKED_DTYPES = tuple(INTEL_PACKED_ROWS)
 _ALL_ROWS = range(1, sys.maxsize)
 # The row count oneDNN picks the blocked layout for: measured, a layout for 256 rows is as fast as one for 16
 # or 64 at 4-32 rows.
@@ -49,7 +50,7 @@ def cpu_vendor() -> str:
 
 def packed_rows(dtype: torch.dtype) -> range:
     """The row counts of a pass that the packed copy serves on this CPU (empty for dtypes it does not pack)."""
-    if dtype not in INTEL_PACKED_ROWS:
+    if dtype not in _PACKED_DTYPES:
         return range(0)
     return INTEL_PACKED_ROWS[dtype] if cpu_vendor() == "GenuineIntel" else _ALL_ROWS
 
@@ -57,7 +58,7 @@ def packed_rows(dtype: torch.dtype) -> range:
 def packing_supported(weight: torch.Tensor) -> bool:
     """Whether this torch can pack `weight`: float32, or bfloat16 where oneDNN has it, on a CPU torch built
     with oneDNN."""
-    if weight.device.type != "cpu" or weight.dtype not in INTEL_PACKED_ROWS or not torch.backends.mkldnn.is_available():
+    if weight.device.type != "cpu" or weight.dtype not in _PACKED_DTYPES or not torch.backends.mkldnn.is_available():
         return False
     if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return False
