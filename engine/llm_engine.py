@@ -65,7 +65,7 @@ class EngineConfig:
     enable_forced_tokens: bool = True            # constraints: append forced continuations without sampling
     speculative: SpeculativeConfig | None = None  # draft tokens by prompt lookup or a draft model
     # CPU: a oneDNN-packed copy of every linear weight (twice their memory) for the passes it serves faster
-    # than MKL's sgemm (on Intel CPUs float32 passes of 4-127 tokens and bfloat16 of 1-127, elsewhere all);
+    # than MKL's sgemm (float32 passes of 4-127 tokens and bfloat16 of 1-127; on AMD CPUs every pass);
     # see engine/models/packed_linear.py
     pack_weights: bool = True
 

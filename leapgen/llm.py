@@ -31,8 +31,8 @@ class LLM:
     `speculative` (vLLM's keys): `{"method": "ngram", "num_speculative_tokens": 8}` drafts by prompt lookup,
     `{"method": "draft", "model": PATH, "num_speculative_tokens": 4}` with a smaller model; outputs are
     the same as without (greedy: token for token; sampling: in distribution).  `pack_weights`: on CPU the
-    linear layers keep a oneDNN-packed copy of their weights for the passes where it beats MKL's sgemm (on Intel
-    CPUs float32 passes of 4-127 tokens and bfloat16 of 1-127; on other CPUs, where MKL is slow, every pass);
+    linear layers keep a oneDNN-packed copy of their weights for the passes where it beats MKL's sgemm (float32
+    passes of 4-127 tokens and bfloat16 of 1-127; on AMD CPUs, where MKL is slow, every pass);
     False saves that copy's memory.
     """
 

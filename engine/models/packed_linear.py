@@ -12,8 +12,9 @@ CPUs only.  Measured on SmolLM2-135M's layers with 2 threads:
   31 / 70 / 178 / 2079 ms against 13 / 22 / 65 / 899 (one row read the weights at 17 GB/s against oneDNN's 41,
   of about 50 the machine reads); in bfloat16 1 / 32 / 512 / 2048 rows took 9.1 / 19.5 / 132 / 510 ms against
   5.1 / 11.8 / 113 / 439.
-So on Intel CPUs the packed copy serves the row counts in `INTEL_PACKED_ROWS`, and on every other CPU all of
-them.  Both products are float32 dot products summed in different orders, so outputs agree to rounding; keeping
+So on AMD CPUs (and Hygon's, built on AMD's design) the packed copy serves every row count, and on other CPUs
+the row counts in `PACKED_ROWS`, measured on the Xeon (what leapgen did everywhere before the EPYC was measured;
+on non-x86 CPUs torch does not call MKL at all).  Both products are float32 dot products summed in different orders, so outputs agree to rounding; keeping
 both weights costs a second copy of their memory, which is why the engine lets packing be turned off
 (`EngineConfig.pack_weights`).
 """
@@ -27,9 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-INTEL_PACKED_ROWS = {torch.float32: range(4, 128), torch.bfloat16: range(1, 128)}
-_PACKED_DTYPES = tuple(INTEL_PACKED_ROWS)
+PACKED_ROWS = {torch.float32: range(4, 128), torch.bfloat16: range(1, 128)}
+_PACKED_DTYPES = tuple(PACKED_ROWS)
 _ALL_ROWS = range(1, sys.maxsize)
+# x86 vendors whose CPUs MKL serves through its slow generic paths.
+MKL_SLOW_VENDORS = ("AuthenticAMD", "HygonGenuine")
 # The row count oneDNN picks the blocked layout for: measured, a layout for 256 rows is as fast as one for 16
 # or 64 at 4-32 rows.
 _LAYOUT_ROWS = 256
@@ -52,7 +55,7 @@ def packed_rows(dtype: torch.dtype) -> range:
     """The row counts of a pass that the packed copy serves on this CPU (empty for dtypes it does not pack)."""
     if dtype not in _PACKED_DTYPES:
         return range(0)
-    return INTEL_PACKED_ROWS[dtype] if cpu_vendor() == "GenuineIntel" else _ALL_ROWS
+    return _ALL_ROWS if cpu_vendor() in MKL_SLOW_VENDORS else PACKED_ROWS[dtype]
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
