@@ -159,35 +159,31 @@ class SamplingBatch:
         return torch.tensor([*row.prompt_ids, *row.output_ids], dtype=torch.long, device=self.device)
 
     @cached_property
-    def flat_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every row's prompt + generated ids back to back (int64), and per row where they start, where its
-        generated ids start and where they end (`[B]` int64 each): one copy out of the rows' Python lists."""
-        prompt_lengths = np.fromiter((len(r.prompt_ids) for r in self.rows), dtype=np.int64, count=self.size)
-        output_lengths = np.fromiter((len(r.output_ids) for r in self.rows), dtype=np.int64, count=self.size)
-        ends = np.cumsum(prompt_lengths + output_lengths)
-        starts = ends - prompt_lengths - output_lengths
-        ids = np.fromiter(itertools.chain.from_iterable(part for r in self.rows for part in (r.prompt_ids, r.output_ids)),
-                          dtype=np.int64, count=int(ends[-1]))
-        return ids, starts, starts + prompt_lengths, ends
+    def flat_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every row's prompt + generated ids back to back (int64), and per row where they start and end (`[B]`
+        int64 each): one copy out of the rows' Python lists (the repetition penalty's domain)."""
+        return _flattened([(r.prompt_ids, r.output_ids) for r in self.rows])
+
+    @cached_property
+    def flat_output_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The same for the generated ids alone: what the frequency and presence penalties read, without copying
+        the prompts (which may be long) every step."""
+        return _flattened([(r.output_ids,) for r in self.rows])
 
     @cached_property
     def output_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Generated ids of every row padded to `[B, L]` (with the row's first id) and the bool mask of real ones."""
-        ids, _, output_starts, ends = self.flat_ids
-        return self._padded(ids, output_starts, ends)
+        return self._padded(*self.flat_output_ids)
 
     @cached_property
     def history_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt + generated ids of every row, padded like `output_ids` (repetition penalty's domain)."""
-        ids, starts, _, ends = self.flat_ids
-        return self._padded(ids, starts, ends)
+        return self._padded(*self.flat_ids)
 
-    def _padded(self, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        # Penalties then cost O(tokens in the rows), not O(batch * vocab).
+    def _padded(self, flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_flattened`'s rows (back to back in `flat`) padded to one width.  Penalties then cost O(tokens in the
+        rows), not O(batch * vocab)."""
         lengths = ends - starts
-        # The rows' spans of `ids`, back to back.
-        before = np.cumsum(lengths) - lengths
-        flat = ids[np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths)]
         if flat.size and (flat.min() < 0 or flat.max() >= self.vocab_size):
             # Ids beyond the logits (padded embeddings never generate them) are ignored like padding.
             kept = (flat >= 0) & (flat < self.vocab_size)
@@ -196,9 +192,18 @@ class SamplingBatch:
         width = int(lengths.max(initial=0))
         present = np.arange(width) < lengths[:, None]
         # Padding repeats the row's first id, so a scatter writing it back stays consistent.
-        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        first = np.where(lengths > 0, flat[np.minimum(starts, max(flat.size - 1, 0))] if flat.size else 0, 0)
+        packed_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        first = np.where(lengths > 0, flat[np.minimum(packed_starts, max(flat.size - 1, 0))] if flat.size else 0, 0)
         padded = np.repeat(first[:, None], width, axis=1)
         padded[present] = flat
         return (torch.from_numpy(padded).to(self.device, non_blocking=True),
                 torch.from_numpy(present).to(self.device, non_blocking=True))
+
+
+def _flattened(row_parts: list[tuple[Sequence[int], ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's parts back to back in one int64 array, and per row where its ids start and end."""
+    lengths = np.fromiter((sum(map(len, parts)) for parts in row_parts), dtype=np.int64, count=len(row_parts))
+    ends = np.cumsum(lengths)
+    ids = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(row_parts)), dtype=np.int64,
+                      count=int(ends[-1]))
+    return ids, ends - lengths, ends

@@ -82,9 +82,8 @@ class RepetitionPenalty:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """In place: compiled on float32 CPU logits, else through torch."""
-        if penalty_kernels.applies(logits):
-            ids, starts, _, ends = batch.flat_ids
-            penalty_kernels.repetition_penalty_(logits, ids, starts, ends, batch.repetition_penalty)
+        if penalty_kernels.applies(logits, batch.device):
+            penalty_kernels.repetition_penalty_(logits, *batch.flat_ids, batch.repetition_penalty, batch.vocab_size)
             return logits
         return self.with_torch(logits, batch)
 
@@ -109,10 +108,9 @@ class FrequencyPresencePenalty:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """In place: compiled on float32 CPU logits, else through torch."""
-        if penalty_kernels.applies(logits):
-            ids, _, output_starts, ends = batch.flat_ids
-            penalty_kernels.frequency_presence_penalty_(logits, ids, output_starts, ends, batch.frequency_penalty,
-                                                        batch.presence_penalty)
+        if penalty_kernels.applies(logits, batch.device):
+            penalty_kernels.frequency_presence_penalty_(logits, *batch.flat_output_ids, batch.frequency_penalty,
+                                                        batch.presence_penalty, batch.vocab_size)
             return logits
         return self.with_torch(logits, batch)
 

@@ -149,16 +149,21 @@ def test_compiled_penalties_equal_the_torch_forms_to_the_bit():
         # Few distinct ids, so every row repeats some; ids past the logits (padded embeddings) are skipped.
         prompt = torch.randint(0, 40, (int(torch.randint(0, 60, (1,), generator=generator)),), generator=generator)
         output = torch.randint(0, 40, (int(torch.randint(0, 60, (1,), generator=generator)),), generator=generator)
-        rows.append(SamplingRow(params, prompt.tolist() + [VOCAB + i], output.tolist()))
-    batch = SamplingBatch.build(rows, VOCAB)
+        rows.append(SamplingRow(params, prompt.tolist() + [VOCAB + i, VOCAB - 1 - i % 3], output.tolist() + [-1]))
     logits = random_logits(len(rows), 11)
-    for processor in (RepetitionPenalty(), FrequencyPresencePenalty()):
-        assert processor.is_active(batch)
-        compiled, reference = processor(logits.clone(), batch), processor.with_torch(logits.clone(), batch)
-        assert not torch.equal(compiled, logits) and torch.equal(compiled, reference)
-    # Not float32 on CPU (or not contiguous): the torch form.
-    wide = logits.double()
-    assert torch.equal(RepetitionPenalty()(wide.clone(), batch), RepetitionPenalty().with_torch(wide.clone(), batch))
+    logits[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    # A batch whose vocabulary is narrower than the logits skips the ids past it on both paths.
+    for vocab in (VOCAB, VOCAB - 2):
+        batch = SamplingBatch.build(rows, vocab)
+        for processor in (RepetitionPenalty(), FrequencyPresencePenalty()):
+            assert processor.is_active(batch)
+            compiled, reference = processor(logits.clone(), batch), processor.with_torch(logits.clone(), batch)
+            assert not torch.equal(compiled[1:], logits[1:])             # row 0 holds a NaN
+            torch.testing.assert_close(compiled, reference, rtol=0, atol=0, equal_nan=True)
+            # Logits that are not contiguous take the torch form.
+            strided = torch.empty(VOCAB, len(rows)).t().copy_(logits)
+            torch.testing.assert_close(processor(strided.clone(memory_format=torch.preserve_format), batch), reference,
+                                       rtol=0, atol=0, equal_nan=True)
 
 
 def test_logit_bias_and_bad_token_id():

@@ -14,9 +14,10 @@ CPUs only.  Measured on SmolLM2-135M's layers with 2 threads:
   5.1 / 11.8 / 113 / 439.
 So on AMD CPUs (and Hygon's, built on AMD's design) the packed copy serves every row count, and on other CPUs
 the row counts in `PACKED_ROWS`, measured on the Xeon (what leapgen did everywhere before the EPYC was measured;
-on non-x86 CPUs torch does not call MKL at all).  Both products are float32 dot products summed in different orders, so outputs agree to rounding; keeping
-both weights costs a second copy of their memory, which is why the engine lets packing be turned off
-(`EngineConfig.pack_weights`).
+on non-x86 CPUs torch does not call MKL at all).  The AMD rule rests on that one AVX-512 EPYC: AVX2-only AMD
+CPUs and Hygon's were not measured.  Both products are float32 dot products summed in different orders, so
+outputs agree to rounding; keeping both weights costs a second copy of their memory, which is why the engine
+lets packing be turned off (`EngineConfig.pack_weights`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# The row counts the packed copy serves, measured on an Intel Xeon (every CPU but AMD's and Hygon's).
 PACKED_ROWS = {torch.float32: range(4, 128), torch.bfloat16: range(1, 128)}
 _PACKED_DTYPES = tuple(PACKED_ROWS)
 _ALL_ROWS = range(1, sys.maxsize)
