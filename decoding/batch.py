@@ -166,9 +166,14 @@ class SamplingBatch:
 
     @cached_property
     def flat_output_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The same for the generated ids alone: what the frequency and presence penalties read, without copying
-        the prompts (which may be long) every step."""
-        return _flattened([(r.output_ids,) for r in self.rows])
+        """The generated ids alone, as ids and each row's span of them: what the frequency and presence
+        penalties read.  Spans into `flat_ids` when that copy exists (the repetition penalty runs first), else a
+        copy of the generated ids only (prompts may be long)."""
+        if "flat_ids" not in self.__dict__:
+            return _flattened([(r.output_ids,) for r in self.rows])
+        ids, _, ends = self.flat_ids
+        lengths = np.fromiter((len(r.output_ids) for r in self.rows), dtype=np.int64, count=self.size)
+        return ids, ends - lengths, ends
 
     @cached_property
     def output_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,10 +185,12 @@ class SamplingBatch:
         """Prompt + generated ids of every row, padded like `output_ids` (repetition penalty's domain)."""
         return self._padded(*self.flat_ids)
 
-    def _padded(self, flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_flattened`'s rows (back to back in `flat`) padded to one width.  Penalties then cost O(tokens in the
+    def _padded(self, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's span `ids[starts[r]:ends[r]]` padded to one width.  Penalties then cost O(tokens in the
         rows), not O(batch * vocab)."""
         lengths = ends - starts
+        before = np.cumsum(lengths) - lengths          # where each row's ids go once the spans are back to back
+        flat = ids[np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths)]
         if flat.size and (flat.min() < 0 or flat.max() >= self.vocab_size):
             # Ids beyond the logits (padded embeddings never generate them) are ignored like padding.
             kept = (flat >= 0) & (flat < self.vocab_size)
