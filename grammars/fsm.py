@@ -645,14 +645,19 @@ _DENSE_PAIRS = 1 << 23  # products with at most this many state pairs index them
 
 def product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
     """Intersection (keep_b=True) or difference a minus b (keep_b=False) of two DFAs."""
-    if a.num_states * (b.num_states + 1) <= _DENSE_PAIRS:
-        return _dense_product(a, b, keep_b, max_states)
+    dense = a.num_states * (b.num_states + 1) <= _DENSE_PAIRS
+    trans, qa, qb = (_dense_pairs if dense else _sparse_pairs)(a, b, keep_b, max_states)
+    acc_b = np.append(b.accept, False)[qb]               # index -1: b is dead
+    accept = a.accept[qa] & (acc_b if keep_b else ~acc_b)
+    return minimize(DFA(trans, accept))
+
+
+def _sparse_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The product's transition rows and each state's pair (qa[i], qb[i]), through `_sparse_product`."""
     trans, qa, qb, n = _sparse_product(a.trans, b.trans, keep_b, max_states)
     if n < 0:
         raise BudgetExceeded(f"more than {max_states} automaton states")
-    acc_b = np.append(b.accept, False)[qb[:n]]           # index -1: b is dead
-    accept = a.accept[qa[:n]] & (acc_b if keep_b else ~acc_b)
-    return minimize(DFA(trans[:n].copy(), accept))
+    return trans[:n].copy(), qa[:n], qb[:n]
 
 
 @numba.njit(cache=True)
@@ -728,7 +733,8 @@ def _product_pairs(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
     return index, qa, qb, n
 
 
-def _dense_product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
+def _dense_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The product's transition rows and each state's pair (qa[i], qb[i]), through `_product_pairs`' flat index."""
     index, qa, qb, n = _product_pairs(a.trans, b.trans, keep_b, max_states)
     if n < 0:
         raise BudgetExceeded(f"more than {max_states} automaton states")
@@ -737,10 +743,7 @@ def _dense_product(a: DFA, b: DFA, keep_b: bool, max_states: int) -> DFA:
     x, y = a.trans[qa], tb[qb]
     live = (x >= 0) & (y >= 0) if keep_b else x >= 0
     codes = np.where(live, x.astype(np.int64) * (b.num_states + 1) + y + 1, 0)
-    trans = np.where(live, index[codes], -1).astype(np.int32)
-    acc_b = np.append(b.accept, False)[qb]
-    accept = a.accept[qa] & (acc_b if keep_b else ~acc_b)
-    return minimize(DFA(trans, accept))
+    return np.where(live, index[codes], -1).astype(np.int32), qa, qb
 
 
 def union(dfas: list[DFA], max_states: int) -> DFA:
