@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from leapgen.decoding.bitmask import bitmask_words
 from leapgen.decoding.constraint import TokenConstraint, TokenMatcher
+from leapgen.engine.step_profile import phase
 
 
 class ConstraintState:
@@ -80,3 +82,39 @@ def step_bitmask(rows: Sequence[ConstraintState | np.ndarray | None], vocab_size
             buffer[index] = -1
             errors[index] = exc
     return torch.from_numpy(buffer), errors
+
+
+class MasksAhead:
+    """Computes the next masks of a step's constrained rows on a worker thread while the forward pass runs.
+
+    The pass does not touch the matchers, and both sides spend most of their time without the GIL (torch
+    inside its kernels, the compiled trie walks inside theirs), so the masks come nearly free.  A matcher that
+    fails here is left out: the step computes its mask again and reports the error on its row.
+    """
+
+    def __init__(self) -> None:
+        self._worker: ThreadPoolExecutor | None = None
+
+    def start(self, states: Mapping[int, ConstraintState], words: int) -> "Future[dict[int, np.ndarray]]":
+        """Begin the masks of `states` (by key); the future's result maps each key that succeeded to its
+        int32 words.  Wait for it before anything else moves these matchers."""
+        if not states:
+            done: Future[dict[int, np.ndarray]] = Future()
+            done.set_result({})
+            return done
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapgen-masks")
+        return self._worker.submit(_masks, dict(states), words)
+
+
+def _masks(states: dict[int, ConstraintState], words: int) -> dict[int, np.ndarray]:
+    masks = {}
+    with phase("masks ahead"):
+        for key, state in states.items():
+            row = np.zeros(words, dtype=np.int32)
+            try:
+                state.matcher.fill_bitmask(row)
+            except Exception:
+                continue
+            masks[key] = row
+    return masks

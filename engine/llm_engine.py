@@ -28,7 +28,7 @@ from leapgen.decoding.stop import StopChecker
 from leapgen.engine.admission import CheckedRequest, EngineLimits, RequestError, check_request
 from leapgen.engine.beams import advance_beams
 from leapgen.engine.block_manager import BlockManager
-from leapgen.engine.constraint_state import ConstraintState, step_bitmask
+from leapgen.engine.constraint_state import ConstraintState, MasksAhead, step_bitmask
 from leapgen.engine.step_profile import phase
 from leapgen.engine.loader import LoadedModel
 from leapgen.engine.model_runner import FallbackRunner, PagedModelRunner, StepLogits, cache_block_bytes
@@ -123,6 +123,8 @@ class LLMEngine:
         self._compiled: dict[tuple, TokenConstraint] = {}
         self._shortest: dict[tuple, int | None] = {}     # tokens of the shortest output, per constraint
         self._advanced: dict[int, EngineRequest] = {}    # requests whose outputs the current step returns
+        self._masks_ahead = MasksAhead()
+        self._step_masks: dict[int, np.ndarray] = {}     # seq_id -> its mask for this step, computed during the pass
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
         self.num_steps = 0                       # forward passes
@@ -245,8 +247,7 @@ class LLMEngine:
                                 and seq.num_computed_tokens < seq.num_prompt_tokens)
         draft_rows = frozenset(seq.seq_id for seq, _ in out.scheduled if self._owner[seq.seq_id][1].draft)
         try:
-            with phase("forward", self.loaded.device):
-                step_logits = self.runner.execute(out, prompt_rows | draft_rows)
+            step_logits = self._forward(out, prompt_rows | draft_rows)
         except Exception as exc:                 # the step's requests fail; the engine stays usable
             for seq, _ in out.scheduled:
                 if seq.seq_id in self._owner:
@@ -259,9 +260,25 @@ class LLMEngine:
         ready = self._fork_samples(self._ready_rows(out, step_logits, prompt_rows))
         self._sample_plain([entry for entry in ready if entry[0].params.num_beams == 1])
         self._advance_beams([entry for entry in ready if entry[0].params.num_beams > 1])
+        self._step_masks = {}
         with phase("propose"):
             self._propose()
         return self._outputs()
+
+    def _forward(self, out: SchedulerOutput, all_positions: frozenset[int]) -> StepLogits:
+        """The step's forward pass, with the masks of the constrained sequences it makes due computed meanwhile."""
+        due = {}
+        for seq, n in out.scheduled:
+            state = self._owner[seq.seq_id][1] if seq.seq_id in self._owner else None
+            if (state is not None and state.constraint is not None and not state.draft
+                    and seq.num_computed_tokens + n == seq.num_tokens):
+                due[seq.seq_id] = state.constraint
+        masks = self._masks_ahead.start(due, self.vocabulary.mask_words)
+        try:
+            with phase("forward", self.loaded.device):
+                return self.runner.execute(out, all_positions)
+        finally:
+            self._step_masks = masks.result()
 
     def _ready_rows(self, out: SchedulerOutput, step_logits: StepLogits, prompt_rows: frozenset[int]) -> list[_Entry]:
         """The sequences whose next token is due, with their logits rows (one, or one per draft token and one
@@ -420,7 +437,8 @@ class LLMEngine:
             accepted = len(output) - len(state.draft)
             for i in range(len(entry_rows)):
                 rows.append(SamplingRow(seq.params, seq.prompt_token_ids, output[:accepted + i], state.generator))
-                masks.append(state.draft_masks[i] if state.draft_masks is not None else state.constraint)
+                masks.append(state.draft_masks[i] if state.draft_masks is not None
+                             else self._step_masks.get(seq.seq_id, state.constraint))
         with phase("masks"):
             bitmask, mask_errors = step_bitmask(masks, logits.shape[-1])
         with phase("sampling"):

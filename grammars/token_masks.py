@@ -32,7 +32,7 @@ _MAX_PATCHED_BYTES = 8  # a whole-vocabulary walk is patched from a neighbour's 
 _MAX_PATCH_DEPTH = 4  # ...through at most this many neighbours (prefixes of an excluded key)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def walk_dfa(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
              start, t0, bits, pops):  # pragma: no cover - compiled
     """Mark in `bits` the tokens strictly below trie node t0 that a call-free DFA can consume from
@@ -65,7 +65,7 @@ def walk_dfa(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_id
 
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
                start, nodes, bits, pops):  # pragma: no cover - compiled
     """`walk_dfa` from one state below each of several trie nodes, into one bitmask and pop list."""
@@ -76,7 +76,7 @@ def walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_
     return total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
     """Set (value=True) or clear the bits of tokens tok_ids[lo:hi]."""
     for j in range(lo, hi):

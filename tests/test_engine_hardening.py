@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
 import lark
@@ -160,18 +161,49 @@ class FailingMatcher:
         return getattr(self.inner, name)
 
 
+class FailingMaskMatcher(FailingMatcher):
+    """Wraps a real matcher; its masks fail after its second advance (on whichever thread computes them)."""
+
+    def advance(self, token_id):
+        self.advances += 1
+        self.inner.advance(token_id)
+
+    def fill_bitmask(self, buffer):
+        if self.advances >= 2:
+            raise RuntimeError("mask walk failed")
+        self.inner.fill_bitmask(buffer)
+
+
+class ThreadRecordingMatcher(FailingMatcher):
+    """Wraps a real matcher and records the thread of every mask it computes."""
+
+    threads: list[str] = []
+
+    def advance(self, token_id):
+        self.inner.advance(token_id)
+
+    def fill_bitmask(self, buffer):
+        self.threads.append(threading.current_thread().name)
+        self.inner.fill_bitmask(buffer)
+
+
 class FailingSpec:
-    """A constraint spec (the ConstraintSpec protocol) whose matchers fail mid-output."""
+    """A constraint spec (the ConstraintSpec protocol) whose matchers are wrapped in `wrapper` (by default
+    they fail mid-output)."""
+
+    def __init__(self, wrapper=FailingMatcher):
+        self.wrapper = wrapper
 
     def key(self):
-        return ("failing",)
+        return ("failing", self.wrapper.__name__)
 
     def compile(self, vocabulary):
         compiled = Regex("[a-z ]{1,40}").compile(vocabulary)
+        wrapper = self.wrapper
 
         class Compiled:
             def matcher(self, max_tokens=None):
-                return FailingMatcher(compiled.matcher(max_tokens))
+                return wrapper(compiled.matcher(max_tokens))
 
         return Compiled()
 
@@ -183,6 +215,25 @@ def test_a_matcher_error_fails_its_request_alone(text_llm):
     assert outputs[1].finish_reason == "error" and "matcher state corrupted" in outputs[1].error
     assert all(re.fullmatch("[a-z ]{1,40}", o.text) for o in (outputs[0], outputs[2]))
     assert_idle(text_llm)
+
+
+def test_a_mask_that_fails_during_the_forward_pass_fails_its_request_alone(text_llm):
+    good = SamplingParams(max_tokens=12, constraint=Regex("[a-z ]{1,40}"))
+    outputs = text_llm.generate(["one", "two", "three"],
+                                [good, SamplingParams(max_tokens=12, constraint=FailingSpec(FailingMaskMatcher)), good])
+    assert outputs[1].finish_reason == "error" and "mask walk failed" in outputs[1].error
+    assert len(outputs[1].outputs[0].token_ids) == 2
+    assert all(re.fullmatch("[a-z ]{1,40}", o.text) for o in (outputs[0], outputs[2]))
+    assert_idle(text_llm)
+
+
+def test_masks_are_computed_on_the_worker_while_the_model_runs(text_llm):
+    ThreadRecordingMatcher.threads.clear()
+    output = text_llm.generate(["one"], SamplingParams(max_tokens=8, constraint=FailingSpec(ThreadRecordingMatcher)))
+    assert output[0].finish_reason in ("stop", "length")
+    # One mask per sampled token, each computed during the forward pass that made its logits.
+    assert 0 < len(ThreadRecordingMatcher.threads) <= len(output[0].outputs[0].token_ids) + 1
+    assert all(name.startswith("leapgen-masks") for name in ThreadRecordingMatcher.threads)
 
 
 def test_padding_ids_are_never_allowed_under_a_constraint(text_llm):

@@ -28,7 +28,8 @@ def test_profile_times_every_phase_of_every_step(engine):
         outputs = engine.generate(["hello", "a longer prompt"], params)
     assert all(len(o.outputs[0].token_ids) > 0 for o in outputs)
     assert profile.steps == engine.num_steps - steps_before
-    for name in ("step", "schedule", "forward", "inputs", "attention", "lm_head", "masks", "sampling", "accept"):
+    for name in ("step", "schedule", "forward", "inputs", "attention", "lm_head", "masks ahead", "masks", "sampling",
+                 "accept"):
         assert profile.seconds[name] > 0, name
     # Nested phases fit inside their parents, and the named ones inside the step.
     assert profile.seconds["attention"] + profile.seconds["lm_head"] <= profile.seconds["forward"]
