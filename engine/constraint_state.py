@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Mapping, Sequence
 
@@ -94,6 +95,7 @@ class MasksAhead:
 
     def __init__(self) -> None:
         self._worker: ThreadPoolExecutor | None = None
+        self._pid = 0                            # the process the worker runs in: a forked child has no worker thread
 
     def start(self, states: Mapping[int, ConstraintState], words: int) -> "Future[dict[int, np.ndarray]]":
         """Begin the masks of `states` (by key); the future's result maps each key that succeeded to its
@@ -102,8 +104,8 @@ class MasksAhead:
             done: Future[dict[int, np.ndarray]] = Future()
             done.set_result({})
             return done
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapgen-masks")
+        if self._worker is None or self._pid != os.getpid():
+            self._worker, self._pid = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapgen-masks"), os.getpid()
         return self._worker.submit(_masks, dict(states), words)
 
 

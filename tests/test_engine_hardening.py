@@ -9,17 +9,20 @@ let constrained requests pick ids the tokenizer does not have.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 
 import jsonschema
 import lark
+import numpy as np
 import pytest
 
 import leapgen
 from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
 from leapgen import JsonSchema, Regex, SamplingParams
 from leapgen.engine.admission import RequestError
+from leapgen.engine.constraint_state import ConstraintState, MasksAhead
 from tokenizers_util import byte_level_bpe
 
 PADDING = 37
@@ -234,6 +237,23 @@ def test_masks_are_computed_on_the_worker_while_the_model_runs(text_llm):
     # One mask per sampled token, each computed during the forward pass that made its logits.
     assert 0 < len(ThreadRecordingMatcher.threads) <= len(output[0].outputs[0].token_ids) + 1
     assert all(name.startswith("leapgen-masks") for name in ThreadRecordingMatcher.threads)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_computes_masks_ahead_on_a_worker_of_its_own(text_llm):
+    engine = text_llm.engine
+    state = ConstraintState(engine.compile(Regex("[a-z]{1,9}")))
+    ahead, words = MasksAhead(), engine.vocabulary.mask_words
+    expected = ahead.start({0: state}, words).result(timeout=30)[0]
+    pid = os.fork()
+    if pid == 0:                 # the parent's worker thread does not exist here: work handed to it would never run
+        try:
+            same = np.array_equal(ahead.start({0: state}, words).result(timeout=30)[0], expected)
+        except BaseException:
+            same = False
+        os._exit(0 if same else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_padding_ids_are_never_allowed_under_a_constraint(text_llm):
