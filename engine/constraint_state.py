@@ -100,13 +100,17 @@ class MasksAhead:
     def start(self, states: Mapping[int, ConstraintState], words: int) -> "Future[dict[int, np.ndarray]]":
         """Begin the masks of `states` (by key); the future's result maps each key that succeeded to its
         int32 words.  Wait for it before anything else moves these matchers."""
-        if not states:
-            done: Future[dict[int, np.ndarray]] = Future()
-            done.set_result({})
-            return done
-        if self._worker is None or self._pid != os.getpid():
-            self._worker, self._pid = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapgen-masks"), os.getpid()
-        return self._worker.submit(_masks, dict(states), words)
+        if states:
+            if self._worker is None or self._pid != os.getpid():
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapgen-masks")
+                self._pid = os.getpid()
+            try:
+                return self._worker.submit(_masks, dict(states), words)
+            except RuntimeError:                 # no thread to be had (interpreter exit, a thread limit)
+                self._worker = None
+        none: Future[dict[int, np.ndarray]] = Future()     # the step computes every mask itself
+        none.set_result({})
+        return none
 
 
 def _masks(states: dict[int, ConstraintState], words: int) -> dict[int, np.ndarray]:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
+from leapgen.decoding.bitmask import bitmask_words
 from leapgen.decoding.candidates import torch_row_logsumexp
 from leapgen.decoding.constraint import ConstraintSpec, TokenConstraint
 from leapgen.decoding.detokenizer import IncrementalDetokenizer
@@ -273,12 +274,13 @@ class LLMEngine:
             if (state is not None and state.constraint is not None and not state.draft
                     and seq.num_computed_tokens + n == seq.num_tokens):
                 due[seq.seq_id] = state.constraint
-        masks = self._masks_ahead.start(due, self.vocabulary.mask_words)
-        try:
-            with phase("forward", self.loaded.device):
+        with phase("forward", self.loaded.device):
+            # The rows as wide as the step's bitmask (the model's vocabulary, which may pad the tokenizer's).
+            masks = self._masks_ahead.start(due, bitmask_words(self.loaded.vocab_size))
+            try:
                 return self.runner.execute(out, all_positions)
-        finally:
-            self._step_masks = masks.result()
+            finally:                             # a worker that overruns the pass is waited for inside it
+                self._step_masks = masks.result()
 
     def _ready_rows(self, out: SchedulerOutput, step_logits: StepLogits, prompt_rows: frozenset[int]) -> list[_Entry]:
         """The sequences whose next token is due, with their logits rows (one, or one per draft token and one

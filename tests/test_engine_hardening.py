@@ -12,6 +12,7 @@ import json
 import os
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import lark
@@ -237,6 +238,16 @@ def test_masks_are_computed_on_the_worker_while_the_model_runs(text_llm):
     # One mask per sampled token, each computed during the forward pass that made its logits.
     assert 0 < len(ThreadRecordingMatcher.threads) <= len(output[0].outputs[0].token_ids) + 1
     assert all(name.startswith("leapgen-masks") for name in ThreadRecordingMatcher.threads)
+
+
+def test_the_step_computes_its_masks_itself_when_the_worker_cannot_run(text_llm, monkeypatch):
+    dead = ThreadPoolExecutor(max_workers=1)
+    dead.shutdown()                              # as at interpreter exit: submit raises
+    monkeypatch.setattr(text_llm.engine._masks_ahead, "_worker", dead)
+    monkeypatch.setattr(text_llm.engine._masks_ahead, "_pid", os.getpid())
+    outputs = text_llm.generate(["one", "two"], SamplingParams(max_tokens=12, constraint=Regex("[a-z ]{1,40}")))
+    assert all(o.finish_reason in ("stop", "length") and re.fullmatch("[a-z ]{1,40}", o.text) for o in outputs)
+    assert_idle(text_llm)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -33,6 +33,7 @@ def test_profile_times_every_phase_of_every_step(engine):
         assert profile.seconds[name] > 0, name
     # Nested phases fit inside their parents, and the named ones inside the step.
     assert profile.seconds["attention"] + profile.seconds["lm_head"] <= profile.seconds["forward"]
+    assert profile.seconds["masks ahead"] <= profile.seconds["forward"]      # the pass waits for its worker
     rows = {name.strip(): (ms, share) for name, ms, share in profile.rows()}
     assert rows["step"][1] == pytest.approx(1.0)
     top_level = ("schedule", "forward", "masks", "sampling", "accept", "propose", "other")
