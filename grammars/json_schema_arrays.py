@@ -1,5 +1,5 @@
-"""Arrays: prefixItems/items by position, minItems/maxItems counts, the max_items cap, and uniqueItems
-where the items come from a few enumerable values."""
+"""Arrays: prefixItems/items by position, minItems/maxItems counts, the max_items cap, contains/minContains,
+and uniqueItems where the items come from a few enumerable values."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from .json_schema_context import (Branches, Part, SchemaContext, count_of, enum_
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
 
 _MAX_UNIQUE_VALUES = 8
+# `contains` counts items and matches together: one rule per (items written, matches so far) pair.
+_MAX_CONTAINS_RULES = 1024
 # Automaton nodes the item cap may add: the automaton writes a capped array's items out one by one, so
 # caps multiply down nested arrays and with every place a rule is inlined.  One capped array may take this
 # many (inner arrays are capped first, outer ones past it stay uncapped), and if all of them together grow
@@ -45,6 +47,12 @@ def build_array(ctx: SchemaContext, parts: list[Part]) -> Expr:
         return ctx.never(f"minItems {lo} is above maxItems {hi}", pointer)
     if hi is not None:
         prefixes = prefixes[:hi]
+    contains = _contains(parts)
+    if contains is not None:
+        match, least, most = contains
+        if unique:
+            raise UnsupportedSchemaError("contains cannot be enforced together with uniqueItems", match.pointer)
+        return _containing(ctx, prefixes, rest, lo, hi, match, least, most, pointer)
     if unique and (hi is None or hi > 1):
         if hi is None and ctx.options.max_items is not None:  # a few enumerated items: capping costs little
             hi = max(ctx.options.max_items, lo)
@@ -84,6 +92,94 @@ def sequence(ctx: SchemaContext, positions: list[Expr], tail_item: Expr, lo: int
     if not alternatives:
         return ctx.never(f"no array with at least {lo} items satisfies the item schemas", pointer)
     return choice(alternatives)
+
+
+def _contains(parts: list[Part]) -> tuple[Part, int, int | None] | None:
+    """The array's `contains` subschema, how many items must match it (minContains, default 1) and how many
+    may (maxContains, None: any); None when it constrains nothing (no contains, or minContains 0 alone)."""
+    found = []
+    for p in parts:
+        if p.has("contains"):
+            least, most = count_of(p, "minContains"), count_of(p, "maxContains")
+            least = 1 if least is None else least
+            if least or most is not None:
+                found.append((p.sub(p.get("contains"), "contains"), least, most))
+    if len(found) > 1:
+        raise UnsupportedSchemaError("two contains on one array cannot be counted together", found[1][0].pointer)
+    return found[0] if found else None
+
+
+def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part], lo: int, hi: int | None,
+                match: Part, least: int, most: int | None, pointer: str) -> Expr:
+    """Arrays of lo..hi items of which at least `least` and at most `most` also match `match`.
+
+    Without `most`, each item is written either as it is or as one that also matches (an item may be both:
+    the automaton keeps both readings); with it, as one that matches or one that does not (the compiler's
+    exact negation of `match`, refused where it has none).  Rules count the items (exactly up to the
+    prefixItems, minItems or maxItems that matter, then only as "enough") together with the matches (up to
+    `least`, or exactly up to `most`)."""
+    pu = ctx.punct
+    n = len(prefixes)
+    cap = hi if hi is not None else max(lo, n, 1)
+    top = least if most is None else most
+    if least > top:
+        return ctx.never(f"minContains {least} is above maxContains {most}", match.pointer)
+    if (cap + 1) * (top + 1) > _MAX_CONTAINS_RULES:
+        raise UnsupportedSchemaError(f"contains counting up to {top} matches over up to {cap} counted items would "
+                                     f"need more than {_MAX_CONTAINS_RULES} rules", match.pointer)
+    other = None
+    if most is not None:
+        other = match.derived({"not": match.schema}, "not contains")
+    tail_needed = hi is None or cap > n
+
+    def variants(ps: list[Part], hint: str) -> tuple[Expr, Expr]:
+        """(an item that may or may not match / that does not match, an item that matches)."""
+        try:
+            either = ctx.nested(ps if other is None else [*ps, other])
+        except UnsupportedSchemaError as exc:
+            raise UnsupportedSchemaError(f"maxContains needs the negation of contains, which cannot be enforced "
+                                         f"exactly: {exc}", match.pointer) from None
+        matching = ctx.nested([*ps, match])
+        return (ctx.share(either, pointer + hint), ctx.share(matching, pointer + hint + "_match")) if hint else (
+            either, matching)
+
+    positions = [variants(ps, "") for ps in prefixes]
+    tail = variants(rest, "_item") if tail_needed else (NEVER, NEVER)
+    memo: dict[tuple[int, int], Expr] = {}
+
+    def after(c: int, m: int) -> Expr:
+        """What may follow once c items (m of them matching) are out."""
+        if (c, m) in memo:
+            return memo[c, m]
+        if hi is None and c == cap:          # enough items counted: only the matches are
+            ends = [EMPTY] if m >= least else []
+            if m < top:
+                ends.append(seq(pu.comma, tail[1], after(c, m + 1)))
+            body = seq(repeat(seq(pu.comma, tail[0])), choice(ends))
+        else:
+            alts = [EMPTY] if c >= lo and m >= least else []
+            if hi is None or c < hi:
+                either, matching = positions[c] if c < n else tail
+                alts.append(seq(pu.comma, either, after(c + 1, m)))
+                if m < top:
+                    alts.append(seq(pu.comma, matching, after(c + 1, m + 1)))
+            body = choice(alts)
+        if body not in (NEVER, EMPTY) and not isinstance(body, (Lit, Terminal)):
+            name = ctx.rule_name(f"{pointer}_contains")
+            ctx.rules[name] = body
+            body = Ref(name)
+        memo[c, m] = body
+        return body
+
+    first = positions[0] if n else tail
+    alternatives = [pu.arr_empty] if lo == 0 and least == 0 else []
+    if hi != 0:
+        starts = [seq(first[0], after(1, 0))] + ([seq(first[1], after(1, 1))] if top > 0 else [])
+        alternatives.append(seq(pu.arr_open, choice(starts), pu.arr_close))
+    body = choice(alternatives)
+    if body == NEVER:
+        return ctx.never(f"no array of {lo}..{hi} items has {least} matching contains", match.pointer)
+    return body
 
 
 def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:

@@ -17,14 +17,16 @@ from .json_schema_refs import escape_token
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
 
-# Keywords that validate and that this front end cannot enforce exactly in any form.
-UNSUPPORTED = ("contains", "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
+# Keywords that validate and that this front end cannot enforce exactly in any form (maxContains: where an
+# array also has `contains`, see json_schema_arrays).
+UNSUPPORTED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
 # Keywords that constrain instances (the rest are annotations or unknown, ignored as JSON Schema says).
 VALIDATION = {"type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
               "propertyNames", "minProperties", "maxProperties", "items", "prefixItems", "additionalItems",
               "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
               "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-              "exclusiveMaximum", "multipleOf", "dependentRequired", "dependencies", "dependentSchemas", *UNSUPPORTED}
+              "exclusiveMaximum", "multipleOf", "dependentRequired", "dependencies", "dependentSchemas", "contains",
+              "minContains", "maxContains", *UNSUPPORTED}
 _CONSTRAINING = (VALIDATION | {"$ref"}) - {"enum", "const"}
 STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 # A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would

@@ -172,6 +172,14 @@ def array_schemas(draw, inner: st.SearchStrategy) -> dict:
     high = draw(maybe(st.integers(0, 3).map(lambda extra: (low or 0) + extra)))
     if high is not None:
         schema["maxItems"] = high
+    if draw(st.integers(0, 4)) == 0:
+        schema["contains"] = draw(inner)
+        least = draw(maybe(st.integers(0, 2), absent_weight=2))
+        if least is not None:
+            schema["minContains"] = least
+        most = draw(maybe(st.integers(0, 2).map(lambda extra: (least or 0) + extra), absent_weight=3))
+        if most is not None:
+            schema["maxContains"] = most
     return schema
 
 

@@ -233,6 +233,32 @@ def test_arrays_prefix_items_bounds_and_unique_enumerable_items():
           valid=[["x"], ["y", "x"]], invalid=[[], ["x", "x"]])
 
 
+@pytest.mark.parametrize("schema", [
+    {"contains": {"type": "integer"}},
+    {"contains": {"minimum": 3}, "minContains": 2},
+    {"items": {"type": ["integer", "null"]}, "contains": {"type": "null"}, "minItems": 3},
+    {"prefixItems": [{"type": "string"}], "contains": {"type": "string"}, "maxItems": 3},
+    {"contains": {"const": 5}, "maxContains": 1},
+    {"contains": {"type": "string"}, "minContains": 0, "maxContains": 2, "minItems": 1},
+    {"contains": {"enum": [0, None]}, "minContains": 2, "maxContains": 3, "maxItems": 3},
+    {"contains": {"const": 0}, "minContains": 3, "maxContains": 2},
+])
+def test_contains_counts_matching_items_exactly(schema):
+    values = [0, 5, "a", None]
+    arrays = [[]] + [[v] for v in values]
+    arrays += [a + [v] for a in arrays[1:] for v in values]
+    arrays += [a + [v] for a in arrays if len(a) == 2 for v in values]
+    arrays += [a + [v] for a in arrays if len(a) == 3 for v in values]
+    validator = jsonschema.Draft202012Validator(schema)
+    try:
+        grammar = json_schema_to_grammar(schema)
+    except SchemaError:                      # unsatisfiable: right only if nothing is valid
+        assert not any(validator.is_valid(a) for a in arrays)
+        return
+    wrong = [a for a in arrays if ir_accepts(grammar, json.dumps(a)) != validator.is_valid(a)]
+    assert not wrong, wrong
+
+
 def test_combinators_refs_and_recursion():
     tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
                                                                    "kids": {"type": "array",
@@ -389,7 +415,8 @@ def test_compact_layout_has_no_whitespace():
     ({"type": "string", "minLength": 5, "maxLength": 2}, SchemaError, ""),
     ({"properties": {"a": {"type": "wat"}}}, SchemaError, "/properties/a/type"),
     ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, SchemaError, "/properties/a/$ref"),
-    ({"items": {"contains": {"type": "string"}}}, UnsupportedSchemaError, "/items/contains"),
+    ({"items": {"contains": {"minLength": 2}, "maxContains": 1}}, UnsupportedSchemaError, "/items/contains"),
+    ({"contains": {"type": "string"}, "uniqueItems": True}, UnsupportedSchemaError, "/contains"),
     ({"$ref": "http://example.com/other.json"}, UnsupportedSchemaError, "/$ref"),
     ({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, UnsupportedSchemaError, "/oneOf"),
     ({"properties": {"p": {"type": "string", "pattern": "(?=a)b"}}}, UnsupportedSchemaError, "/properties/p/pattern"),
