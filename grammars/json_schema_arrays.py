@@ -1,5 +1,5 @@
-"""Arrays: prefixItems/items by position, minItems/maxItems counts, the max_items cap, contains/minContains,
-and uniqueItems where the items come from a few enumerable values."""
+"""Arrays: prefixItems/items by position, minItems/maxItems counts, the max_items cap, contains with
+minContains/maxContains, and uniqueItems where the items come from a few enumerable values."""
 
 from __future__ import annotations
 
@@ -134,12 +134,14 @@ def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part]
 
     def variants(ps: list[Part], hint: str) -> tuple[Expr, Expr]:
         """(an item that may or may not match / that does not match, an item that matches)."""
+        matching = ctx.nested([*ps, match])      # first: an error of the item or contains schema names itself
         try:
             either = ctx.nested(ps if other is None else [*ps, other])
         except UnsupportedSchemaError as exc:
+            if other is None:
+                raise
             raise UnsupportedSchemaError(f"maxContains needs the negation of contains, which cannot be enforced "
                                          f"exactly: {exc}", match.pointer) from None
-        matching = ctx.nested([*ps, match])
         return (ctx.share(either, pointer + hint), ctx.share(matching, pointer + hint + "_match")) if hint else (
             either, matching)
 

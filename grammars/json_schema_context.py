@@ -17,8 +17,7 @@ from .json_schema_refs import escape_token
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
 
-# Keywords that validate and that this front end cannot enforce exactly in any form (maxContains: where an
-# array also has `contains`, see json_schema_arrays).
+# Keywords that validate and that this front end cannot enforce exactly in any form.
 UNSUPPORTED = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
 # Keywords that constrain instances (the rest are annotations or unknown, ignored as JSON Schema says).
 VALIDATION = {"type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
