@@ -67,6 +67,28 @@ def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, overlap: tup
     return choice(alternatives)
 
 
+# Keywords that only mean something together: a schema's negation may split between these groups, never
+# inside one (`additionalProperties` alone forbids every key, beside `properties` only the undeclared ones).
+_TOGETHER = ({"properties", "patternProperties", "additionalProperties"}, {"prefixItems", "items", "additionalItems"},
+             {"contains", "minContains", "maxContains"}, {"if", "then", "else"}, {"minimum", "exclusiveMinimum"},
+             {"maximum", "exclusiveMaximum"})
+# Keywords whose meaning depends on every other keyword of their schema (a draft-07 `$ref` replaces them all).
+_WHOLE = {"$ref", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"}
+
+
+def _negation_groups(keys: set[str]) -> list[set[str]] | None:
+    """The groups of a schema's keywords that hold independently of each other, so that the schema fails
+    exactly where one group fails; None where a keyword depends on all the others."""
+    if keys & _WHOLE:
+        return None
+    groups, left = [], set(keys)
+    for together in _TOGETHER:
+        if left & together:
+            groups.append(left & together)
+            left -= together
+    return groups + [{k} for k in sorted(left)]
+
+
 def _negation_size(schema: Any) -> int | None:
     """How many alternatives `not schema` compiles to (see `negate` and `rewritten_negation`), None when it
     is not one of the shapes negated exactly."""
@@ -77,20 +99,44 @@ def _negation_size(schema: Any) -> int | None:
         return 1
     if keys == {"required"} and isinstance(schema["required"], list) and schema["required"]:
         return len(schema["required"])
-    return None
+    if keys == {"properties"} and isinstance(schema["properties"], dict):
+        failing = [sub for sub in schema["properties"].values() if sub is not True and sub != {}]
+        return None if not failing or any(_negation_size(sub) is None for sub in failing) else len(failing)
+    groups = _negation_groups(keys) if len(keys) > 1 else None
+    if not groups or len(groups) < 2:
+        return None
+    sizes = [_negation_size({k: schema[k] for k in group}) for group in groups]
+    return None if None in sizes else sum(sizes)
 
 
 def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Expr | None:
     """The `not` shapes that become other keywords: `not: {required: [k1, ...]}` is an object missing some ki
-    (everything else satisfies `required`), a choice of objects each forbidding one key; `not: {anyOf}` is
-    every branch negated, `not: {allOf}` a choice of one branch negated, `not: {not: X}` is X.  None for
-    the other shapes (`negate` handles those it can)."""
+    (everything else satisfies `required`), a choice of objects each forbidding one key; `not: {properties}`
+    is an object with a declared key whose value fails its schema (everything else satisfies `properties`),
+    a choice over the keys; `not: {anyOf}`
+    is every branch negated, `not: {allOf}` a choice of one branch negated, `not: {not: X}` is X; a schema of
+    several independent keyword groups fails where one of them fails, a choice of each group negated.  None
+    for the other shapes (`negate` handles those it can)."""
     inner = part.get("not")
-    if not isinstance(inner, dict) or len(_constraining(inner)) != 1:
+    if not isinstance(inner, dict):
         return None
-    [keyword] = _constraining(inner)
+    keys = _constraining(inner)
     rest = [p.skipping("not") if p is part else p for p in parts]
+    if len(keys) > 1:
+        groups = _negation_groups(keys)
+        if groups is None or len(groups) < 2:
+            return None
+        return choice(ctx.compile(rest + [part.derived({"not": {k: inner[k] for k in group}},
+                                                       "not " + " ".join(sorted(group)))]) for group in groups)
+    if not keys:
+        return None
+    [keyword] = keys
     value = inner[keyword]
+    if keyword == "properties":
+        expect(isinstance(value, dict), "properties must be an object", part.at("not", "properties"))
+        return choice(ctx.compile(rest + [part.derived({"type": "object", "required": [name],
+                                                        "properties": {name: {"not": sub}}}, f"failing {name}", "not")])
+                      for name, sub in value.items() if sub is not True and sub != {})
     if keyword == "required":
         expect(isinstance(value, list) and all(isinstance(n, str) for n in value), "required must be an array of "
                "strings", part.at("not", "required"))

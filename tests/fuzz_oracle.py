@@ -151,7 +151,7 @@ VALIDATION_EXCEPT_ALLOF = {"type", "enum", "const", "properties", "required", "a
                             "prefixItems", "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "not", "if",
                             "then", "else", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
                             "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "dependentRequired",
-                            "dependencies", "additionalItems"}
+                            "dependencies", "additionalItems", "contains", "minContains", "maxContains"}
 
 
 @dataclass(frozen=True)
@@ -170,8 +170,9 @@ class _Layout:
     """Puts object keys where the compiler's grammar has them.  The compiler flattens `$ref` and `allOf`
     into conjuncts depth first (a schema's own keywords, then its `$ref`, then each `allOf` member),
     splits on the first `anyOf`/`oneOf` (the chosen branch's conjuncts come last), writes an `enum`/
-    `const` value as the schema spells it, and lays an object out as its declared keys in conjunct order
-    (`properties`, then `required`) followed by the other keys."""
+    `const` value as the schema spells it, lays an object out as its declared keys in conjunct order
+    (`properties`, then `required`) followed by the other keys, and an array item that matches `contains` as
+    the conjunction of its item schemas and `contains`."""
 
     def __init__(self, oracle: Oracle):
         self.oracle = oracle
@@ -207,7 +208,8 @@ class _Layout:
         if isinstance(value, dict):
             return self._object(value, parts)
         if isinstance(value, list):
-            return [self.value(item, self._item_schemas(parts, i)) for i, item in enumerate(value)]
+            return [self.value(item, self._item_schemas(parts, i) + self._contains_schemas(parts, item))
+                    for i, item in enumerate(value)]
         return value
 
     @staticmethod
@@ -246,6 +248,11 @@ class _Layout:
             elif part.has("additionalProperties"):
                 out.append(part.get("additionalProperties"))
         return out
+
+    def _contains_schemas(self, parts: list[_Part], item: Any) -> list[Any]:
+        """The `contains` schemas `item` matches: the compiler writes a matching item as the conjunction."""
+        return [part.get("contains") for part in parts
+                if part.has("contains") and self.oracle.branch_accepts(part.get("contains"), item)]
 
     @staticmethod
     def _item_schemas(parts: list[_Part], index: int) -> list[Any]:

@@ -67,9 +67,9 @@ def _walk(grammar, rng: random.Random, max_tokens: int = 80) -> bytes | None:
     for step in range(max_tokens):
         ids = [int(i) for i in matcher.allowed_token_ids()]
         eos = [i for i in ids if i in vocab.eos_ids]
-        if eos and step >= 8:
-            return b"".join(out)
         pool = [i for i in ids if i not in vocab.eos_ids]
+        if eos and (step >= 8 or not pool):     # complete (and only eos may follow, e.g. after `[]`)
+            return b"".join(out)
         closing = [i for i in pool if any(c in vocab.token_bytes[i] for c in b'"}]')]
         if closing and rng.random() < step / max_tokens:
             pool = closing

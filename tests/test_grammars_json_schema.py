@@ -259,6 +259,31 @@ def test_contains_counts_matching_items_exactly(schema):
     assert not wrong, wrong
 
 
+@pytest.mark.parametrize("schema", [
+    {"not": {"properties": {"a": {"type": "integer"}, "b": False}}},
+    {"not": {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}},
+    {"not": {"type": "string", "pattern": "^a"}},
+    {"if": {"properties": {"a": {"const": "x"}}}, "then": {"required": ["b"]}, "else": {"maxProperties": 1}},
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+               {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]},
+])
+def test_negations_split_into_independent_keywords_and_properties(schema):
+    values = [None, 0, 1, "a", "x", [], [1], {}, {"a": 1}, {"a": "x"}, {"b": 1}, {"a": 1, "b": "q"}, {"a": "a", "b": 2},
+              {"b": "z"}, {"b": 2, "a": 3}, {"c": 1}]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema, property_order="any")
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+
+
+def test_negations_that_would_split_inside_a_keyword_group_are_refused():
+    # additionalProperties means "no keys besides the declared ones" only next to properties
+    with pytest.raises(UnsupportedSchemaError):
+        json_schema_to_grammar({"not": {"properties": {"a": {}}, "additionalProperties": False}})
+    with pytest.raises(UnsupportedSchemaError, match="minLength"):
+        json_schema_to_grammar({"not": {"properties": {"a": {"minLength": 2}}}})
+
+
 def test_combinators_refs_and_recursion():
     tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
                                                                    "kids": {"type": "array",
