@@ -217,7 +217,8 @@ def dependent_schemas(ctx: SchemaContext, parts: list[Part], owner: Part) -> Exp
                                      "dependencies", owner.pointer)
     rest = [p.skipping("dependentSchemas", "dependencies") if p is owner else p for p in parts]
     if lists:
-        rest.append(owner.derived({"dependentRequired": lists}, "dependentRequired", "dependencies"))
+        # (spelled `dependencies`, which every dialect defines: a draft-07 document ignores `dependentRequired`)
+        rest.append(owner.derived({"dependencies": lists}, "dependency lists", "dependencies"))
     alternatives = [ctx.compile(rest + [owner.derived({"not": {"type": "object"}}, "not an object")])]
     for present in product((True, False), repeat=len(triggers)):
         variant = [owner.derived({"type": "object"}, "an object")]

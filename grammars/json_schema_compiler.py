@@ -37,6 +37,16 @@ MAX_DOCUMENT_DEPTH = 2 * MAX_SUBSCHEMA_DEPTH + 1  # properties/anyOf spend two J
 MAX_SUBSCHEMAS = 20_000
 
 
+# Validation keywords later drafts added, and the older drafts that do not define them.
+_LATER_KEYWORDS = (
+    ((3, 4, 5), frozenset({"const", "contains", "propertyNames"})),
+    ((3, 4, 5, 6), frozenset({"if", "then", "else"})),
+    ((3, 4, 5, 6, 7), frozenset({"dependentRequired", "dependentSchemas", "prefixItems", "minContains",
+                                 "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
+                                 "$recursiveRef"})),
+)
+
+
 class SchemaCompiler:
     """Translates one schema document into a Grammar (see module docstring); a SchemaContext."""
 
@@ -50,6 +60,9 @@ class SchemaCompiler:
         dialect = dialect if isinstance(dialect, str) else ""
         self.legacy = any(f"draft-0{n}" in dialect for n in (3, 4, 5, 6, 7))  # $ref siblings ignored
         self.draft4 = "draft-04" in dialect or "draft-03" in dialect
+        # JSON Schema ignores keywords its dialect does not define: a draft-04 document's `if` is an annotation.
+        self.undefined = frozenset().union(*(later for drafts, later in _LATER_KEYWORDS
+                                             if any(f"draft-0{n}" in dialect for n in drafts)))
         self.refs = RefResolver(schema, "id" if self.draft4 else "$id")
         self.punct = punctuation(options.whitespace, options.max_indent)
         self.rules: dict[str, Expr] = {}
@@ -128,7 +141,7 @@ class SchemaCompiler:
             expect(isinstance(schema, dict), f"a schema must be an object or a boolean, not "
                    f"{type(schema).__name__}", part.pointer)
             base = self.refs.base_for(schema, part.base)
-            part = Part(schema, part.pointer, base, part.skip, part.variant)
+            part = Part(schema, part.pointer, base, part.skip | self.undefined, part.variant)
             pending: list[Part] = []
             if part.has("$ref"):
                 target = self.refs.resolve(schema["$ref"], base, part.pointer)

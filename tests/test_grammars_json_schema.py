@@ -284,6 +284,24 @@ def test_negations_that_would_split_inside_a_keyword_group_are_refused():
         json_schema_to_grammar({"not": {"properties": {"a": {"minLength": 2}}}})
 
 
+@pytest.mark.parametrize("dialect,ignored", [
+    ("http://json-schema.org/draft-04/schema#", True),
+    ("http://json-schema.org/draft-06/schema#", True),
+    ("http://json-schema.org/draft-07/schema#", False),
+    ("https://json-schema.org/draft/2020-12/schema", False),
+])
+def test_keywords_the_declared_draft_does_not_define_are_annotations(dialect, ignored):
+    # `if`/`then` came with draft-07, `prefixItems` and `dependentRequired` with 2019-09/2020-12
+    schema = {"$schema": dialect, "type": "object", "if": {"properties": {"k": {"const": 1}}, "required": ["k"]},
+              "then": {"required": ["x"]}, "properties": {"p": {"prefixItems": [{"type": "string"}]}},
+              "dependentRequired": {"k": ["y"]}}
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    values = [{"k": 1}, {"k": 1, "x": 0, "y": 0}, {"k": 2}, {"p": [1]}, {"p": ["a"]}, {"k": 1, "x": 0}]
+    grammar = json_schema_to_grammar(schema, property_order="any")
+    assert [ir_accepts(grammar, json.dumps(v)) for v in values] == [validator.is_valid(v) for v in values]
+    assert ir_accepts(grammar, json.dumps({"k": 1})) is ignored
+
+
 def test_combinators_refs_and_recursion():
     tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
                                                                    "kids": {"type": "array",
