@@ -218,8 +218,8 @@ def test_speculative_ngram_reports_drafts(byte_level_model_dir, eos_bias, tmp_pa
 def test_a_bad_schema_fails_before_any_work(llm, tmp_path):
     data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
     out = tmp_path / "out.jsonl"
-    unsupported = {"type": "object", "properties": {"tags": {"type": "array", "contains": {"type": "string"}}}}
-    with pytest.raises(ValueError, match=r"schema: .*'contains'.*/properties/tags/contains"):
+    unsupported = {"type": "object", "properties": {"tags": {"type": "object", "unevaluatedProperties": False}}}
+    with pytest.raises(ValueError, match=r"schema: .*'unevaluatedProperties'.*/properties/tags/unevaluatedProperties"):
         extract(data, unsupported, out, model=llm, progress=False)
     with pytest.raises(ValueError, match=r"schema .*missing.json: cannot read it"):
         extract(data, str(tmp_path / "missing.json"), out, model=llm, progress=False)
@@ -370,7 +370,7 @@ def test_cli_errors_are_one_line(byte_level_model_dir, tmp_path, capsys):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMA))
     unsupported = tmp_path / "unsupported.json"
-    unsupported.write_text('{"type": "array", "contains": {"type": "string"}}')
+    unsupported.write_text('{"type": "object", "unevaluatedProperties": false}')
     out = tmp_path / "out.jsonl"
     model = ["--model", byte_level_model_dir, "--threads", "1"]
     cases = [
@@ -391,7 +391,7 @@ def test_cli_errors_are_one_line(byte_level_model_dir, tmp_path, capsys):
         line = error_line(*run_cli(capsys, *argv))
         assert message in line, line
     line = error_line(*run_cli(capsys, good, "--schema", unsupported, "-o", out, *model))
-    assert "'contains'" in line and "(at /contains)" in line
+    assert "'unevaluatedProperties'" in line and "(at /unevaluatedProperties)" in line
     assert not out.exists()
 
 
