@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import UnsupportedSchemaError
-from .ir import Expr, Lit, Ref, Terminal
+from .ir import Expr
 from .json_schema_context import (Branches, Part, SchemaContext, count_of, enum_values, expect, narrow_types,
                                   satisfying)
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
@@ -166,10 +166,7 @@ def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part]
                 if m < top:
                     alts.append(seq(pu.comma, matching, after(c + 1, m + 1)))
             body = choice(alts)
-        if body not in (NEVER, EMPTY) and not isinstance(body, (Lit, Terminal)):
-            name = ctx.rule_name(f"{pointer}_contains")
-            ctx.rules[name] = body
-            body = Ref(name)
+        body = ctx.share(body, f"{pointer}_contains")
         memo[c, m] = body
         return body
 
@@ -204,10 +201,7 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
             alts += [seq(pu.comma, lits[i], after(mask | 1 << i, count + 1))
                      for i in range(len(lits)) if not mask & 1 << i]
         body = choice(alts)
-        if body not in (NEVER, EMPTY) and not isinstance(body, (Lit, Terminal)):
-            name = ctx.rule_name(f"{pointer}_unique")
-            ctx.rules[name] = body
-            body = Ref(name)
+        body = ctx.share(body, f"{pointer}_unique")
         memo[mask] = body
         return body
 

@@ -113,10 +113,9 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
     """The `not` shapes that become other keywords: `not: {required: [k1, ...]}` is an object missing some ki
     (everything else satisfies `required`), a choice of objects each forbidding one key; `not: {properties}`
     is an object with a declared key whose value fails its schema (everything else satisfies `properties`),
-    a choice over the keys; `not: {anyOf}`
-    is every branch negated, `not: {allOf}` a choice of one branch negated, `not: {not: X}` is X; a schema of
-    several independent keyword groups fails where one of them fails, a choice of each group negated.  None
-    for the other shapes (`negate` handles those it can)."""
+    a choice over the keys; `not: {anyOf}` is every branch negated, `not: {allOf}` a choice of one branch
+    negated, `not: {not: X}` is X; a schema of several independent keyword groups fails where one of them
+    fails, a choice of each group negated.  None for the other shapes (`negate` handles those it can)."""
     inner = part.get("not")
     if not isinstance(inner, dict):
         return None
