@@ -29,7 +29,7 @@ from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, Json
                                   expect, narrow_types)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
-from .json_schema_refs import RefResolver, escape_token
+from .json_schema_refs import RefResolver, escape_token, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 
 MAX_SUBSCHEMA_DEPTH = 64  # the limits: see the module docstring
@@ -54,16 +54,17 @@ class SchemaCompiler:
         expect(isinstance(schema, (dict, bool)), f"a schema must be an object or a boolean, not "
                f"{type(schema).__name__}", "")
         _check_document_depth(schema)  # first: the resolver, jsonschema and enum values recurse through it
-        self.root = schema
         self.options = options
         dialect = schema.get("$schema", "") if isinstance(schema, dict) else ""
         dialect = dialect if isinstance(dialect, str) else ""
         self.legacy = any(f"draft-0{n}" in dialect for n in (3, 4, 5, 6, 7))  # $ref siblings ignored
         self.draft4 = "draft-04" in dialect or "draft-03" in dialect
-        # JSON Schema ignores keywords its dialect does not define: a draft-04 document's `if` is an annotation.
-        self.undefined = frozenset().union(*(later for drafts, later in _LATER_KEYWORDS
-                                             if any(f"draft-0{n}" in dialect for n in drafts)))
-        self.refs = RefResolver(schema, "id" if self.draft4 else "$id")
+        # JSON Schema ignores keywords its dialect does not define (a draft-04 document's `if` is an annotation):
+        # they leave the document once, so that no reader of it, `not` and the oneOf proofs included, sees them.
+        undefined = frozenset().union(*(later for drafts, later in _LATER_KEYWORDS
+                                        if any(f"draft-0{n}" in dialect for n in drafts)))
+        self.root = without_keywords(schema, undefined) if undefined else schema
+        self.refs = RefResolver(self.root, "id" if self.draft4 else "$id")
         self.punct = punctuation(options.whitespace, options.max_indent)
         self.rules: dict[str, Expr] = {}
         self._memo: dict[tuple, str] = {}
@@ -141,7 +142,7 @@ class SchemaCompiler:
             expect(isinstance(schema, dict), f"a schema must be an object or a boolean, not "
                    f"{type(schema).__name__}", part.pointer)
             base = self.refs.base_for(schema, part.base)
-            part = Part(schema, part.pointer, base, part.skip | self.undefined, part.variant)
+            part = Part(schema, part.pointer, base, part.skip, part.variant)
             pending: list[Part] = []
             if part.has("$ref"):
                 target = self.refs.resolve(schema["$ref"], base, part.pointer)

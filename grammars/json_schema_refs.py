@@ -50,6 +50,24 @@ def _children(schema: dict, pointer: str):
                     yield sub, f"{pointer}/{key}/{escape_token(name)}"
 
 
+def without_keywords(schema: Any, keywords: frozenset[str]) -> Any:
+    """A copy of a schema document with `keywords` removed from every (sub)schema: the document as a dialect
+    that does not define them reads it (property names and enum values are left alone)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v for k, v in schema.items() if k not in keywords}
+    for key in _SINGLE:
+        if isinstance(out.get(key), dict):
+            out[key] = without_keywords(out[key], keywords)
+    for key in _LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [without_keywords(sub, keywords) for sub in out[key]]
+    for key in _MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: without_keywords(sub, keywords) for name, sub in out[key].items()}
+    return out
+
+
 class RefResolver:
     """Indexes a schema document's resources and anchors; resolves `$ref` strings to subschemas."""
 

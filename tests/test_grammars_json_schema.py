@@ -302,6 +302,20 @@ def test_keywords_the_declared_draft_does_not_define_are_annotations(dialect, ig
     assert ir_accepts(grammar, json.dumps({"k": 1})) is ignored
 
 
+def test_a_keyword_the_draft_does_not_define_is_ignored_under_not_and_oneof_too():
+    draft4 = "http://json-schema.org/draft-04/schema#"
+    # draft-04 has no `const`: `not: {const: 1}` is `not: {}`, which nothing satisfies
+    with pytest.raises(SchemaError, match="unsatisfiable"):
+        json_schema_to_grammar({"$schema": draft4, "not": {"const": 1}})
+    # ...and these branches both match every instance, so no const may prove them apart
+    with pytest.raises(UnsupportedSchemaError, match="oneOf"):
+        json_schema_to_grammar({"$schema": draft4, "oneOf": [{"properties": {"k": {"const": 1}}},
+                                                             {"properties": {"k": {"const": 2}}}]})
+    # a property that happens to be called `const` is still a property
+    check({"$schema": draft4, "properties": {"const": {"type": "integer"}}}, valid=[{"const": 1}],
+          invalid=[{"const": "a"}])
+
+
 def test_combinators_refs_and_recursion():
     tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
                                                                    "kids": {"type": "array",
