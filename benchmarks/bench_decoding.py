@@ -71,7 +71,8 @@ def make_rows(setting: Callable[[int], SamplingParams], batch: int, vocab: int, 
         params = setting(i)
         if i % 2 and not params.greedy:
             params = dataclasses.replace(params, seed=i)
-        history = torch.randint(1, vocab, (2 * HISTORY,), generator=generator).tolist()
+        # Views of one int64 array per row, as the engine passes each sequence's ids.
+        history = torch.randint(1, vocab, (2 * HISTORY,), generator=generator).numpy()
         rows.append(SamplingRow(params, history[:HISTORY], history[HISTORY:],
                                 request_generator(i) if params.seed is not None else None))
     return rows

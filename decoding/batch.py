@@ -17,7 +17,9 @@ from leapgen.decoding.sampling_params import SamplingParams
 class SamplingRow:
     """What the engine knows about one row of the logits this step.
 
-    `prompt_ids`/`output_ids` are the sequence's tokens so far (generated ones only in `output_ids`);
+    `prompt_ids`/`output_ids` are the sequence's tokens so far (generated ones only in `output_ids`), as
+    lists or as int64 arrays (the engine passes views of the sequence's own array, so penalties read the
+    history without converting it from Python ints at every step);
     `generator` is the row's own torch.Generator (see `sampler.request_generator`), None for the global one.
     """
 
@@ -156,7 +158,8 @@ class SamplingBatch:
     def row_token_ids(self, i: int) -> torch.Tensor:
         """Prompt + output ids of row `i` as a 1-D long tensor (what transformers calls input_ids)."""
         row = self.rows[i]
-        return torch.tensor([*row.prompt_ids, *row.output_ids], dtype=torch.long, device=self.device)
+        ids = np.concatenate([np.asarray(row.prompt_ids, dtype=np.int64), np.asarray(row.output_ids, dtype=np.int64)])
+        return torch.from_numpy(ids).to(self.device)
 
     @cached_property
     def flat_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -211,6 +214,10 @@ def _flattened(row_parts: list[tuple[Sequence[int], ...]]) -> tuple[np.ndarray, 
     """Each row's parts back to back in one int64 array, and per row where its ids start and end."""
     lengths = np.fromiter((sum(map(len, parts)) for parts in row_parts), dtype=np.int64, count=len(row_parts))
     ends = np.cumsum(lengths)
-    ids = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(row_parts)), dtype=np.int64,
-                      count=int(ends[-1]))
+    parts = list(itertools.chain.from_iterable(row_parts))
+    if all(isinstance(part, np.ndarray) for part in parts):
+        ids = np.concatenate(parts, dtype=np.int64) if parts else np.zeros(0, dtype=np.int64)
+    else:   # from Python ints: fromiter over every part at once is the fastest conversion (0.35 ms per 32k ids)
+        ids = np.fromiter(itertools.chain.from_iterable(parts), dtype=np.int64, count=int(ends[-1]))
     return ids, ends - lengths, ends
+

@@ -225,7 +225,7 @@ class BlockManager:
         if not isinstance(num_tokens, int) or not seq.num_prompt_tokens <= num_tokens <= seq.num_tokens:
             raise ValueError(f"sequence {seq.seq_id}: cannot truncate to {num_tokens!r} tokens; must be between "
                              f"the prompt length {seq.num_prompt_tokens} and the current length {seq.num_tokens}")
-        del seq.token_ids[num_tokens:]
+        seq.truncate_tokens(num_tokens)
         seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
         del seq.block_hashes[seq.num_computed_tokens // self.block_size:]
         keep = self.num_blocks_for(num_tokens)

@@ -435,10 +435,10 @@ class LLMEngine:
         masks: list[ConstraintState | np.ndarray | None] = []
         for _, state, entry_rows in entries:
             seq = state.seq
-            output = seq.output_token_ids
-            accepted = len(output) - len(state.draft)
+            ids, prompt = seq.token_array(), seq.num_prompt_tokens
+            accepted = seq.num_tokens - len(state.draft)
             for i in range(len(entry_rows)):
-                rows.append(SamplingRow(seq.params, seq.prompt_token_ids, output[:accepted + i], state.generator))
+                rows.append(SamplingRow(seq.params, ids[:prompt], ids[prompt:accepted + i], state.generator))
                 masks.append(state.draft_masks[i] if state.draft_masks is not None
                              else self._step_masks.get(seq.seq_id, state.constraint))
         with phase("masks"):

@@ -55,7 +55,7 @@ class SequenceState:
     def drop_draft(self) -> None:
         """Forget the draft (the sequence was preempted: its tokens will be recomputed without it)."""
         if self.draft:
-            del self.seq.token_ids[len(self.seq.token_ids) - len(self.draft):]
+            self.seq.truncate_tokens(self.seq.num_tokens - len(self.draft))
         self.draft, self.draft_masks, self.pending_rows = [], None, []
 
     def record(self, token: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import operator
 from enum import Enum, auto
 
+import numpy as np
+
 from leapgen.decoding.sampling_params import SamplingParams
 
 
@@ -45,6 +47,10 @@ class Sequence:
         self.seq_id = seq_id
         self.params = params if params is not None else SamplingParams()
         self.token_ids: list[int] = tokens
+        # token_ids as int64, grown a few ids a step: what the sampler's penalties read, without converting
+        # the whole history from Python ints at every step.  Its first `_mirrored` ids are current.
+        self._array = np.empty(0, dtype=np.int64)
+        self._mirrored = 0
         self.num_prompt_tokens = len(tokens)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0          # prompt tokens served by the prefix cache at the last admission
@@ -108,6 +114,23 @@ class Sequence:
         """Append several tokens at once (a forced-token jump or speculative draft)."""
         where = f"sequence {self.seq_id}: appended token"
         self.token_ids.extend(_token_id(t, f"{where} {i}") for i, t in enumerate(token_ids))
+
+    def truncate_tokens(self, num_tokens: int) -> None:
+        """Drop every token after the first `num_tokens` (a rejected draft, a rollback)."""
+        del self.token_ids[num_tokens:]
+        self._mirrored = min(self._mirrored, num_tokens)
+
+    def token_array(self) -> np.ndarray:
+        """`token_ids` as an int64 array; the view stays valid until the tokens change."""
+        count = len(self.token_ids)
+        if count > self._array.size:
+            grown = np.empty(max(count, 2 * self._array.size), dtype=np.int64)
+            grown[:self._mirrored] = self._array[:self._mirrored]
+            self._array = grown
+        if self._mirrored < count:
+            self._array[self._mirrored:count] = self.token_ids[self._mirrored:count]
+            self._mirrored = count
+        return self._array[:count]
 
     def fork(self, seq_id: int) -> Sequence:
         """A new WAITING sequence with the same tokens and params and no blocks (`BlockManager.fork` shares them)."""

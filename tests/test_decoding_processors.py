@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import (
@@ -191,6 +192,25 @@ def test_mixed_rows_equal_each_row_alone():
     together = run(rows, logits)
     for i, row in enumerate(rows):
         torch.testing.assert_close(together[i: i + 1], run([row], logits[i: i + 1]))
+
+
+def test_histories_given_as_int64_arrays_process_like_lists():
+    # The engine passes views of each sequence's id array; every processor that reads the history must agree.
+    settings = [{"repetition_penalty": 1.3, "no_repeat_ngram_size": 2, "min_tokens": 20},
+                {"frequency_penalty": 0.6, "presence_penalty": 0.2, "repetition_penalty": 0.9},
+                {"no_repeat_ngram_size": 3, "frequency_penalty": -0.3}, {}]
+    hist = histories(len(settings), 12)
+    lists = [SamplingRow(SamplingParams(**s), p, o) for s, (p, o) in zip(settings, hist)]
+    arrays = []
+    for s, (p, o) in zip(settings, hist):
+        ids = np.array(p + o + [EOS, EOS], dtype=np.int64)     # ids past the history, as a longer buffer holds
+        arrays.append(SamplingRow(SamplingParams(**s), ids[:len(p)], ids[len(p):len(p) + len(o)]))
+    logits = random_logits(len(settings), 12)
+    torch.testing.assert_close(run(arrays, logits), run(lists, logits), rtol=0, atol=0)
+    from_arrays, from_lists = SamplingBatch.build(arrays, VOCAB), SamplingBatch.build(lists, VOCAB)
+    for processor in (RepetitionPenalty(), FrequencyPresencePenalty()):     # the torch forms read padded histories
+        torch.testing.assert_close(processor.with_torch(logits.clone(), from_arrays),
+                                   processor.with_torch(logits.clone(), from_lists), rtol=0, atol=0)
 
 
 def test_unused_features_leave_logits_untouched():

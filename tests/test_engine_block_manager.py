@@ -500,3 +500,18 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 BlockManagerMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 test_block_manager_random_operations = BlockManagerMachine.TestCase
+
+
+def test_token_array_follows_appends_truncations_and_forks():
+    seq = Sequence(0, [5, 6, 7])
+    assert seq.token_array().tolist() == [5, 6, 7]
+    for token in range(20):                     # grows its buffer several times
+        seq.append_token(100 + token)
+        assert seq.token_array().tolist() == seq.token_ids
+    seq.truncate_tokens(5)
+    seq.append_tokens([1, 2])                   # same length as an earlier state, other ids
+    assert seq.token_array().tolist() == [5, 6, 7, 100, 101, 1, 2]
+    child = seq.fork(1)
+    child.append_token(9)
+    assert child.token_array().tolist() == [5, 6, 7, 100, 101, 1, 2, 9]
+    assert seq.token_array().tolist() == [5, 6, 7, 100, 101, 1, 2]
