@@ -221,9 +221,22 @@ def test_long_keys_beside_declared_ones_count_in_chunks():
 
 def test_a_long_length_bound_with_a_format_is_refused_at_once_with_its_pointer():
     schema = {"properties": {"site": {"type": "string", "format": "uri-reference", "maxLength": 2000}}}
-    with pytest.raises(UnsupportedSchemaError, match="length bound of 2000") as error:
+    with pytest.raises(UnsupportedSchemaError, match="maxLength 2000 with format 'uri-reference' cannot be enforced "
+                                                     "exactly within") as error:
         json_schema_to_grammar(schema)
     assert error.value.pointer == "/properties/site"
+
+
+@pytest.mark.parametrize("subschema, named, pointer", [
+    # a search for a word whose 19th letter from the end is an a: the automaton must remember 19 letters
+    ({"pattern": "(a|b)*a(a|b){18}"}, "pattern '(a|b)*a(a|b){18}'", "/properties/code/pattern"),
+    ({"maxLength": 1024, "format": "email"}, "maxLength 1024 with format 'email'", "/properties/code"),
+])
+def test_keywords_whose_automaton_outgrows_the_budget_are_refused_by_name_and_pointer(subschema, named, pointer):
+    schema = {"properties": {"code": {"type": "string", **subschema}}}
+    with pytest.raises(UnsupportedSchemaError, match=re.escape(named) + " cannot be enforced exactly") as error:
+        json_schema_to_grammar(schema)
+    assert error.value.pointer == pointer
 
 
 def test_arrays_prefix_items_bounds_and_unique_enumerable_items():
