@@ -15,6 +15,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from .collector import collector_paused
 from .errors import EmptyLanguageError, SchemaError, UnsupportedSchemaError
 from .ir import Grammar
 from .json_schema_arrays import MAX_ITEM_CAP_NODES
@@ -55,7 +56,8 @@ def json_schema_to_grammar(schema: Any, **options: Any) -> Grammar:
     except TypeError as exc:
         raise TypeError(f"unknown JSON schema option: {exc}") from None
     try:
-        return _grammar(schema, opts)
+        with collector_paused():
+            return _grammar(schema, opts)
     except RecursionError:  # the limits leave ample stack; this is for callers already deep in theirs
         raise UnsupportedSchemaError("schema nested too deeply for the stack left to compile it", "") from None
 

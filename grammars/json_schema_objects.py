@@ -217,7 +217,8 @@ class _ObjectBuilder:
         """The object as one rule over its members (`ir.Members`): in schema order, extras last, or in any order."""
         keys = [n for n in names if n in members]
         while True:  # a trigger whose dependents cannot appear cannot appear either
-            blocked = {t for t, needed in self.dependents.items() if t in keys and any(n not in keys for n in needed)}
+            present = set(keys)
+            blocked = {t for t, needed in self.dependents.items() if t in present and not present.issuperset(needed)}
             if not blocked:
                 break
             keys = [n for n in keys if n not in blocked]

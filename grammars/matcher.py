@@ -14,6 +14,7 @@ import numpy as np
 
 from . import ir
 from .automaton import Automaton, compile_automaton
+from .collector import collector_paused
 from .completion import UNREACHABLE, Completions
 from .errors import GrammarError
 from .stacks import StackArena
@@ -45,7 +46,8 @@ class CompiledGrammar:
     @classmethod
     def from_ir(cls, grammar: ir.Grammar, tokenizer: Any) -> "CompiledGrammar":
         """Compile an IR grammar for an HF tokenizer or a Vocabulary."""
-        return cls(compile_automaton(grammar), as_vocabulary(tokenizer))
+        with collector_paused():
+            return cls(compile_automaton(grammar), as_vocabulary(tokenizer))
 
     def matcher(self, max_tokens: int | None = None) -> "Matcher":
         """A fresh per-sequence matcher at the start of the text; with `max_tokens`, its output always

@@ -1,0 +1,39 @@
+"""Compiling with Python's cyclic garbage collector paused.
+
+A compile allocates tens of thousands of small objects (schema IR, NFA nodes, DFA tables), and keeps
+most of them in memoised caches.  Each burst of allocations starts a collection, and the full ones walk
+the whole heap (those caches, the tokenizer, a loaded model's objects) to free almost nothing.  Over the
+first 150 MaskBench schemas of Github_medium, Github_hard and JsonSchemaStore, compiling took 6.4-6.5 s
+with the collector running and 5.6 s with it paused, and the slowest single compiles were the ones a full
+collection landed in.  Cycles a compile leaves behind are freed by the first collection after it.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+_lock = threading.Lock()
+_depth = 0                  # compiles running now, in any thread
+_enabled_before = False     # the collector's state when the first of them began
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the collector while the block runs (nested and concurrent blocks: until the last one ends), then
+    leave it as it was, so a caller that turned it off keeps it off."""
+    global _depth, _enabled_before
+    with _lock:
+        if _depth == 0:
+            _enabled_before = gc.isenabled()
+            gc.disable()
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _enabled_before:
+                gc.enable()
