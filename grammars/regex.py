@@ -79,8 +79,10 @@ def complement_ranges(ranges) -> tuple[tuple[int, int], ...]:
     return normalize_ranges(out)
 
 
-def _class_ranges(items, flags: int) -> tuple[tuple[int, int], ...]:
-    """Code point ranges of a parsed character class `[...]`."""
+@functools.lru_cache(maxsize=4096)
+def _class_ranges(items: tuple, flags: int) -> tuple[tuple[int, int], ...]:
+    """Code point ranges of a parsed character class `[...]` (memoised: a JSON string's character class recurs
+    in every string regex of a schema)."""
     negate = bool(items) and items[0][0] is C.NEGATE
     body = items[1:] if negate else items
     simple = all(op in (C.LITERAL, C.RANGE) for op, _ in body)
@@ -232,12 +234,12 @@ class _Builder:
 
     def item(self, op, av, src: int, dst: int, flags: int, lead: bool, trail: bool) -> None:
         if op is C.LITERAL or op is C.NOT_LITERAL:
-            items = [(C.LITERAL, av)] if op is C.LITERAL else [(C.NEGATE, None), (C.LITERAL, av)]
+            items = ((C.LITERAL, av),) if op is C.LITERAL else ((C.NEGATE, None), (C.LITERAL, av))
             self.chars(_class_ranges(items, flags), src, dst)
         elif op is C.ANY:
             self.chars(_ALL_RANGES if flags & re.DOTALL else complement_ranges([(10, 10)]), src, dst)
         elif op is C.IN:
-            self.chars(_class_ranges(av, flags), src, dst)
+            self.chars(_class_ranges(tuple(av), flags), src, dst)
         elif op is C.BRANCH:
             for branch in av[1]:
                 self.seq(branch.data, src, dst, flags, lead, trail)
