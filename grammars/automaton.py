@@ -24,10 +24,10 @@ from typing import Callable
 import numpy as np
 
 from . import ir
-from .errors import EmptyLanguageError, GrammarError
+from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .object_members import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
-from .regex import literal_dfa, literals_dfa, terminal_dfa
+from .regex import MAX_DFA_STATES, literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
 CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this is called, not inlined
@@ -194,6 +194,13 @@ def _is_terminal(expr: ir.Expr) -> bool:
         item = _unwrap(expr.item)
         return _is_terminal(item) and not isinstance(item, ir.Repeat) and (expr.max or expr.min) <= 16
     return False
+
+
+def _origin(expr: ir.Expr) -> tuple[str, str] | None:
+    """What the front end called the terminal inside a terminal expression (see `_is_terminal`), if it said."""
+    while isinstance(expr, ir.Repeat):
+        expr = _unwrap(expr.item)
+    return expr.origin if isinstance(expr, ir.Terminal) else None
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -368,7 +375,15 @@ class _Compiler:
 
     def terminal_label(self, expr: ir.Expr) -> str:
         """The pseudo-rule name under which a terminal is called (one per distinct DFA)."""
-        dfa = terminal_for(expr)
+        try:
+            dfa = terminal_for(expr)
+        except AutomatonTooLargeError:
+            origin = _origin(expr)
+            if origin is None:
+                raise
+            what, pointer = origin
+            raise UnsupportedSchemaError(f"{what} cannot be enforced exactly within {MAX_DFA_STATES} automaton states",
+                                         pointer) from None
         label = self._labels.get(dfa)
         if label is None:
             label = self._labels[dfa] = f"<terminal {len(self._labels)}>"

@@ -21,6 +21,10 @@ class RegexError(GrammarError):
         self.position = position
 
 
+class AutomatonTooLargeError(RegexError):
+    """A regex (or an intersection of regexes) whose automaton outgrows the state budget."""
+
+
 class SchemaError(GrammarError):
     """A malformed JSON schema; `pointer` is the JSON pointer of the offending subschema."""
 

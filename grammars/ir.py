@@ -30,6 +30,9 @@ class Terminal:
     pattern: str
     also: tuple[str, ...] = ()
     excluding: tuple[str, ...] = ()
+    # (what the front end calls this string, its JSON pointer), for the error when the automaton outgrows the
+    # budget; not part of the terminal's identity (equal terminals share one automaton).
+    origin: tuple[str, str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,14 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from .errors import RegexError, SchemaError, UnsupportedSchemaError
+from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Ref, Terminal
 from .json_numbers import DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
 from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, capped_length, chars_regex, format_pattern, pattern_regex,
                            regex_escape, string_regex)
-from .regex import MAX_DFA_STATES, terminal_dfa
+from .regex import MAX_DFA_STATES
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
 
@@ -146,7 +146,8 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     (`not: {pattern}`, the other classes of property names)."""
     lo, hi = 0, None
     patterns = list(extra_patterns)
-    named = [f"key pattern {src!r}" for src, _ in extra_patterns]     # the keywords, for an error naming them
+    # each keyword as (its name in an error, its pointer)
+    named = [(f"key pattern {src!r}", at) for src, at in extra_patterns]
     for p in parts:
         n = count_of(p, "minLength")
         lo = max(lo, n) if n is not None else lo
@@ -155,43 +156,32 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         if p.has("pattern"):
             expect(isinstance(p.get("pattern"), str), "pattern must be a string", p.at("pattern"))
             patterns.append((p.get("pattern"), p.at("pattern")))
-            named.append(f"pattern {p.get('pattern')!r}")
+            named.append((f"pattern {p.get('pattern')!r}", p.at("pattern")))
         fmt = p.get("format")
         if fmt in FORMATS:
             patterns.append((format_pattern(fmt), ""))
-            named.append(f"format {fmt!r}")
+            named.append((f"format {fmt!r}", p.at("format")))
         elif fmt in UNENFORCEABLE_FORMATS:
             raise UnsupportedSchemaError(f"format {fmt!r} cannot be enforced: {UNENFORCEABLE_FORMATS[fmt]}",
                                          p.at("format"))
         elif fmt is not None and ctx.options.strict_formats:
             raise UnsupportedSchemaError(f"format {fmt!r} is not supported", p.at("format"))
+    here = parts[0].pointer if parts else ""
     if hi is not None and lo > hi:
-        return ctx.never(f"minLength {lo} is above maxLength {hi}", parts[0].pointer if parts else "")
+        return ctx.never(f"minLength {lo} is above maxLength {hi}", here)
     also = tuple(pattern_regex(*pattern) for pattern in patterns)
     exclude = tuple(regex_escape(json_text(v)) for v in excluded) + tuple(
         pattern_regex(*pattern) for pattern in excluded_patterns)
+    bounds = [(f"minLength {lo}", here)] * bool(lo) + [(f"maxLength {hi}", here)] * (hi is not None)
     if hi is None and ctx.options.max_string_length is not None:
         hi = capped_length(ctx.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)
-    named = [f"minLength {lo}"] * bool(lo) + [f"maxLength {hi}"] * (hi is not None) + named
-    named += [f"{len(excluded)} excluded values"] * bool(excluded) + [f"not pattern {src!r}"
-                                                                       for src, _ in excluded_patterns]
-    pointer = (patterns[0][1] if len(named) == 1 and patterns else "") or (parts[0].pointer if parts else "")
-    too_large = UnsupportedSchemaError(f"{' with '.join(named)} cannot be enforced exactly within {MAX_DFA_STATES} "
-                                       "automaton states", pointer)
-
-    def built(terminal: Terminal) -> Terminal:
-        # With a pattern or format, built now to name the keywords if it outgrows the budget (memoised: the
-        # grammar reuses this automaton).  Only key terminals have neither, and objects often write those another way.
-        if not also and not excluded_patterns:
-            return terminal
-        try:
-            terminal_dfa(terminal.pattern, terminal.also, terminal.excluding)
-        except RegexError:
-            raise too_large from None
-        return terminal
-
+        bounds += [(f"the max_string_length cap of {hi}", here)] * (hi is not None)
+    named = bounds + named + [(f"{len(excluded)} excluded values", here)] * bool(excluded) + [
+        (f"not pattern {src!r}", at) for src, at in excluded_patterns]
+    # Where the automaton outgrows the budget: the keyword's own pointer when it is alone, else the string's.
+    origin = (" with ".join(name for name, _ in named), named[0][1] if len(named) == 1 and named[0][1] else here)
     if lo == 0 and hi is None and also:
-        return built(Terminal(also[0], also[1:], exclude))
+        return Terminal(also[0], also[1:], exclude, origin)
     if not also and not excluded_patterns and max(lo, hi or 0) > _CHUNK:
         # excluded values (declared keys) are short: strings longer than all of them need no exclusion, so
         # only the short ones are one terminal and the long ones count in chunks
@@ -201,8 +191,10 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         if hi is not None and hi > short:
             return choice([Terminal(string_regex(lo, short), (), exclude), _chunked_string(ctx, short + 1, hi)])
     if max(lo, hi or 0) * _STATES_PER_CHARACTER > MAX_DFA_STATES:
-        raise too_large     # the length count alone outgrows one terminal's budget: say so before building any of it
-    return built(Terminal(string_regex(lo, hi), also, exclude))
+        # the length count alone outgrows one terminal's budget: say so now, not after building most of it
+        raise UnsupportedSchemaError(f"{origin[0]} cannot be enforced exactly within {MAX_DFA_STATES} automaton "
+                                     "states", origin[1])
+    return Terminal(string_regex(lo, hi), also, exclude, origin)
 
 
 _CHUNK = 32  # longer length bounds count in chunks of this many characters: one terminal would unroll each one

@@ -19,7 +19,7 @@ from re import _parser as sre_parse
 
 import numpy as np
 
-from .errors import RegexError
+from .errors import AutomatonTooLargeError, RegexError
 from .fsm import DFA, NFA, BudgetExceeded, determinize, minimize, product, union
 
 MAX_DFA_STATES = 20_000
@@ -337,7 +337,7 @@ def regex_dfa(pattern: str) -> DFA:
         builder.seq(parsed.data, start, final, parsed.state.flags, True, True)
         return minimize(determinize(builder.nfa, start, final, MAX_DFA_STATES))
     except BudgetExceeded as e:
-        raise RegexError(f"regex too complex to compile ({e})", pattern) from None
+        raise AutomatonTooLargeError(f"regex too complex to compile ({e})", pattern) from None
     except RecursionError:
         raise RegexError("regex nested too deeply", pattern) from None
 
@@ -358,7 +358,7 @@ def terminal_dfa(pattern: str, also: tuple[str, ...] = (), excluding: tuple[str,
             dfa = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
                           MAX_DFA_STATES)
     except BudgetExceeded as e:
-        raise RegexError(f"regex combination too complex to compile ({e})", pattern) from None
+        raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern) from None
     return dfa
 
 

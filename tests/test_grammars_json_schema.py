@@ -235,8 +235,15 @@ def test_a_long_length_bound_with_a_format_is_refused_at_once_with_its_pointer()
 def test_keywords_whose_automaton_outgrows_the_budget_are_refused_by_name_and_pointer(subschema, named, pointer):
     schema = {"properties": {"code": {"type": "string", **subschema}}}
     with pytest.raises(UnsupportedSchemaError, match=re.escape(named) + " cannot be enforced exactly") as error:
-        json_schema_to_grammar(schema)
+        compile_automaton(json_schema_to_grammar(schema))     # the automata are built where the grammar is
     assert error.value.pointer == pointer
+
+
+def test_a_string_that_can_never_appear_is_not_refused_for_its_automaton():
+    # The member is never written, so the over-budget automaton is never built.
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": "email", "maxLength": 1300}},
+              "maxProperties": 0}
+    check(schema, valid=[{}], invalid=[{"a": "x@y.io"}])
 
 
 def test_arrays_prefix_items_bounds_and_unique_enumerable_items():
