@@ -11,6 +11,7 @@ collection landed in.  Cycles a compile leaves behind are freed by the first col
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -18,6 +19,19 @@ from typing import Iterator
 _lock = threading.Lock()
 _depth = 0                  # compiles running now, in any thread
 _enabled_before = False     # the collector's state when the first of them began
+
+
+def _after_fork_in_child() -> None:
+    # Only the forking thread lives on in the child: compiles running in other threads are gone with their
+    # threads (and the lock may have been held by one of them), so start afresh with the collector as it was.
+    global _lock, _depth
+    _lock = threading.Lock()
+    if _depth and _enabled_before:
+        gc.enable()
+    _depth = 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import pytest
@@ -63,3 +64,26 @@ def test_overlapping_compiles_in_two_threads_restart_it_when_the_last_ends(colle
     second_done.set()
     thread.join(10)
     assert states == [False] and gc.isenabled()
+
+
+def test_a_child_forked_during_another_threads_compile_runs_its_collector(collector_state):
+    gc.enable()
+    inside, release = threading.Event(), threading.Event()
+
+    def compiling():
+        with collector_paused():
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=compiling)
+    thread.start()
+    inside.wait(10)
+    pid = os.fork()
+    if pid == 0:    # the child: the compiling thread does not exist here
+        with collector_paused():
+            pass
+        os._exit(0 if gc.isenabled() else 1)
+    release.set()
+    thread.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and gc.isenabled()
