@@ -14,14 +14,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import SchemaError, UnsupportedSchemaError
+from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values, expect
 from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import string_terminal
 from .json_strings import pattern_regex
 from .object_members import EMPTY_TAG, FIRST, MemberSet
-from .regex import terminal_dfa
+from .regex import MAX_DFA_STATES, terminal_dfa
 
 _MAX_PATTERNS = 32
 _MAX_KEY_CLASSES = 64
@@ -138,8 +138,7 @@ class _ObjectBuilder:
             classes.append(seq(key, self.ctx.punct.colon, value_expr))
         return choice(classes)
 
-    @staticmethod
-    def _overlapping(regexes: list[str], regex_of: dict[str, str]) -> list[tuple[str, ...]]:
+    def _overlapping(self, regexes: list[str], regex_of: dict[str, str]) -> list[tuple[str, ...]]:
         """The sets of patterns (in `regexes` order) that some key matches all of, the empty set first.  Level
         by level: a set joins only when all its subsets did, so patterns that exclude each other (distinct
         literal prefixes) cost one intersection per pair."""
@@ -154,13 +153,21 @@ class _ObjectBuilder:
                     candidate = (*chosen, r)
                     if any(candidate[:i] + candidate[i + 1:] not in known for i in range(len(candidate))):
                         continue
-                    if len(candidate) == 1 or terminal_dfa(regex_of[candidate[0]],
-                                                            tuple(regex_of[x] for x in candidate[1:])).accept.any():
+                    if len(candidate) == 1 or self._intersect(candidate, regex_of):
                         nxt.append(candidate)
                         known.add(candidate)
             found += nxt
             level = nxt
         return found
+
+    def _intersect(self, patterns: tuple[str, ...], regex_of: dict[str, str]) -> bool:
+        """Whether some key matches every one of `patterns`."""
+        try:
+            return bool(terminal_dfa(regex_of[patterns[0]], tuple(regex_of[x] for x in patterns[1:])).accept.any())
+        except AutomatonTooLargeError:
+            raise UnsupportedSchemaError(f"patternProperties {', '.join(map(repr, patterns))}: telling whether one key "
+                                         f"can match them all needs more than {MAX_DFA_STATES} automaton states",
+                                         self.pointer) from None
 
     def _listed_names(self) -> list[str] | None:
         """The keys a `propertyNames` enum or const allows (every other key is invalid), None without one."""

@@ -239,6 +239,14 @@ def test_keywords_whose_automaton_outgrows_the_budget_are_refused_by_name_and_po
     assert error.value.pointer == pointer
 
 
+def test_pattern_properties_whose_overlap_outgrows_the_budget_are_refused_with_the_object_pointer():
+    patterns = {"(a|b)*a(a|b){14}": {"type": "integer"}, "b(a|b){14}a": {"type": "string"}}
+    with pytest.raises(UnsupportedSchemaError, match="telling whether one key can match them all needs more than"
+                                                     ) as error:
+        json_schema_to_grammar({"properties": {"box": {"patternProperties": patterns}}})
+    assert error.value.pointer == "/properties/box"
+
+
 def test_a_string_that_can_never_appear_is_not_refused_for_its_automaton():
     # The member is never written, so the over-budget automaton is never built.
     schema = {"type": "object", "properties": {"a": {"type": "string", "format": "email", "maxLength": 1300}},
