@@ -27,7 +27,7 @@ from . import ir
 from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .object_members import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
-from .regex import MAX_DFA_STATES, literal_dfa, literals_dfa, terminal_dfa
+from .regex import literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
 CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this is called, not inlined
@@ -377,13 +377,12 @@ class _Compiler:
         """The pseudo-rule name under which a terminal is called (one per distinct DFA)."""
         try:
             dfa = terminal_for(expr)
-        except AutomatonTooLargeError:
+        except AutomatonTooLargeError as exc:
             origin = _origin(expr)
             if origin is None:
                 raise
             what, pointer = origin
-            raise UnsupportedSchemaError(f"{what} cannot be enforced exactly within {MAX_DFA_STATES} automaton states",
-                                         pointer) from None
+            raise UnsupportedSchemaError(f"{what} cannot be enforced exactly within {exc.budget}", pointer) from None
         label = self._labels.get(dfa)
         if label is None:
             label = self._labels[dfa] = f"<terminal {len(self._labels)}>"

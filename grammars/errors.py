@@ -22,7 +22,11 @@ class RegexError(GrammarError):
 
 
 class AutomatonTooLargeError(RegexError):
-    """A regex (or an intersection of regexes) whose automaton outgrows the state budget."""
+    """A regex (or an intersection of regexes) whose automaton outgrows `budget` ("20000 automaton states")."""
+
+    def __init__(self, message: str, pattern: str, budget: str):
+        super().__init__(message, pattern)
+        self.budget = budget
 
 
 class SchemaError(GrammarError):

@@ -18,7 +18,11 @@ from numba.typed import Dict
 
 
 class BudgetExceeded(Exception):
-    """An automaton grew past its state budget."""
+    """An automaton grew past its state budget; `budget` says which ("20000 automaton states")."""
+
+    def __init__(self, limit: int, unit: str):
+        self.budget = f"{limit} {unit}"
+        super().__init__(f"more than {self.budget}")
 
 
 _DFA_UIDS = itertools.count()
@@ -98,7 +102,7 @@ class NFA:
     def node(self) -> int:
         """A fresh node."""
         if self.count >= self.budget:
-            raise BudgetExceeded(f"more than {self.budget} automaton nodes")
+            raise BudgetExceeded(self.budget, "automaton nodes")
         self.count += 1
         return self.count - 1
 
@@ -115,7 +119,7 @@ class NFA:
         """Splice a copy of `dfa` between nodes src and dst."""
         first = self.count
         if first + dfa.num_states > self.budget:
-            raise BudgetExceeded(f"more than {self.budget} automaton nodes")
+            raise BudgetExceeded(self.budget, "automaton nodes")
         self.count += dfa.num_states
         self._embedded.append(dfa.edge_table() + np.array([first, 0, 0, first], np.int32))
         finals = np.flatnonzero(dfa.accept).astype(np.int32) + first
@@ -203,7 +207,7 @@ def _subsets(nfa: NFA, edges: np.ndarray, width: int, start: int, final: int,
     trans, accept, count = _subset_construction(eps_ptr, eps_dst[0], edge_ptr, edge_cols[0], edge_cols[1],
                                                 edge_cols[2], start, final, width, max_states)
     if count < 0:
-        raise BudgetExceeded(f"more than {max_states} automaton states")
+        raise BudgetExceeded(max_states, "automaton states")
     return trans, accept
 
 
@@ -409,7 +413,7 @@ def _intern(state: frozenset, index: dict, sets: list, max_states: int) -> int:
     sid = index.get(state)
     if sid is None:
         if len(sets) >= max_states:
-            raise BudgetExceeded(f"more than {max_states} automaton states")
+            raise BudgetExceeded(max_states, "automaton states")
         sid = index[state] = len(sets)
         sets.append(state)
     return sid
@@ -656,7 +660,7 @@ def _sparse_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.nda
     """The product's transition rows and each state's pair (qa[i], qb[i]), through `_sparse_product`."""
     trans, qa, qb, n = _sparse_product(a.trans, b.trans, keep_b, max_states)
     if n < 0:
-        raise BudgetExceeded(f"more than {max_states} automaton states")
+        raise BudgetExceeded(max_states, "automaton states")
     return trans[:n].copy(), qa[:n], qb[:n]
 
 
@@ -737,7 +741,7 @@ def _dense_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndar
     """The product's transition rows and each state's pair (qa[i], qb[i]), through `_product_pairs`' flat index."""
     index, qa, qb, n = _product_pairs(a.trans, b.trans, keep_b, max_states)
     if n < 0:
-        raise BudgetExceeded(f"more than {max_states} automaton states")
+        raise BudgetExceeded(max_states, "automaton states")
     qa, qb = qa[:n], qb[:n]
     tb = np.concatenate([b.trans, np.full((1, 256), -1, np.int32)])  # row -1: b is dead
     x, y = a.trans[qa], tb[qb]

@@ -21,7 +21,7 @@ from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import string_terminal
 from .json_strings import pattern_regex
 from .object_members import EMPTY_TAG, FIRST, MemberSet
-from .regex import MAX_DFA_STATES, terminal_dfa
+from .regex import terminal_dfa
 
 _MAX_PATTERNS = 32
 _MAX_KEY_CLASSES = 64
@@ -164,10 +164,9 @@ class _ObjectBuilder:
         """Whether some key matches every one of `patterns`."""
         try:
             return bool(terminal_dfa(regex_of[patterns[0]], tuple(regex_of[x] for x in patterns[1:])).accept.any())
-        except AutomatonTooLargeError:
+        except AutomatonTooLargeError as exc:
             raise UnsupportedSchemaError(f"patternProperties {', '.join(map(repr, patterns))}: telling whether one key "
-                                         f"can match them all needs more than {MAX_DFA_STATES} automaton states",
-                                         self.pointer) from None
+                                         f"can match them all needs more than {exc.budget}", self.pointer) from None
 
     def _listed_names(self) -> list[str] | None:
         """The keys a `propertyNames` enum or const allows (every other key is invalid), None without one."""

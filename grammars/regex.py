@@ -337,7 +337,7 @@ def regex_dfa(pattern: str) -> DFA:
         builder.seq(parsed.data, start, final, parsed.state.flags, True, True)
         return minimize(determinize(builder.nfa, start, final, MAX_DFA_STATES))
     except BudgetExceeded as e:
-        raise AutomatonTooLargeError(f"regex too complex to compile ({e})", pattern) from None
+        raise AutomatonTooLargeError(f"regex too complex to compile ({e})", pattern, e.budget) from None
     except RecursionError:
         raise RegexError("regex nested too deeply", pattern) from None
 
@@ -358,7 +358,7 @@ def terminal_dfa(pattern: str, also: tuple[str, ...] = (), excluding: tuple[str,
             dfa = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
                           MAX_DFA_STATES)
     except BudgetExceeded as e:
-        raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern) from None
+        raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern, e.budget) from None
     return dfa
 
 

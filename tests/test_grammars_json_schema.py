@@ -239,6 +239,13 @@ def test_keywords_whose_automaton_outgrows_the_budget_are_refused_by_name_and_po
     assert error.value.pointer == pointer
 
 
+def test_the_refusal_names_the_budget_that_was_outgrown():
+    # 250,000 characters outgrow the regex's node budget before any state is counted
+    schema = {"properties": {"code": {"type": "string", "pattern": "^x{250000}$"}}}
+    with pytest.raises(UnsupportedSchemaError, match=r"cannot be enforced exactly within 200000 automaton nodes"):
+        compile_automaton(json_schema_to_grammar(schema))
+
+
 def test_pattern_properties_whose_overlap_outgrows_the_budget_are_refused_with_the_object_pointer():
     patterns = {"(a|b)*a(a|b){14}": {"type": "integer"}, "b(a|b){14}a": {"type": "string"}}
     message = "telling whether one key can match them all needs more than"
