@@ -8,11 +8,13 @@ batching, paged cache).  Repeats are interleaved in one process and medians repo
 through a mask), compared with leapgen unconstrained asked for exactly as many tokens per prompt as the
 constrained run produced, so both do the same steps at the same batch sizes.
 `--profile` then runs each configuration once more and prints where a step's time goes.  `--bound`
-measures the machine's memory bandwidth with a copy and with a sum and prints the batch-1 bound each implies
-(weight bytes read per token / bandwidth).
+measures the device's memory bandwidth with a copy and with a sum and prints the batch-1 bound each implies
+(weight bytes read per token / bandwidth): on a GPU, leapgen's share of it is its model-bandwidth utilisation.
+`--device cuda` runs both systems on the GPU (build a checkpoint there with benchmarks/random_checkpoint.py).
 
     python benchmarks/bench_engine.py [--model PATH] [--repeats 3] [--max-tokens 64] [--batches 1 32]
-                                      [--dtype float32|bfloat16] [--threads N] [--constrained] [--profile] [--bound]
+                                      [--dtype float32|bfloat16] [--device cpu|cuda] [--threads N]
+                                      [--constrained] [--profile] [--bound]
 """
 
 from __future__ import annotations
@@ -69,31 +71,40 @@ def run_leapgen(engine: LLMEngine, prompts: list[list[int]], max_tokens: int | l
 @torch.inference_mode()
 def run_transformers(model, pad_id: int, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
     width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     start = time.perf_counter()
     out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                          do_sample=False, eos_token_id=None, pad_token_id=pad_id)
+    _synchronize(model.device)
     elapsed = time.perf_counter() - start
     return elapsed, (out.shape[1] - width) * len(prompts)
 
 
-def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> tuple[float, float]:
+def memory_bandwidth(device: torch.device, repeats: int = 5) -> tuple[float, float]:
     """GB/s of a large tensor copy (each byte read once and written once) and of a sum (each byte read once) on
-    torch's threads: the best of `repeats` each.  A decode step reads its weights, so the read figure is its
-    bound; the copy figure is the usual yardstick (on some machines it moves more bytes a second than reading)."""
-    source = torch.ones(megabytes << 18)              # float32: megabytes MiB
+    `device` (on CPU, torch's threads): the best of `repeats` each.  A decode step reads its weights, so the read
+    figure is its bound; the copy figure is the usual yardstick (some machines copy faster than they read)."""
+    megabytes = 4096 if device.type == "cuda" else 512  # several times the GPU's L2 / the CPU's caches
+    source = torch.ones(megabytes << 18, device=device)  # float32: megabytes MiB
     target = torch.empty_like(source)
     target.copy_(source)
     nbytes = source.numel() * source.element_size()
-    copy = min(_seconds(lambda: target.copy_(source)) for _ in range(repeats))
-    read = min(_seconds(source.sum) for _ in range(repeats))
+    copy = min(_seconds(lambda: target.copy_(source), device) for _ in range(repeats))
+    read = min(_seconds(source.sum, device) for _ in range(repeats))
     return 2 * nbytes / copy / 1e9, nbytes / read / 1e9
 
 
-def _seconds(work) -> float:
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _seconds(work, device: torch.device) -> float:
+    _synchronize(device)
     start = time.perf_counter()
     work()
+    _synchronize(device)
     return time.perf_counter() - start
 
 
@@ -101,6 +112,12 @@ def weight_bytes(loaded) -> int:
     """Bytes of parameters one decode step reads: every weight once (a tied embedding counts as the lm_head)."""
     unique = {p.data_ptr(): p for p in loaded.model.parameters()}.values()
     return sum(p.numel() * p.element_size() for p in unique)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
 
 
 def profile_table(engine: LLMEngine, prompts: list[list[int]], max_tokens: int,
@@ -118,6 +135,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both systems' weights")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where both systems run")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--constrained", action="store_true",
                         help="also time leapgen under a JSON schema (forced-token jumps off)")
@@ -131,10 +149,10 @@ def main() -> None:
     if str(path).endswith(".gguf"):
         path = convert_gguf(path)
     dtype = getattr(torch, args.dtype)
-    loaded = load_model(path, args.dtype)
+    loaded = load_model(path, args.dtype, args.device)
     engine = LLMEngine(loaded, EngineConfig(kv_cache_memory="1GiB", max_num_batched_tokens=4096,
                                             enable_forced_tokens=False))
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(loaded.device).eval()
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
     schema = leapgen.JsonSchema(SCHEMA) if args.constrained else None
 
@@ -167,7 +185,7 @@ def main() -> None:
                                                                               schema)))
 
     print(f"model: {path}  {args.dtype}  torch {torch.__version__}  transformers {transformers.__version__}  "
-          f"leapgen {leapgen.__version__}  threads {torch.get_num_threads()}  {platform.processor() or platform.machine()}")
+          f"leapgen {leapgen.__version__}  threads {torch.get_num_threads()}  {_device_name(loaded.device)}")
     print(f"greedy, {args.max_tokens} new tokens per prompt, median of {args.repeats} interleaved repeats\n")
     extra = (" leapgen + JSON schema tok/s | leapgen, same lengths, tok/s | constrained / unconstrained | "
              "tokens / prompt |") if schema else ""
@@ -178,7 +196,7 @@ def main() -> None:
                  f" {constrained_tokens:.1f} |" if schema else "")
         print(f"| {batch} | {lengths} | {ours_tps:.1f} | {theirs_tps:.1f} | {ours_tps / theirs_tps:.2f}x |" + cells)
     if args.bound:
-        (copy_gbps, read_gbps), weights = memory_bandwidth(), weight_bytes(loaded)
+        (copy_gbps, read_gbps), weights = memory_bandwidth(loaded.device), weight_bytes(loaded)
         for kind, gbps in (("copy", copy_gbps), ("read", read_gbps)):
             bound = gbps * 1e9 / weights
             print(f"\nbatch-1 bound: {weights / 1e6:.0f} MB of weights per token / {gbps:.1f} GB/s {kind} bandwidth = "

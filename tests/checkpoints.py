@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast, Qwen2Config,
                           Qwen3Config)
+
+# Where the engine suites load their checkpoints: the CPU unless LEAPGEN_TEST_DEVICE names another (the GPU
+# check runs them on "cuda"); transformers' references stay on the CPU.
+ENGINE_DEVICE = os.environ.get("LEAPGEN_TEST_DEVICE", "cpu")
 
 VOCAB = 96
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

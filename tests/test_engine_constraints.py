@@ -11,7 +11,7 @@ import jsonschema
 import lark
 import pytest
 
-from checkpoints import build_checkpoint_for_tokenizer
+from checkpoints import ENGINE_DEVICE, build_checkpoint_for_tokenizer
 from leapgen.constraints import Grammar, JsonSchema, Regex
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
@@ -35,7 +35,7 @@ SCHEMA = {
 def engine(tmp_path_factory):
     directory = tmp_path_factory.mktemp("constrained")
     build_checkpoint_for_tokenizer(directory, byte_level_bpe())
-    return LLMEngine(load_model(directory, "float32"), EngineConfig(kv_cache_memory="16MiB", block_size=8))
+    return LLMEngine(load_model(directory, "float32", ENGINE_DEVICE), EngineConfig(kv_cache_memory="16MiB", block_size=8))
 
 
 def run(engine, constraint, params, prompts=("the data:", "x", "a longer prompt about people")):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from checkpoints import CHECKPOINTS, build_checkpoint
+from checkpoints import CHECKPOINTS, ENGINE_DEVICE, build_checkpoint
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
 from leapgen.engine.loader import load_model
@@ -36,7 +36,7 @@ def checkpoint(request, tmp_path_factory):
 
 def engine_for(directory, eos_token_ids: tuple[int, ...] | None = None, **config) -> LLMEngine:
     """An engine on the checkpoint in `directory`; `eos_token_ids` replaces the checkpoint's own."""
-    loaded = load_model(directory, "float32")
+    loaded = load_model(directory, "float32", ENGINE_DEVICE)
     if eos_token_ids is not None:
         loaded.eos_token_ids = eos_token_ids
     return LLMEngine(loaded, EngineConfig(**config))
