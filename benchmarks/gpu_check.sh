@@ -45,9 +45,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 'transformers', transformers.__version__)"
 
 workers="-n ${WORKERS:-8} -rfE"
-stage kernel_tests 150 "$python" -m pytest -q -p no:cacheprovider $workers tests/test_kernels_triton.py
+stage kernel_tests 150 "$python" -m pytest -p no:cacheprovider $workers tests/test_kernels_triton.py
 TAIL_LINES=45 stage kernel_bench 120 "$python" benchmarks/bench_kernels.py --repeats 20
-LEAPGEN_TEST_DEVICE=cuda stage engine_tests 300 "$python" -m pytest -q -p no:cacheprovider $workers \
+LEAPGEN_TEST_DEVICE=cuda stage engine_tests 300 "$python" -m pytest -p no:cacheprovider $workers \
     tests/test_engine_generate.py tests/test_engine_constraints.py tests/test_engine_hardening.py \
     tests/test_engine_speculative.py tests/test_llm_api.py
 model=/tmp/leapgen-random-1b
