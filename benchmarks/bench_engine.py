@@ -13,7 +13,7 @@ measures the device's memory bandwidth with a copy and with a sum and prints the
 `--device cuda` runs both systems on the GPU (build a checkpoint there with benchmarks/random_checkpoint.py).
 
     python benchmarks/bench_engine.py [--model PATH] [--repeats 3] [--max-tokens 64] [--batches 1 32]
-                                      [--dtype float32|bfloat16] [--device cpu|cuda] [--threads N]
+                                      [--dtype float32|bfloat16] [--device cpu|cuda] [--no-cuda-graphs] [--threads N]
                                       [--constrained] [--profile] [--bound]
 """
 
@@ -136,6 +136,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both systems' weights")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where both systems run")
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                        help="GPU: leapgen launches every kernel of a decode step from Python")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--constrained", action="store_true",
                         help="also time leapgen under a JSON schema (forced-token jumps off)")
@@ -151,7 +153,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     loaded = load_model(path, args.dtype, args.device)
     engine = LLMEngine(loaded, EngineConfig(kv_cache_memory="1GiB", max_num_batched_tokens=4096,
-                                            enable_forced_tokens=False))
+                                            enable_forced_tokens=False, cuda_graphs=args.cuda_graphs))
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(loaded.device).eval()
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
     schema = leapgen.JsonSchema(SCHEMA) if args.constrained else None
@@ -184,7 +186,8 @@ def main() -> None:
                 profiles.append((f"batch {batch}, JSON schema", profile_table(engine, prompts, args.max_tokens,
                                                                               schema)))
 
-    print(f"model: {path}  {args.dtype}  torch {torch.__version__}  transformers {transformers.__version__}  "
+    graphs = ", decode steps from CUDA graphs" if engine.runner.graphs is not None else ""
+    print(f"model: {path}  {args.dtype}{graphs}  torch {torch.__version__}  transformers {transformers.__version__}  "
           f"leapgen {leapgen.__version__}  threads {torch.get_num_threads()}  {_device_name(loaded.device)}")
     print(f"greedy, {args.max_tokens} new tokens per prompt, median of {args.repeats} interleaved repeats\n")
     extra = (" leapgen + JSON schema tok/s | leapgen, same lengths, tok/s | constrained / unconstrained | "

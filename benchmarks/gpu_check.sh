@@ -47,15 +47,17 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 workers="-n ${WORKERS:-8} -rfE"
 stage kernel_tests 150 "$python" -m pytest -p no:cacheprovider $workers tests/test_kernels_triton.py
 TAIL_LINES=45 stage kernel_bench 120 "$python" benchmarks/bench_kernels.py --repeats 20
-LEAPGEN_TEST_DEVICE=cuda stage engine_tests 300 "$python" -m pytest -p no:cacheprovider $workers \
-    tests/test_engine_generate.py tests/test_engine_constraints.py tests/test_engine_hardening.py \
-    tests/test_engine_speculative.py tests/test_llm_api.py
 model=/tmp/leapgen-random-1b
 tokenizer=${1:-}
 stage build_1b 60 "$python" benchmarks/random_checkpoint.py "$model" --size 1b --dtype bfloat16 --device cuda \
     ${tokenizer:+--tokenizer "$tokenizer"}
-TAIL_LINES=60 stage engine_bench 150 "$python" benchmarks/bench_engine.py --model "$model" --device cuda \
+TAIL_LINES=60 stage engine_bench 100 "$python" benchmarks/bench_engine.py --model "$model" --device cuda \
     --dtype bfloat16 --batches 1 32 --max-tokens 128 --repeats 3 --bound --profile
+LEAPGEN_TEST_DEVICE=cuda stage engine_tests 150 "$python" -m pytest -p no:cacheprovider $workers \
+    tests/test_engine_generate.py tests/test_engine_constraints.py tests/test_engine_hardening.py \
+    tests/test_engine_speculative.py tests/test_llm_api.py tests/test_engine_decode_graphs.py
+TAIL_LINES=12 stage engine_bench_eager 90 "$python" benchmarks/bench_engine.py --model "$model" --device cuda \
+    --dtype bfloat16 --batches 1 32 --max-tokens 128 --repeats 3 --no-cuda-graphs
 TAIL_LINES=8 stage engine_bench_json 70 "$python" benchmarks/bench_engine.py --model "$model" --device cuda \
     --dtype bfloat16 --batches 1 32 --max-tokens 64 --repeats 2 --constrained
 exit $status

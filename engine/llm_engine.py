@@ -69,6 +69,9 @@ class EngineConfig:
     # than MKL's sgemm (float32 passes of 4-127 tokens and bfloat16 of 1-127; on AMD CPUs every pass);
     # see engine/models/packed_linear.py
     pack_weights: bool = True
+    # CUDA: replay decode steps from graphs recorded per padded batch size (engine/decode_graphs.py), where
+    # launching each kernel from Python would bound the step
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -110,7 +113,8 @@ class LLMEngine:
             if num_blocks < 1:
                 raise ValueError(f"kv_cache_memory={config.kv_cache_memory!r} holds no KV block: one block of "
                                  f"{config.block_size} tokens takes {block_bytes} bytes")
-            self.runner = PagedModelRunner(loaded, num_blocks, config.block_size, config.pack_weights)
+            graph_batch = config.max_num_seqs if config.cuda_graphs and loaded.device.type == "cuda" else 0
+            self.runner = PagedModelRunner(loaded, num_blocks, config.block_size, config.pack_weights, graph_batch)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(seed=seed, device=loaded.device,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from leapgen.engine.attention_metadata import AttentionMetadata
+from leapgen.engine.decode_graphs import CudaGraphRecorder, DecodeGraphs
 from leapgen.engine.fallback import FallbackModel
 from leapgen.engine.loader import LoadedModel
 from leapgen.engine.scheduler import SchedulerOutput
@@ -38,8 +39,10 @@ def cache_block_bytes(loaded: LoadedModel, block_size: int) -> int:
 class PagedModelRunner:
     """Owns the KV cache tensors and runs leapgen's paged model one scheduled step at a time."""
 
-    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, pack_weights: bool = False) -> None:
-        """`pack_weights`: give the model's linear layers packed copies for the passes they serve faster (CPU)."""
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, pack_weights: bool = False,
+                 graph_batch: int = 0) -> None:
+        """`pack_weights`: give the model's linear layers packed copies for the passes they serve faster (CPU).
+        `graph_batch`: replay decode steps of up to that many sequences from CUDA graphs (0: none)."""
         cfg = loaded.config
         self.model = loaded.model
         if pack_weights:
@@ -51,6 +54,8 @@ class PagedModelRunner:
                                     dtype=loaded.dtype, device=self.device)
         for i, layer in enumerate(self.model.attention_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+        self.graphs = None if graph_batch < 1 else DecodeGraphs(self.model, self.device, graph_batch,
+                                                                 loaded.max_model_len, block_size, CudaGraphRecorder())
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate cache blocks `src -> dst` in every layer."""
@@ -81,13 +86,23 @@ class PagedModelRunner:
                 elif end == seq.num_tokens:
                     rows[seq.seq_id] = slice(len(gather), len(gather) + 1)
                     gather.append(cu_q[-1] - 1)
-            metadata = self._metadata(step, slots, cu_q, cu_k)
+            seqs = [seq for seq, _ in step.scheduled]
+            replay = step.is_decode and self.graphs is not None and self.graphs.fits(
+                len(seqs), max(len(seq.block_table) for seq in seqs))
+            if not replay:
+                metadata = self._metadata(step, slots, cu_q, cu_k)
             to_device = dict(dtype=torch.long, device=self.device)
-        hidden = self.model(torch.tensor(ids, **to_device), torch.tensor(positions, **to_device), metadata)
+        if replay:
+            hidden = self.graphs.run(ids, positions, slots, [seq.num_computed_tokens + 1 for seq in seqs],
+                                     [seq.block_table for seq in seqs])
+        else:
+            hidden = self.model(torch.tensor(ids, **to_device), torch.tensor(positions, **to_device), metadata)
         if not gather:
             return StepLogits(hidden.new_empty(0), rows)
         with phase("lm_head", self.device):
-            logits = self.model.compute_logits(hidden[torch.tensor(gather, **to_device)])
+            # `gather` is increasing, so as long as `ids` it names every row in order.
+            selected = hidden if len(gather) == len(ids) else hidden[torch.tensor(gather, **to_device)]
+            logits = self.model.compute_logits(selected)
         return StepLogits(logits, rows)
 
     def _metadata(self, step: SchedulerOutput, slots: list[int], cu_q: list[int], cu_k: list[int]) -> AttentionMetadata:

@@ -89,8 +89,8 @@ class StepProfile:
 
 def phase(name: str, device: torch.device | None = None) -> ContextManager[None]:
     """Time the block as `name` in the active profile (a no-op when none is active)."""
-    if not _ACTIVE:
-        return nullcontext()
+    if not _ACTIVE or (device is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return nullcontext()    # a CUDA graph being recorded must not synchronise
     if name not in _PARENT:
         raise ValueError(f"unknown profile phase {name!r}; known: {', '.join(_PARENT)}")
     return _ACTIVE[-1]._timed(name, device)

@@ -38,6 +38,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-pack-weights", dest="pack_weights", action="store_false",
                         help="CPU: skip the oneDNN-packed copy of the weights that speeds up the passes where MKL's "
                              "sgemm is slow (saves the weights' size in memory)")
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                        help="GPU: launch every kernel of a decode step from Python instead of replaying the step "
+                             "from a CUDA graph")
 
 
 # --- argument types: a bad value is refused by argparse, which names the flag ---------------------------
@@ -136,7 +139,8 @@ def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
         options["speculative"] = speculative_config(args)
     try:
         return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                   kv_cache_memory=args.kv_cache_memory, pack_weights=args.pack_weights, **options)
+                   kv_cache_memory=args.kv_cache_memory, pack_weights=args.pack_weights,
+                   cuda_graphs=args.cuda_graphs, **options)
     except BUG_TYPES:
         raise
     except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)

@@ -99,7 +99,8 @@ def run_extract(args: argparse.Namespace) -> int:
             from leapgen.extraction_ray import run_on_ray
 
             llm_options = dict(dtype=args.dtype, device=args.device, kv_cache_memory=args.kv_cache_memory,
-                               speculative=speculative, max_num_seqs=args.batch_size, pack_weights=args.pack_weights)
+                               speculative=speculative, max_num_seqs=args.batch_size, pack_weights=args.pack_weights,
+                               cuda_graphs=args.cuda_graphs)
             if args.threads is not None:
                 llm_options["threads"] = args.threads
             summary = run_on_ray(plan, args.model, workers=args.workers or 2, address=args.ray_address,

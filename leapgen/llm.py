@@ -33,21 +33,23 @@ class LLM:
     the same as without (greedy: token for token; sampling: in distribution).  `pack_weights`: on CPU the
     linear layers keep a oneDNN-packed copy of their weights for the passes where it beats MKL's sgemm (float32
     passes of 4-127 tokens and bfloat16 of 1-127; on AMD CPUs, where MKL is slow, every pass);
-    False saves that copy's memory.
+    False saves that copy's memory.  `cuda_graphs`: on a GPU, decode steps replay from CUDA graphs recorded
+    the first time each padded batch size runs; False launches every kernel from Python instead.
     """
 
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                  kv_cache_memory: int | str | None = None, block_size: int = 16, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enable_forced_tokens: bool = True, seed: int | None = None, threads: int | None = None,
-                 speculative: SpeculativeConfig | dict[str, Any] | None = None, pack_weights: bool = True) -> None:
+                 speculative: SpeculativeConfig | dict[str, Any] | None = None, pack_weights: bool = True,
+                 cuda_graphs: bool = True) -> None:
         set_threads(threads)
         speculative = SpeculativeConfig.parse(speculative)       # a bad config fails before the model loads
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         path = default_model_path() if model is None else Path(model)
         config = EngineConfig(kv_cache_memory, block_size, max_num_seqs, max_num_batched_tokens,
-                              enable_prefix_caching, enable_forced_tokens, speculative, pack_weights)
+                              enable_prefix_caching, enable_forced_tokens, speculative, pack_weights, cuda_graphs)
         self.engine = LLMEngine(load_model(path, dtype, device), config, seed=seed)
         self.path = path
 
