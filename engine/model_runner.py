@@ -93,8 +93,9 @@ class PagedModelRunner:
                 metadata = self._metadata(step, slots, cu_q, cu_k)
             to_device = dict(dtype=torch.long, device=self.device)
         if replay:
-            hidden = self.graphs.run(ids, positions, slots, [seq.num_computed_tokens + 1 for seq in seqs],
-                                     [seq.block_table for seq in seqs])
+            with phase("graph replay", self.device):
+                hidden = self.graphs.run(ids, positions, slots, [seq.num_computed_tokens + 1 for seq in seqs],
+                                         [seq.block_table for seq in seqs])
         else:
             hidden = self.model(torch.tensor(ids, **to_device), torch.tensor(positions, **to_device), metadata)
         if not gather:

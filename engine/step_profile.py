@@ -5,7 +5,8 @@
         llm.generate(...)
     print(profile.table())
 
-Phases nest: `forward` contains `inputs` (packing ids and attention metadata), `attention` and `lm_head`, and
+Phases nest: `forward` contains `inputs` (packing ids and attention metadata), `attention` (for a decode step
+replayed from a CUDA graph, `graph replay` instead: the whole pass up to the head), `lm_head`, and
 `masks ahead`, the constrained rows' masks computed on a worker thread during the pass.  Outside `profile.active()` a phase costs
 one global lookup, so the markers stay in the step loop.  On CUDA each phase synchronises the device
 when it ends, so the times are the device's, not the launch queue's.
@@ -27,6 +28,7 @@ PHASES = (
     ("forward", "step"),
     ("inputs", "forward"),
     ("attention", "forward"),
+    ("graph replay", "forward"),
     ("lm_head", "forward"),
     ("masks ahead", "forward"),
     ("masks", "step"),
