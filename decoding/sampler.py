@@ -167,10 +167,29 @@ def _split_warpers(pipeline: LogitsPipeline) -> tuple[LogitsPipeline, LogitsPipe
     return pipeline, LogitsPipeline([]), None
 
 
+_ARGMAX_CHUNK = 128
+
+
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's first maximum, as `argmax` picks it: `max` over a dimension returns the same index and is
-    about 2.5x faster on CPU (0.8 vs 2.1 ms over 32 x 100k logits, 2 threads)."""
-    return logits.max(dim=-1).indices
+    """Each row's first maximum, as `argmax` picks it (a NaN counting as the maximum).
+
+    On CPU `argmax` and `max` over a dimension carry an index through a scalar loop (2.1 and 0.8 ms over 32 x
+    100k logits, 2 threads) where `amax` vectorises (0.09 ms): so the row's maximum is found among the maxima
+    of 128-wide chunks, and its index within the first chunk that holds it (0.2 ms).
+    """
+    rows, vocab = logits.shape
+    whole = vocab - vocab % _ARGMAX_CHUNK
+    if logits.device.type != "cpu" or not logits.is_contiguous() or whole < 16 * _ARGMAX_CHUNK:
+        return logits.max(dim=-1).indices
+    chunks = logits[:, :whole].view(rows, -1, _ARGMAX_CHUNK)
+    best, chunk = chunks.amax(dim=2).max(dim=1)
+    ids = chunk * _ARGMAX_CHUNK + chunks[torch.arange(rows), chunk].max(dim=1).indices
+    if whole < vocab:
+        tail_best, tail_ids = logits[:, whole:].max(dim=1)
+        # Strictly greater: on a tie the chunks hold the first occurrence.
+        later = (tail_best > best) | (tail_best.isnan() & ~best.isnan())
+        ids = torch.where(later, tail_ids + whole, ids)
+    return ids
 
 
 def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, rows: list[int], workspace: Workspace) -> torch.Tensor:

@@ -10,7 +10,7 @@ from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWa
 
 from leapgen.decoding.batch import SamplingBatch, SamplingRow
 from leapgen.decoding.candidates import torch_row_logsumexp
-from leapgen.decoding.sampler import Sampler, prompt_logprobs, request_generator
+from leapgen.decoding.sampler import Sampler, _argmax, prompt_logprobs, request_generator
 from leapgen.kernels.cpu_rows import row_logsumexp as compiled_row_logsumexp
 from leapgen.decoding.sampling_params import SamplingParams
 from stats_util import chi_square_critical
@@ -186,3 +186,17 @@ def test_greedy_takes_the_first_of_tied_maxima():
     assert Sampler(seed=0)(logits, SamplingBatch.build([greedy, greedy], 12)).token_ids.tolist() == [3, 3]
     mixed = SamplingBatch.build([greedy, SamplingRow(SamplingParams(temperature=1.0))], 12)
     assert Sampler(seed=0)(logits, mixed).token_ids[0].item() == 3
+
+
+@pytest.mark.parametrize("vocab", [100, 2048, 2049, 49152, 100003])
+def test_greedy_picks_the_first_maximum_like_argmax(vocab):
+    """The chunked argmax against torch's: many ties, a NaN inside the chunks and in the tail, an all -inf row,
+    and a tail value above every chunk."""
+    generator = torch.Generator().manual_seed(vocab)
+    for trial in range(20):
+        x = torch.randint(-3, 3, (6, vocab), generator=generator).float()
+        x[1, int(torch.randint(0, vocab, (1,), generator=generator))] = float("nan")
+        x[2, -1] = float("nan")
+        x[3] = float("-inf")
+        x[4, -1] = 10.0
+        assert torch.equal(_argmax(x), x.argmax(dim=-1)), trial
