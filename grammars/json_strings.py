@@ -10,6 +10,7 @@ bijection, a regex over decoded text translates character by character.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 try:  # Python 3.11+ moved the parser; fall back to the old name.
@@ -223,6 +224,48 @@ def _alternatives(nodes, start: bool = False) -> list[tuple[bool, bool, list]]:
 @lru_cache(maxsize=4096)
 def pattern_regex(pattern: str, pointer: str = "") -> str:
     """A quoted JSON string whose decoded text contains a match of the ECMA regex `pattern` (search semantics)."""
+    return _search_regex(_Translator(pattern, pointer), list(_parse(pattern, pointer).data))
+
+
+@dataclass(frozen=True)
+class PatternRegexes:
+    """An ECMA `pattern` as a string terminal takes it: the quoted strings matching `regex` and every regex in
+    `also`, and none in `excluding`."""
+
+    regex: str
+    also: tuple[str, ...] = ()
+    excluding: tuple[str, ...] = ()
+
+
+@lru_cache(maxsize=4096)
+def pattern_regexes(pattern: str, pointer: str = "") -> PatternRegexes:
+    """`pattern_regex`, for patterns that open with lookaheads too: a lookahead at the start of the text tests a
+    prefix of it, so `^(?=X)(?!Y)Z` holds where `^Z` and `^X` match and `^Y` does not.  Lookaheads anywhere
+    else, and lookbehinds, stay refused."""
+    nodes = list(_parse(pattern, pointer).data)
+    if len(nodes) < 2 or not _is_start(nodes[0]) or nodes[1][0] not in _LOOKAHEADS:
+        return PatternRegexes(pattern_regex(pattern, pointer))
+    tr = _Translator(pattern, pointer)
+    start, rest = nodes[0], nodes[1:]
+    also, excluding = [], []
+    while rest and (rest[0][0] in _LOOKAHEADS or _is_start(rest[0])):
+        op, av = rest.pop(0)
+        if op in _LOOKAHEADS:
+            direction, body = av
+            if direction != 1:
+                raise tr.unsupported("a lookbehind")
+            (also if op is _c.ASSERT else excluding).append(_search_regex(tr, [start, *body]))
+    return PatternRegexes(_search_regex(tr, [start, *rest]), tuple(also), tuple(excluding))
+
+
+_LOOKAHEADS = (_c.ASSERT, _c.ASSERT_NOT)
+
+
+def _is_start(node) -> bool:
+    return node[0] is _c.AT and node[1] in _STARTS
+
+
+def _parse(pattern: str, pointer: str):
     try:
         check_group_depth(pattern)
         parsed = parse_quietly(pattern)
@@ -230,12 +273,16 @@ def pattern_regex(pattern: str, pointer: str = "") -> str:
         raise UnsupportedSchemaError(f"pattern {pattern!r} cannot be parsed: {exc}", pointer) from None
     if parsed.state.flags & re.IGNORECASE:
         raise UnsupportedSchemaError(f"pattern {pattern!r}: inline flags cannot be compiled exactly", pointer)
-    tr = _Translator(pattern, pointer)
+    return parsed
+
+
+def _search_regex(tr: _Translator, nodes: list) -> str:
+    """The quoted JSON strings whose decoded text contains a match of the parsed regex `nodes`."""
     # alternatives anchored alike share their padding: `X*(?:a|b|c)X*` determinizes to about the sum of the
     # words' lengths, where `X*aX*|X*bX*|X*cX*` tracks which words were seen, 2^words times as many states
     anchored: dict[tuple[bool, bool], list[str]] = {}
-    for start, end, nodes in _alternatives(parsed.data):
-        anchored.setdefault((start, end), []).append(tr.seq(nodes))
+    for start, end, alternative in _alternatives(nodes):
+        anchored.setdefault((start, end), []).append(tr.seq(alternative))
     alts = []
     for (start, end), bodies in anchored.items():
         body = bodies[0] if len(bodies) == 1 else "(?:" + "|".join(bodies) + ")"
@@ -244,7 +291,7 @@ def pattern_regex(pattern: str, pointer: str = "") -> str:
     try:
         check_group_depth(regex)  # the translation adds groups: refuse it here, where the pointer is known
     except RegexError as exc:
-        raise UnsupportedSchemaError(f"pattern {pattern!r}: {exc}", pointer) from None
+        raise UnsupportedSchemaError(f"pattern {tr.pattern!r}: {exc}", tr.pointer) from None
     return regex
 
 

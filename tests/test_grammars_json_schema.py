@@ -107,6 +107,31 @@ def test_pattern_is_search_over_decoded_text(pattern):
         assert bool(encoded.fullmatch(json.dumps(s, ensure_ascii=False))) == bool(python.search(s)), s
 
 
+@pytest.mark.parametrize("pattern", [r"^(?!foo)[a-z]+$", r"^(?=[^=]+$)(?!\s+$)(.|\n)+$", r"^(?!.*/)^(.*[^.]+.*)$",
+                                     r"^(?![ \t\n]*\(default(.*)\))[\s\S]*", r"^(?!a|b$)", r"^(?=a)(?=.*b)(?!.*c$)"])
+def test_leading_lookaheads_become_intersections_and_exclusions(pattern):
+    """Patterns from JsonSchemaStore (and two harder ones) against Python's search, through the compiled schema."""
+    grammar = json_schema_to_grammar({"type": "string", "pattern": pattern})
+    python = re.compile(pattern.replace("$", r"\Z"))
+    rng = random.Random(1)
+    alphabet = list("abcfo=/. \n(deult)")
+    for _ in range(400):
+        text = rng.choice(["", "", "foo", "a", " (default"]) + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        assert ir_accepts(grammar, json.dumps(text, ensure_ascii=False)) == bool(python.search(text)), text
+
+
+@pytest.mark.parametrize("schema,where", [
+    ({"type": "string", "pattern": "a(?=b)"}, "/pattern"),                       # not at the start
+    ({"type": "string", "pattern": "^(?<=a)b"}, "/pattern"),                     # a lookbehind
+    ({"type": "string", "not": {"pattern": "^(?!a)"}}, "/not/pattern"),          # its complement is a union
+    ({"type": "object", "patternProperties": {"^(?!x)": {}}}, "/patternProperties/^(?!x)"),
+])
+def test_other_lookarounds_are_refused_with_their_pointer(schema, where):
+    with pytest.raises(UnsupportedSchemaError) as info:
+        json_schema_to_grammar(schema)
+    assert info.value.pointer == where, info.value
+
+
 def test_string_length_counts_decoded_characters_with_canonical_escapes():
     rx = re.compile(string_regex(2, 3))
     for s in ["ab", "a\n", '"\\', "é\x01x", "\u2028\t"]:
