@@ -64,6 +64,11 @@ class DecodeGraphs:
         self.block_tables = torch.full((rows, self.max_blocks), -1, dtype=torch.int32, device=device)
         self._graphs: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
 
+    @property
+    def recorded(self) -> list[int]:
+        """The padded batch sizes recorded so far."""
+        return sorted(self._graphs)
+
     def fits(self, batch: int, table_width: int) -> bool:
         """Whether a decode step of `batch` rows whose widest block table has `table_width` blocks can replay."""
         return 0 < batch <= self.sizes[-1] and table_width <= self.max_blocks
