@@ -19,7 +19,7 @@ from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values, expect
 from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import string_terminal
-from .json_strings import pattern_regex
+from .json_strings import PatternRegexes, pattern_regexes
 from .object_members import EMPTY_TAG, FIRST, MemberSet
 from .regex import terminal_dfa
 
@@ -30,7 +30,7 @@ _MAX_TRIGGERS = 3
 
 def _matches(pattern: str, name: str, pointer: str) -> bool:
     """Whether the JSON key `name` matches an ECMA `pattern` (as the grammar will judge it)."""
-    return re.fullmatch(pattern_regex(pattern, pointer), json_text(name)) is not None
+    return pattern_regexes(pattern, pointer).matches(json_text(name))
 
 
 class _ObjectBuilder:
@@ -106,7 +106,7 @@ class _ObjectBuilder:
         regexes = list(at)
         if len(regexes) > _MAX_PATTERNS:
             raise UnsupportedSchemaError(f"more than {_MAX_PATTERNS} distinct patternProperties", self.pointer)
-        regex_of = {r: pattern_regex(r, at[r]) for r in regexes}
+        regex_of = {r: pattern_regexes(r, at[r]) for r in regexes}
         explicit = any(p.has("additionalProperties") for p in self.parts)
         names = [p.sub(p.get("propertyNames"), "propertyNames") for p in self.parts if p.has("propertyNames")]
         name_parts = self._string_parts(names)
@@ -138,7 +138,7 @@ class _ObjectBuilder:
             classes.append(seq(key, self.ctx.punct.colon, value_expr))
         return choice(classes)
 
-    def _overlapping(self, regexes: list[str], regex_of: dict[str, str]) -> list[tuple[str, ...]]:
+    def _overlapping(self, regexes: list[str], regex_of: dict[str, PatternRegexes]) -> list[tuple[str, ...]]:
         """The sets of patterns (in `regexes` order) that some key matches all of, the empty set first.  Level
         by level: a set joins only when all its subsets did, so patterns that exclude each other (distinct
         literal prefixes) cost one intersection per pair."""
@@ -160,10 +160,12 @@ class _ObjectBuilder:
             level = nxt
         return found
 
-    def _intersect(self, patterns: tuple[str, ...], regex_of: dict[str, str]) -> bool:
+    def _intersect(self, patterns: tuple[str, ...], regex_of: dict[str, PatternRegexes]) -> bool:
         """Whether some key matches every one of `patterns`."""
+        each = [regex_of[x] for x in patterns]
+        also = tuple(r for x in each for r in (x.regex, *x.also))
         try:
-            return bool(terminal_dfa(regex_of[patterns[0]], tuple(regex_of[x] for x in patterns[1:])).accept.any())
+            return bool(terminal_dfa(also[0], also[1:], tuple(r for x in each for r in x.excluding)).accept.any())
         except AutomatonTooLargeError as exc:
             raise UnsupportedSchemaError(f"patternProperties {', '.join(map(repr, patterns))}: telling whether one key "
                                          f"can match them all needs more than {exc.budget}", self.pointer) from None

@@ -14,8 +14,8 @@ from .ir import Expr, Lit, Ref, Terminal
 from .json_numbers import DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
-from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, capped_length, chars_regex, format_pattern, pattern_regex,
-                           pattern_regexes, regex_escape, string_regex)
+from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, capped_length, chars_regex, format_pattern, pattern_regexes,
+                           regex_escape, string_regex)
 from .regex import MAX_DFA_STATES
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
@@ -171,9 +171,9 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         return ctx.never(f"minLength {lo} is above maxLength {hi}", here)
     regexes = [pattern_regexes(*pattern) for pattern in patterns]
     also = tuple(r.regex for r in regexes) + tuple(regex for r in regexes for regex in r.also)
-    # `not: {pattern}` takes one regex: a pattern's lookaheads would make its complement a union
     exclude = tuple(regex_escape(json_text(v)) for v in excluded) + tuple(
-        regex for r in regexes for regex in r.excluding) + tuple(pattern_regex(*pattern) for pattern in excluded_patterns)
+        regex for r in regexes for regex in r.excluding) + tuple(
+        pattern_regexes(*pattern).single(*pattern) for pattern in excluded_patterns)
     bounds = [(f"minLength {lo}", here)] * bool(lo) + [(f"maxLength {hi}", here)] * (hi is not None)
     if hi is None and ctx.options.max_string_length is not None:
         hi = capped_length(ctx.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)

@@ -236,6 +236,19 @@ class PatternRegexes:
     also: tuple[str, ...] = ()
     excluding: tuple[str, ...] = ()
 
+    def matches(self, encoded: str) -> bool:
+        """Whether the quoted JSON string `encoded` is one of these strings."""
+        return all(re.fullmatch(r, encoded) for r in (self.regex, *self.also)) and not any(
+            re.fullmatch(r, encoded) for r in self.excluding)
+
+    def single(self, pattern: str, pointer: str) -> str:
+        """The one regex these strings are, for where a terminal takes no more (their complement under `not`):
+        refused where lookaheads added an intersection or an exclusion."""
+        if self.also or self.excluding:
+            raise UnsupportedSchemaError(f"pattern {pattern!r}: the strings it does not match (a union, with its "
+                                         "leading lookaheads) cannot be compiled exactly", pointer)
+        return self.regex
+
 
 @lru_cache(maxsize=4096)
 def pattern_regexes(pattern: str, pointer: str = "") -> PatternRegexes:

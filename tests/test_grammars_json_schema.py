@@ -120,6 +120,18 @@ def test_leading_lookaheads_become_intersections_and_exclusions(pattern):
         assert ir_accepts(grammar, json.dumps(text, ensure_ascii=False)) == bool(python.search(text)), text
 
 
+def test_pattern_properties_with_leading_lookaheads_key_their_class():
+    """JsonSchemaStore's locale files: any key but those starting "@@" (a declared one among them keeps its own
+    schema).  Beside another pattern its keys would have to exclude, the complement is a union: refused."""
+    check({"type": "object", "properties": {"@@x": {"type": "integer"}},
+           "patternProperties": {"^(?!@@)[@a-z_]+$": {"type": "string"}}, "additionalProperties": False},
+          valid=[{}, {"@@x": 1, "a": "x", "@b": "y", "a@@": "z"}], invalid=[{"@@a": "x"}, {"a": 1}, {"@@x": "c"}])
+    with pytest.raises(UnsupportedSchemaError, match="a union") as info:
+        json_schema_to_grammar({"type": "object", "patternProperties": {"^[@a-z]+$": {"type": "string"},
+                                                                        "^(?!.*z)[a-z]+$": {"maxLength": 1}}})
+    assert info.value.pointer == "/patternProperties/^(?!.*z)[a-z]+$"
+
+
 @pytest.mark.parametrize("schema,where", [
     ({"type": "string", "pattern": "a(?=b)"}, "/pattern"),                       # not at the start
     ({"type": "string", "pattern": "^(?<=a)b"}, "/pattern"),                     # a lookbehind
