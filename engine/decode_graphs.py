@@ -25,6 +25,10 @@ Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor
 Recorder = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], None], torch.Tensor]]
 
 
+class GraphRecordingError(RuntimeError):
+    """Recording a decode step's graph failed (an operation the device cannot capture, say)."""
+
+
 def graph_batch_sizes(max_batch: int) -> list[int]:
     """The padded batch sizes graphs are recorded for: 1, 2, 4, 8, then every multiple of 16, up to `max_batch`
     rounded up (a step pads to the next size, so its padding stays under 16 rows and under half its batch)."""
@@ -90,7 +94,11 @@ class DecodeGraphs:
         padded = [table + [-1] * (width - len(table)) for table in block_tables]
         self.block_tables[:batch, :width].copy_(torch.tensor(padded, dtype=torch.int32))
         if size not in self._graphs:
-            self._graphs[size] = self.record(self._pass(size))
+            try:
+                self._graphs[size] = self.record(self._pass(size))
+            except Exception as exc:  # whatever the capture raised: the caller runs the step eagerly instead
+                raise GraphRecordingError(f"recording the decode step of {size} rows as a CUDA graph failed: "
+                                          f"{type(exc).__name__}: {exc}") from exc
         replay, hidden = self._graphs[size]
         replay()
         return hidden[:batch]

@@ -6,12 +6,13 @@ drives the transformers fallback with the same interface, so the step loop never
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from leapgen.engine.attention_metadata import AttentionMetadata
-from leapgen.engine.decode_graphs import CudaGraphRecorder, DecodeGraphs
+from leapgen.engine.decode_graphs import CudaGraphRecorder, DecodeGraphs, GraphRecordingError
 from leapgen.engine.fallback import FallbackModel
 from leapgen.engine.loader import LoadedModel
 from leapgen.engine.scheduler import SchedulerOutput
@@ -87,16 +88,11 @@ class PagedModelRunner:
                     rows[seq.seq_id] = slice(len(gather), len(gather) + 1)
                     gather.append(cu_q[-1] - 1)
             seqs = [seq for seq, _ in step.scheduled]
-            replay = step.is_decode and self.graphs is not None and self.graphs.fits(
-                len(seqs), max(len(seq.block_table) for seq in seqs))
-            if not replay:
-                metadata = self._metadata(step, slots, cu_q, cu_k)
             to_device = dict(dtype=torch.long, device=self.device)
-        if replay:
-            with phase("graph replay", self.device):
-                hidden = self.graphs.run(ids, positions, slots, [seq.num_computed_tokens + 1 for seq in seqs],
-                                         [seq.block_table for seq in seqs])
-        else:
+        hidden = self._replay(ids, positions, slots, seqs) if step.is_decode else None
+        if hidden is None:
+            with phase("inputs"):
+                metadata = self._metadata(step, slots, cu_q, cu_k)
             hidden = self.model(torch.tensor(ids, **to_device), torch.tensor(positions, **to_device), metadata)
         if not gather:
             return StepLogits(hidden.new_empty(0), rows)
@@ -105,6 +101,23 @@ class PagedModelRunner:
             selected = hidden if len(gather) == len(ids) else hidden[torch.tensor(gather, **to_device)]
             logits = self.model.compute_logits(selected)
         return StepLogits(logits, rows)
+
+    def _replay(self, ids: list[int], positions: list[int], slots: list[int], seqs: list[Sequence]
+                ) -> torch.Tensor | None:
+        """A decode step's hidden states from its CUDA graph; None where it runs eagerly: no graphs, a batch or
+        a block table they do not fit, or graphs turned off because recording one failed (a warning then says
+        why, where every later decode step would otherwise fail the same way)."""
+        if self.graphs is None or not self.graphs.fits(len(seqs), max(len(seq.block_table) for seq in seqs)):
+            return None
+        try:
+            with phase("graph replay", self.device):
+                return self.graphs.run(ids, positions, slots, [seq.num_computed_tokens + 1 for seq in seqs],
+                                       [seq.block_table for seq in seqs])
+        except GraphRecordingError as exc:
+            warnings.warn(f"{exc}; CUDA graphs are off for this engine and decode steps run eagerly",
+                          RuntimeWarning, stacklevel=2)
+            self.graphs = None
+            return None
 
     def _metadata(self, step: SchedulerOutput, slots: list[int], cu_q: list[int], cu_k: list[int]) -> AttentionMetadata:
         device = self.device

@@ -83,6 +83,23 @@ def test_a_table_wider_than_the_graphs_falls_back_to_an_eager_step(checkpoint):
     assert runner.graphs.recorded == [1]
 
 
+def test_a_failed_recording_turns_graphs_off_with_a_warning_and_the_step_runs_eagerly(checkpoint):
+    directory, hf = checkpoint
+    prompts = random_prompts(hf.config.vocab_size, [3, 17])
+
+    def refuse(run):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    engine = engine_on(directory, "cpu")
+    runner = engine.runner
+    runner.graphs = DecodeGraphs(runner.model, runner.device, 4, engine.loaded.max_model_len, 4, refuse)
+    with pytest.warns(RuntimeWarning, match="recording the decode step of 2 rows as a CUDA graph failed: "
+                                            "RuntimeError: operation not permitted"):
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
+    assert [o.token_ids for o in outputs] == [hf_greedy(hf, p, 6) for p in prompts]
+    assert runner.graphs is None and all(o.finish_reason == "length" for o in outputs)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_cuda_graphs_give_the_eager_outputs(checkpoint):
     directory, hf = checkpoint
