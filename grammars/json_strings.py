@@ -224,7 +224,7 @@ def _alternatives(nodes, start: bool = False) -> list[tuple[bool, bool, list]]:
 @lru_cache(maxsize=4096)
 def pattern_regex(pattern: str, pointer: str = "") -> str:
     """A quoted JSON string whose decoded text contains a match of the ECMA regex `pattern` (search semantics)."""
-    return _search_regex(_Translator(pattern, pointer), list(_parse(pattern, pointer).data))
+    return _search_regex(_Translator(pattern, pointer), _inline_trailing_lookahead(list(_parse(pattern, pointer).data)))
 
 
 @dataclass(frozen=True)
@@ -268,10 +268,19 @@ def pattern_regexes(pattern: str, pointer: str = "") -> PatternRegexes:
             if direction != 1:
                 raise tr.unsupported("a lookbehind")
             (also if op is _c.ASSERT else excluding).append(_search_regex(tr, [start, *body]))
-    return PatternRegexes(_search_regex(tr, [start, *rest]), tuple(also), tuple(excluding))
+    return PatternRegexes(_search_regex(tr, [start, *_inline_trailing_lookahead(rest)]), tuple(also),
+                          tuple(excluding))
 
 
 _LOOKAHEADS = (_c.ASSERT, _c.ASSERT_NOT)
+
+
+def _inline_trailing_lookahead(nodes: list) -> list:
+    """`A(?=B)` ending a pattern searches like `AB`: what follows a match is never looked at, so B may as well
+    be consumed."""
+    if nodes and nodes[-1][0] is _c.ASSERT and nodes[-1][1][0] == 1:
+        return nodes[:-1] + list(nodes[-1][1][1])
+    return nodes
 
 
 def _is_start(node) -> bool:
