@@ -26,7 +26,7 @@ class Parser(argparse.ArgumentParser):
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model and the flags of where and how it runs (--dtype, --device, --threads, --kv-cache-memory,
-    --no-pack-weights)."""
+    --no-pack-weights, --no-cuda-graphs)."""
     parser.add_argument("--model",
                         help="HF checkpoint directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="auto", help="float32, float16, bfloat16 or auto")
