@@ -192,7 +192,29 @@ def conditional(ctx: SchemaContext, parts: list[Part], owner: Part) -> Expr:
     return choice([ctx.compile(rest + [cond] + then), ctx.compile(rest + [negated] + other)])
 
 
-_MAX_SCHEMA_TRIGGERS = 3
+# Each trigger doubles the object's variants: any object takes 3 triggers (8 variants); more, up to 6, only while
+# variants x declared properties stays within the budget (objects keyed by patterns alone, say), since every
+# variant compiles the object's members again (6 triggers on 12 properties took 1.3 s).
+_ALWAYS_TRIGGERS = 3
+_MAX_SCHEMA_TRIGGERS = 6
+_VARIANT_PROPERTY_BUDGET = 128
+
+
+def _check_trigger_count(count: int, parts: list[Part], pointer: str) -> None:
+    if count <= _ALWAYS_TRIGGERS:
+        return
+    if count > _MAX_SCHEMA_TRIGGERS:
+        raise UnsupportedSchemaError(f"more than {_MAX_SCHEMA_TRIGGERS} triggers with schemas in dependentSchemas/"
+                                     "dependencies", pointer)
+    declared = set()
+    for p in parts:
+        props = p.get("properties")
+        declared |= set(props) if isinstance(props, dict) else set()
+    if 2 ** count * max(1, len(declared)) > _VARIANT_PROPERTY_BUDGET:
+        raise UnsupportedSchemaError(f"{count} triggers with schemas in dependentSchemas/dependencies on an object "
+                                     f"declaring {len(declared)} properties: its {2 ** count} variants would compile "
+                                     f"them all again (up to {_ALWAYS_TRIGGERS} triggers always compile, more while "
+                                     f"variants x properties <= {_VARIANT_PROPERTY_BUDGET})", pointer)
 
 
 def dependent_schemas(ctx: SchemaContext, parts: list[Part], owner: Part) -> Expr | None:
@@ -211,9 +233,7 @@ def dependent_schemas(ctx: SchemaContext, parts: list[Part], owner: Part) -> Exp
                 triggers.append((name, owner.sub(dep, key, name)))
     if not triggers:
         return None
-    if len(triggers) > _MAX_SCHEMA_TRIGGERS:
-        raise UnsupportedSchemaError(f"more than {_MAX_SCHEMA_TRIGGERS} triggers with schemas in dependentSchemas/"
-                                     "dependencies", owner.pointer)
+    _check_trigger_count(len(triggers), parts, owner.pointer)
     rest = [p.skipping("dependentSchemas", "dependencies") if p is owner else p for p in parts]
     if lists:
         # (spelled `dependencies`, which every dialect defines: a draft-07 document ignores `dependentRequired`)

@@ -391,6 +391,28 @@ def test_a_keyword_the_draft_does_not_define_is_ignored_under_not_and_oneof_too(
           invalid=[{"const": "a"}])
 
 
+def test_up_to_six_dependent_schemas_compile_on_objects_with_few_declared_properties():
+    """MaskBench's Handwritten dep8 shape: five triggers on pattern-keyed members, against jsonschema on every
+    set of keys; more triggers, or as many on many declared properties, are refused by name."""
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+              "patternProperties": {"^[a-e]$": True}, "additionalProperties": False,
+              "dependencies": {"a": {"anyOf": [{"required": ["c"]}, {"required": ["b"]}]},
+                               "b": {"not": {"required": ["c"]}}, "c": {"required": ["e"]},
+                               "d": {"not": {"required": ["e"]}}, "e": {"not": {"required": ["d", "a"]}}}}
+    grammar = json_schema_to_grammar(schema)
+    for n in range(32):
+        instance = {key: 1 for i, key in enumerate("abcde") if n >> i & 1}
+        expected = jsonschema.Draft7Validator(schema).is_valid(instance)
+        assert ir_accepts(grammar, json.dumps(instance)) == expected, instance
+    many = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(12)},
+            "dependentSchemas": {f"p{i}": {"required": [f"p{i + 1}"]} for i in range(6)}}
+    with pytest.raises(UnsupportedSchemaError, match="6 triggers .* declaring 12 properties: its 64 variants"):
+        json_schema_to_grammar(many)
+    seven = {"type": "object", "dependentSchemas": {k: {"required": ["z"]} for k in "abcdefg"}}
+    with pytest.raises(UnsupportedSchemaError, match="more than 6 triggers"):
+        json_schema_to_grammar(seven)
+
+
 def test_combinators_refs_and_recursion():
     tree = {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
                                                                    "kids": {"type": "array",
