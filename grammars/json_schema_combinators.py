@@ -141,6 +141,16 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
                "strings", part.at("not", "required"))
         return choice(ctx.compile(rest + [part.derived({"type": "object", "properties": {name: False}},
                                                        f"without {name}", "not")]) for name in value)
+    if keyword == "propertyNames":
+        # an object with a key the names' schema refuses; for `not: {const}`/`{enum}` those keys are its
+        # strings, so an object holding one of them (and for `false` any key: a non-empty object)
+        refused = _refused_names(value)
+        if refused is None:
+            return None
+        if refused is True:
+            return ctx.compile(rest + [part.derived({"type": "object", "minProperties": 1}, "some key", "not")])
+        return choice(ctx.compile(rest + [part.derived({"type": "object", "required": [name]}, f"with {name}", "not")])
+                      for name in refused)
     if keyword in ("anyOf", "allOf"):
         expect(isinstance(value, list) and value, f"{keyword} must be a non-empty array", part.at("not", keyword))
         negations = [part.derived({"not": branch}, f"not {keyword} {i}", "not", keyword, i)
@@ -151,6 +161,23 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
     if keyword == "not":
         return ctx.compile(rest + [part.sub(value, "not", "not")])
     return None
+
+
+def _refused_names(names: Any) -> list[str] | bool | None:
+    """The keys a `propertyNames` schema refuses, where it lists them: True for `false` (every key), the
+    strings of a `not: {const}` or `not: {enum}` (keys are strings, other values refuse none); else None."""
+    if names is False:
+        return True
+    if not isinstance(names, dict) or set(names) != {"not"} or not isinstance(names["not"], dict):
+        return None
+    inner = names["not"]
+    if _constraining(inner) == {"const"}:
+        values = [inner["const"]]
+    elif _constraining(inner) == {"enum"} and isinstance(inner["enum"], list):
+        values = inner["enum"]
+    else:
+        return None
+    return list(dict.fromkeys(v for v in values if isinstance(v, str)))
 
 
 def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:

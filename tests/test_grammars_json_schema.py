@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -411,6 +412,26 @@ def test_up_to_six_dependent_schemas_compile_on_objects_with_few_declared_proper
     seven = {"type": "object", "dependentSchemas": {k: {"required": ["z"]} for k in "abcdefg"}}
     with pytest.raises(UnsupportedSchemaError, match="more than 6 triggers"):
         json_schema_to_grammar(seven)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "not": {"propertyNames": {"not": {"const": "0"}}}, "patternProperties": {"\\d": {"type": "boolean"}}},
+    {"not": {"propertyNames": {"not": {"enum": ["a", "b", 3]}}}},
+    {"not": {"propertyNames": False}},
+    {"allOf": [{"not": {"propertyNames": {"not": {"const": "a"}}}}, {"not": {"propertyNames": {"not": {"const": "b"}}}}],
+     "maxProperties": 2},
+])
+def test_a_negated_property_names_listing_refused_keys_requires_one_of_them(schema):
+    """`not: {propertyNames: {not: {enum}}}` holds for objects with a key among the values (Handwritten's notnames):
+    against jsonschema on small objects, keys in any order."""
+    grammar = json_schema_to_grammar(schema, property_order="any")
+    keys = ["a", "b", "0", "1"]
+    instances = [None, 1, "a", [], {}] + [dict(zip(chosen, values)) for n in (1, 2)
+                                          for chosen in itertools.permutations(keys, n)
+                                          for values in itertools.product([True, 1], repeat=n)]
+    validator = jsonschema.Draft202012Validator(schema)
+    for instance in instances:
+        assert ir_accepts(grammar, json.dumps(instance)) == validator.is_valid(instance), instance
 
 
 def test_combinators_refs_and_recursion():
