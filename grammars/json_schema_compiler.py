@@ -83,7 +83,7 @@ class SchemaCompiler:
         """The grammar for the whole document; SchemaError if nothing can satisfy it."""
         if self.options.check_schema:
             self._check_metaschema()
-        start = self.compile([Part(self.root, "", self.refs.root_base)])
+        start = self.compile([Part(self.root, "", self.refs.root_base, frozenset({self.refs.id_keyword}))])
         if start == NEVER:
             reason = self.why_never[0] if self.why_never else "no JSON value satisfies it"
             raise SchemaError(f"schema is unsatisfiable: {reason}", "")
@@ -141,12 +141,15 @@ class SchemaCompiler:
                 return None
             expect(isinstance(schema, dict), f"a schema must be an object or a boolean, not "
                    f"{type(schema).__name__}", part.pointer)
-            base = self.refs.base_for(schema, part.base)
-            part = Part(schema, part.pointer, base, part.skip, part.variant)
+            # A part's base is its parent's until its own id is applied, once: a relative id applied twice
+            # would nest its path in itself
+            ident = self.refs.id_keyword
+            base = part.base if ident in part.skip else self.refs.base_for(schema, part.base)
+            part = Part(schema, part.pointer, base, part.skip | {ident}, part.variant)
             pending: list[Part] = []
             if part.has("$ref"):
                 target = self.refs.resolve(schema["$ref"], base, part.pointer)
-                pending.append(Part(target.schema, target.pointer, target.base))
+                pending.append(Part(target.schema, target.pointer, target.base, frozenset({ident})))
                 via_ref = True
                 if self.legacy:  # before 2019-09 a $ref replaces its siblings
                     stack.extend(reversed(pending))

@@ -68,6 +68,12 @@ def without_keywords(schema: Any, keywords: frozenset[str]) -> Any:
     return out
 
 
+def _join(base: str, ref: str) -> str:
+    """`ref` resolved against `base`; a fragment alone stays in `base`'s document, which urljoin forgets for
+    bases it does not treat as hierarchical (an id like urn:example:schema)."""
+    return urldefrag(base)[0] + ref if ref.startswith("#") else urljoin(base, ref)
+
+
 class RefResolver:
     """Indexes a schema document's resources and anchors; resolves `$ref` strings to subschemas."""
 
@@ -108,7 +114,7 @@ class RefResolver:
         """The subschema `ref` (as written at `pointer`, under `base`) refers to."""
         if not isinstance(ref, str):
             raise SchemaError("$ref must be a string", pointer + "/$ref")
-        uri, fragment = urldefrag(urljoin(base, ref))
+        uri, fragment = urldefrag(_join(base, ref))
         if f"{uri}#{fragment}" in self._anchors:
             return self._anchors[f"{uri}#{fragment}"]
         resource = self._resources.get(uri)
