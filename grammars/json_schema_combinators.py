@@ -171,9 +171,10 @@ def _refused_names(names: Any) -> list[str] | bool | None:
     if not isinstance(names, dict) or set(names) != {"not"} or not isinstance(names["not"], dict):
         return None
     inner = names["not"]
-    if _constraining(inner) == {"const"}:
+    keys = _constraining(inner)
+    if keys == {"const"}:
         values = [inner["const"]]
-    elif _constraining(inner) == {"enum"} and isinstance(inner["enum"], list):
+    elif keys == {"enum"} and isinstance(inner["enum"], list):
         values = inner["enum"]
     else:
         return None

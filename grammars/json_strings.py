@@ -224,7 +224,11 @@ def _alternatives(nodes, start: bool = False) -> list[tuple[bool, bool, list]]:
 @lru_cache(maxsize=4096)
 def pattern_regex(pattern: str, pointer: str = "") -> str:
     """A quoted JSON string whose decoded text contains a match of the ECMA regex `pattern` (search semantics)."""
-    return _search_regex(_Translator(pattern, pointer), _inline_trailing_lookahead(list(_parse(pattern, pointer).data)))
+    return _plain_regex(pattern, pointer, list(_parse(pattern, pointer).data))
+
+
+def _plain_regex(pattern: str, pointer: str, nodes: list) -> str:
+    return _search_regex(_Translator(pattern, pointer), _inline_trailing_lookahead(nodes))
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,7 @@ def pattern_regexes(pattern: str, pointer: str = "") -> PatternRegexes:
     else, and lookbehinds, stay refused."""
     nodes = list(_parse(pattern, pointer).data)
     if len(nodes) < 2 or not _is_start(nodes[0]) or nodes[1][0] not in _LOOKAHEADS:
-        return PatternRegexes(pattern_regex(pattern, pointer))
+        return PatternRegexes(_plain_regex(pattern, pointer, nodes))
     tr = _Translator(pattern, pointer)
     start, rest = nodes[0], nodes[1:]
     also, excluding = [], []
