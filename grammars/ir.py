@@ -10,7 +10,10 @@ automata, so front ends never think about UTF-8 or tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TYPE_CHECKING, Protocol, Union
+
+if TYPE_CHECKING:
+    from .fsm import DFA
 
 
 @dataclass(frozen=True)
@@ -20,16 +23,23 @@ class Lit:
     text: str
 
 
+class Language(Protocol):
+    """A set of strings given by its own byte automaton, for sets no short regex writes (the multiples of 7);
+    hashable, so equal terminals still share one automaton."""
+
+    def dfa(self) -> "DFA": ...
+
+
 @dataclass(frozen=True)
 class Terminal:
     """Strings matching `pattern` (Python regex syntax, matched whole, no
-    lookarounds or back-references), and every regex in `also`, and none in
-    `excluding`.  `also`/`excluding` express intersection and difference
-    (pattern + length bounds, "any key but the declared ones")."""
+    lookarounds or back-references), and every regex (or Language) in `also`,
+    and none in `excluding`.  `also`/`excluding` express intersection and
+    difference (pattern + length bounds, "any key but the declared ones")."""
 
     pattern: str
-    also: tuple[str, ...] = ()
-    excluding: tuple[str, ...] = ()
+    also: tuple["str | Language", ...] = ()
+    excluding: tuple["str | Language", ...] = ()
     # (what the front end calls this string, its JSON pointer), for the error when the automaton outgrows the
     # budget; not part of the terminal's identity (equal terminals share one automaton).
     origin: tuple[str, str] | None = field(default=None, compare=False)

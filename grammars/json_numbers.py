@@ -1,4 +1,4 @@
-"""JSON number terminals: numeric ranges and multipleOf as regexes over the number's text.
+"""JSON number terminals: numeric ranges as regexes over the number's text, multipleOf as residue automata.
 
 A bounded number is the intersection of the plain JSON number regex with one
 regex per bound (the IR's `Terminal.also`), so each bound is a one-sided
@@ -9,7 +9,17 @@ exact and small.
 
 from __future__ import annotations
 
+import functools
+import math
+from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
+
+import numpy as np
+
+from .errors import UnsupportedSchemaError
+from .fsm import DFA, minimize
+from .regex import MAX_DFA_STATES
 
 INTEGER = r"-?(?:0|[1-9][0-9]*)"
 #: Integers in JSON Schema are mathematical: 2.0 is one.
@@ -135,30 +145,80 @@ def digit_cap(int_digits: int | None, frac_digits: int) -> str:
     return rf"-?(?:0|[1-9]{whole})(?:\.[0-9]{{1,{frac_digits}}})?(?:[eE][+-]?[0-9]{{1,{frac_digits}}})?"
 
 
-def multiple_of_regex(k: Decimal, integral: bool, max_alternatives: int = 200) -> str | None:
-    """Numbers that are multiples of k, when that is a regular language this module can write exactly.
+@dataclass(frozen=True)
+class Multiples:
+    """JSON decimals (no exponent) that are whole multiples of `step` > 0, as a residue automaton: no short
+    regex says "divisible by 7", but reading digits left to right while keeping the value modulo a number is
+    a finite automaton.  Scaled by 10**e (e: the step's decimal places), x is a multiple of the step exactly
+    when x * 10**e is an integer multiple of K = step * 10**e, so the automaton keeps the digits read so far
+    modulo K and, past the point, how many of the first e fraction digits it has read; further fraction
+    digits must be zeros."""
 
-    Handles k = 10**-e (at most e fraction digits that are not zero) and integer
-    k dividing a power of ten (a set of allowed final digits).  Returns None
-    otherwise.
-    """
-    if k <= 0:
-        raise ValueError("multipleOf must be positive")
-    k = k.normalize()
-    if k == k.to_integral_value():
-        n = int(k)
-        m = next((m for m in range(12) if 10**m % n == 0), None)
-        if m is None or 10**m // n > max_alternatives:
-            return None
-        if m == 0:
-            return INTEGER_VALUE
-        # Loose on leading zeros on purpose: it is intersected with INTEGER_VALUE.
-        tails = [str(r).zfill(m) for r in range(0, 10**m, n)]
-        short = [str(r) for r in range(0, 10 ** (m - 1), n)]
-        return "-?" + _alt(["[0-9]*" + _alt(tails)] + short) + r"(?:\.0+)?"
-    if integral:
-        return None
-    digits, exponent = k.as_tuple().digits, k.as_tuple().exponent
-    if digits == (1,) and exponent < 0:
-        return INTEGER + rf"(?:\.[0-9]{{1,{-exponent}}}0*)?"
-    return None
+    step: Decimal
+
+    @property
+    def num_states(self) -> int:
+        """States before minimisation: start, sign, a lone 0, then K per integer part, point and fraction
+        digit count."""
+        scale, modulus = self._scaled()
+        return 3 + modulus * (scale + 3)
+
+    def _scaled(self) -> tuple[int, int]:
+        step = self.step.normalize()
+        scale = max(0, -step.as_tuple().exponent)
+        return scale, int(step.scaleb(scale))
+
+    def dfa(self) -> DFA:
+        return _multiples_dfa(self.step)
+
+
+@functools.lru_cache(maxsize=256)
+def _multiples_dfa(step: Decimal) -> DFA:
+    scale, k = Multiples(step)._scaled()
+    r = np.arange(k)
+    integer, point = 3, 3 + k                       # state blocks: integer part, just after the point,
+
+    def fraction(j: int) -> int:                    # after j fraction digits (j <= scale)
+        return 3 + k * (2 + j)
+
+    trans = np.full((3 + k * (scale + 3), 256), -1, np.int32)
+    digit = ord("0")
+    for start in (0, 1):
+        trans[start, digit] = 2
+        trans[start, digit + 1 : digit + 10] = integer + np.arange(1, 10) % k
+    trans[0, ord("-")] = 1
+    trans[2, ord(".")] = point
+    trans[integer + r, ord(".")] = point + r
+    for d in range(10):
+        trans[integer + r, digit + d] = integer + (10 * r + d) % k
+        if scale:
+            trans[point + r, digit + d] = fraction(1) + (10 * r + d) % k
+        for j in range(1, scale):
+            trans[fraction(j) + r, digit + d] = fraction(j + 1) + (10 * r + d) % k
+    if not scale:
+        trans[point + r, digit] = fraction(0) + r
+    trans[fraction(scale) + r, digit] = fraction(scale) + r   # past the step's places only zeros keep a multiple
+    accept = np.zeros(len(trans), bool)
+    accept[2] = True
+    accept[integer + r] = r * 10**scale % k == 0
+    for j in range(scale + 1):
+        accept[fraction(j) + r] = r * 10 ** (scale - j) % k == 0
+    return minimize(DFA(trans, accept))
+
+
+def multiples_of(step: Decimal, pointer: str) -> Multiples:
+    """The multiples of `step` (multipleOf at `pointer`), refused where their automaton outgrows the budget."""
+    multiples = Multiples(step)
+    if multiples.num_states > MAX_DFA_STATES:
+        raise UnsupportedSchemaError(f"multipleOf {step} cannot be enforced exactly within {MAX_DFA_STATES} automaton "
+                                     "states", pointer)
+    return multiples
+
+
+def common_multiple(steps: list[Decimal]) -> Decimal:
+    """The least positive number that is a multiple of every step: a multiple of all of them is exactly a
+    multiple of it (so several multipleOf keywords make one automaton, not a product)."""
+    fractions = [Fraction(step) for step in steps]
+    numerator = math.lcm(*(f.numerator for f in fractions))
+    denominator = math.gcd(*(f.denominator for f in fractions))
+    return Decimal(numerator) / Decimal(denominator)

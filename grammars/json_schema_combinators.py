@@ -9,13 +9,15 @@ cannot count how many branches an instance matches.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from itertools import product
 from typing import Any
 
 from .errors import UnsupportedSchemaError
 from .ir import Expr
+from .json_numbers import multiples_of
 from .json_schema_context import (VALIDATION, Branches, NotMatching, Part, SchemaContext, enum_values, expect,
-                                  narrow_types)
+                                  is_number, narrow_types)
 from .json_schema_ir import choice, json_key
 
 _MAX_DISTRIBUTED_BRANCHES = 64
@@ -95,7 +97,7 @@ def _negation_size(schema: Any) -> int | None:
     if not isinstance(schema, dict):
         return 1 if isinstance(schema, bool) else None
     keys = _constraining(schema)
-    if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}):
+    if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}, {"multipleOf"}):
         return 1
     if keys == {"required"} and isinstance(schema["required"], list) and schema["required"]:
         return len(schema["required"])
@@ -277,7 +279,7 @@ def dependent_schemas(ctx: SchemaContext, parts: list[Part], owner: Part) -> Exp
 
 
 def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
-    """`not` on the shapes that negate exactly: types, enum/const values, pattern, false/true."""
+    """`not` on the shapes that negate exactly: types, enum/const values, pattern, multipleOf, false/true."""
     inner = part.get("not")
     pointer = part.at("not")
     if inner is True or inner == {}:
@@ -312,6 +314,13 @@ def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
         branches.types &= {"string"}
         expect(isinstance(inner["pattern"], str), "pattern must be a string", pointer + "/pattern")
         excluded.append(NotMatching(inner["pattern"], pointer + "/pattern"))
+        return
+    if keys == {"multipleOf"}:
+        # only numbers can fail multipleOf: those that are not multiples of the step
+        step = inner["multipleOf"]
+        expect(is_number(step) and step > 0, "multipleOf must be a positive number", pointer + "/multipleOf")
+        branches.types &= {"number"}
+        excluded.append(multiples_of(Decimal(str(step)), pointer + "/multipleOf"))
         return
     raise UnsupportedSchemaError(f"not with keywords {sorted(keys)} cannot be negated exactly", pointer)
 

@@ -10,8 +10,9 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Lit, Ref, Terminal
-from .json_numbers import DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, at_least, at_most, digit_cap, multiple_of_regex
+from .ir import Expr, Language, Lit, Ref, Terminal
+from .json_numbers import (DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most, common_multiple,
+                           digit_cap, multiples_of)
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
 from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, capped_length, chars_regex, format_pattern, pattern_regexes,
@@ -49,7 +50,7 @@ def _decimal(x: Any, pointer: str) -> Decimal:
 
 def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: list[Any]) -> Expr:
     """The number terminal for the numeric keywords of `parts`, none of the `excluded` values (a
-    ("non-integer",) entry there excludes integers)."""
+    ("non-integer",) entry there excludes integers, a Multiples entry its multiples)."""
     lo: tuple[Decimal, bool] | None = None
     hi: tuple[Decimal, bool] | None = None
     multiples: list[tuple[Decimal, str]] = []
@@ -88,31 +89,27 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
             last = int(hi[0].to_integral_value("ROUND_FLOOR"))
         if first > last:
             return ctx.never(f"no integer between {lo[0]} and {hi[0]}", pointer)
-    also: list[str] = []
+    also: list[str | Language] = []
     if lo:
         also.append(at_least(*lo))
     if hi:
         also.append(at_most(*hi))
     integral = integer_only
-    for k, at in multiples:
-        regex = multiple_of_regex(k, integer_only)
-        if regex is None and lo and hi and (hi[0] - lo[0]) / k <= 256:
-            start = (lo[0] / k).to_integral_value("ROUND_CEILING")
-            stop = (hi[0] / k).to_integral_value("ROUND_FLOOR")
-            regex = "(?:" + "|".join(number_literal_regex(n * k) for n in range(int(start), int(stop) + 1)) + ")"
-        if regex is None:
-            raise UnsupportedSchemaError(f"multipleOf {k} cannot be enforced exactly for this range", at)
-        also.append(regex)
-        integral = integral or k == k.to_integral_value()
+    if multiples:
+        step = common_multiple([k for k, _ in multiples])
+        also.append(multiples_of(step, multiples[0][1] if len(multiples) == 1 else pointer))
+        integral = integral or step == step.to_integral_value()
+    refused = [x for x in excluded if isinstance(x, Multiples)]
     if integral:
         main = INTEGER if integer_only and ctx.draft4 else INTEGER_VALUE
     else:
-        main = DECIMAL if also else NUMBER
+        # bounds and multiples are written over decimals (an exponent would escape an excluded multiple)
+        main = DECIMAL if also or refused else NUMBER
     if ctx.options.max_number_digits is not None:
         bounds = [b[0] for b in (lo, hi) if b is not None]
         also.append(_digit_cap(ctx.options.max_number_digits, bounds, [k for k, _ in multiples],
                                whole_open=len(bounds) < 2))
-    exclude = tuple(number_literal_regex(v) for v in excluded if is_number(v))
+    exclude = tuple(number_literal_regex(v) for v in excluded if is_number(v)) + tuple(refused)
     if ("non-integer",) in excluded:
         if integer_only or (integral and not ctx.draft4):
             return NEVER

@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import AutomatonTooLargeError, RegexError
 from .fsm import DFA, NFA, BudgetExceeded, determinize, minimize, product, union
+from .ir import Language
 
 MAX_DFA_STATES = 20_000
 MAX_NFA_NODES = 200_000
@@ -343,16 +344,17 @@ def regex_dfa(pattern: str) -> DFA:
 
 
 @functools.lru_cache(maxsize=8192)
-def terminal_dfa(pattern: str, also: tuple[str, ...] = (), excluding: tuple[str, ...] = ()) -> DFA:
-    """DFA of strings matching `pattern` and every regex in `also` and none in `excluding`."""
+def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
+                 excluding: tuple[str | Language, ...] = ()) -> DFA:
+    """DFA of strings matching `pattern` and every regex (or Language) in `also` and none in `excluding`."""
     dfa = regex_dfa(pattern)
     try:
         for other in also:
-            dfa = product(dfa, regex_dfa(other), True, MAX_DFA_STATES)
+            dfa = product(dfa, _language_dfa(other), True, MAX_DFA_STATES)
         if excluding:
             # one difference with the union (declared object keys: a trie) instead of one per regex
-            texts = [literal_text(other) for other in excluding]
-            parts = [regex_dfa(other) for other, text in zip(excluding, texts) if text is None]
+            texts = [literal_text(other) if isinstance(other, str) else None for other in excluding]
+            parts = [_language_dfa(other) for other, text in zip(excluding, texts) if text is None]
             if any(text is not None for text in texts):
                 parts.append(literals_dfa(tuple(sorted({text for text in texts if text is not None}))))
             dfa = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
@@ -360,6 +362,10 @@ def terminal_dfa(pattern: str, also: tuple[str, ...] = (), excluding: tuple[str,
     except BudgetExceeded as e:
         raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern, e.budget) from None
     return dfa
+
+
+def _language_dfa(language: str | Language) -> DFA:
+    return regex_dfa(language) if isinstance(language, str) else language.dfa()
 
 
 #: The characters a regex escapes to mean themselves.

@@ -97,6 +97,9 @@ def integer_schemas(draw) -> dict:
     multiple = draw(st.sampled_from([None, None, None, 2, 3, 5, 7, 10]))
     if multiple:
         schema["multipleOf"] = multiple
+    refused = draw(st.sampled_from([None] * 5 + [2, 3, 4]))
+    if refused:
+        schema["not"] = {"multipleOf": refused}
     return schema
 
 
@@ -104,9 +107,12 @@ def integer_schemas(draw) -> dict:
 def number_schemas(draw) -> dict:
     values = st.one_of(st.integers(-60, 60), st.sampled_from([-2.5, -0.125, 0.5, 3.75, 99.99, 1000]))
     schema = {"type": "number", **_bounds(draw, values)}
-    multiple = draw(st.sampled_from([None] * 6 + [0.5, 0.25, 2]))
+    multiple = draw(st.sampled_from([None] * 6 + [0.5, 0.25, 2, 1.5, 0.3]))
     if multiple:
         schema["multipleOf"] = multiple
+    refused = draw(st.sampled_from([None] * 6 + [1, 0.75]))
+    if refused:
+        schema["not"] = {"multipleOf": refused}
     return schema
 
 

@@ -14,10 +14,11 @@ import pytest
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars.automaton import compile_automaton
 from leapgen.grammars.ir import Choice, Lit, Members, Ref, Repeat, Seq, Terminal
-from leapgen.grammars.json_numbers import at_least, at_most, multiple_of_regex, natural_range
+from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
 from leapgen.grammars.json_strings import FORMATS, format_regex, pattern_regex, string_regex
+from leapgen.grammars.regex import dfa_fullmatch
 from tokenizers_util import accepts, byte_level_bpe
 
 
@@ -26,6 +27,8 @@ def ir_accepts(grammar, text: str) -> bool:
     memo: dict = {}
 
     def whole(rx, i, j):
+        if not isinstance(rx, str):  # a Language: its own automaton
+            return dfa_fullmatch(rx.dfa(), text[i:j].encode())
         return re.compile(rx).fullmatch(text, i, j) is not None
 
     def ends(e, i):
@@ -197,15 +200,28 @@ def test_bounds_compare_decimals_exactly(bound, strict):
         assert bool(le.fullmatch(s)) == (v < b if strict else v <= b), s
 
 
-def test_natural_ranges_and_multiples():
+def test_natural_ranges():
     for lo, hi in [(0, 0), (3, 17), (5, 1234), (7, None), (999, 1001)]:
         rx = re.compile(natural_range(lo, hi))
         assert all(bool(rx.fullmatch(str(i))) == (lo <= i and (hi is None or i <= hi)) for i in range(2000))
-    for k in ["2", "5", "20", "25", "0.01"]:
-        rx = re.compile(multiple_of_regex(Decimal(k), False))
-        for s in _numbers(random.Random(k)):
-            assert bool(rx.fullmatch(s)) == (Decimal(s) % Decimal(k) == 0), (k, s)
-    assert multiple_of_regex(Decimal(7), True) is None
+
+
+@pytest.mark.parametrize("k", ["2", "3", "7", "20", "25", "37", "1000", "0.01", "0.25", "0.3", "1.5", "2.125", "6.75"])
+def test_multiples_are_residue_automata_exact_on_decimals(k):
+    rng = random.Random(k)
+    decimal = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+    dfa = Multiples(Decimal(k)).dfa()
+    texts = list(_numbers(rng)) + ["0", "-0", "0.000", "00", "01", "1.", ".5", "3e0", "--3", "4.50", "-6.7500"]
+    texts += [str(rng.randrange(10**6) * Decimal(k)) + "0" * rng.randrange(3) for _ in range(300)]  # multiples
+    for text in texts:
+        expected = bool(decimal.fullmatch(text)) and Decimal(text) % Decimal(k) == 0
+        assert dfa_fullmatch(dfa, text.encode()) == expected, (k, text)
+
+
+def test_common_multiple_of_steps():
+    assert common_multiple([Decimal(k) for k in ["5", "3", "2", "7", "4"]]) == 420
+    assert common_multiple([Decimal(k) for k in ["6.75", "19", "9.5", "2.125"]]) == 8721
+    assert common_multiple([Decimal("0.25"), Decimal("0.1")]) == Decimal("0.5")
 
 
 # ---- schemas through the IR -----------------------------------------------------------------------
@@ -517,6 +533,15 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
     ({"not": {"not": {"type": "string", "maxLength": 2}}}, ["ab", "abc", 1]),
     ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}},
      [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}]),
+    # multipleOf by any step is a residue automaton, negated as an exclusion; several steps make one
+    ({"type": "integer", "multipleOf": 3}, [0, 3, -9, 12, 3.0, 4, 10, 1.5]),
+    ({"type": "number", "minimum": 0, "multipleOf": 1.5}, [0, 1.5, 3, 4.5, 4.50, 1, 2.25, -1.5]),
+    ({"not": {"multipleOf": 3}}, [1, 3, 4.5, 6, 6.0, -7, "a", None]),
+    ({"type": "integer", "allOf": [{"multipleOf": 4}, {"multipleOf": 6}], "not": {"multipleOf": 8}},
+     [12, 24, 36, 48, 60, 8, 6]),
+    ({"type": "number", "not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 0.75}]}},
+     [1, 2, 0.75, 1.5, 0.5, 3.5, 2.25, 6]),
+    ({"oneOf": [{"multipleOf": 3}, {"multipleOf": 5}], "type": "integer"}, [3, 5, 15, 30, 7, 9, 10]),
 ])
 def test_keywords_rewritten_into_choices_are_exact(schema, values):
     validator = jsonschema.validators.validator_for(schema)(schema)
