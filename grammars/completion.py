@@ -106,7 +106,7 @@ class Completions:
             hit = total
         return hit
 
-    def shortest(self, state: frozenset) -> bytes | None:
+    def shortest(self, state: tuple[tuple[int, int], ...]) -> bytes | None:
         """The bytes of one shortest completion of `state` (b"" when the text is complete), None if none."""
         best = min(state, key=self.cost, default=None)
         if best is None or self.cost(best) >= UNREACHABLE:
@@ -145,7 +145,7 @@ class Completions:
         """A shortest text of the rule starting at `state`, on its own."""
         hit = self._rule_bytes.get(state)
         if hit is None:
-            hit = self._rule_bytes[state] = self.shortest(frozenset({(state, 0)}))
+            hit = self._rule_bytes[state] = self.shortest(((state, 0),))
         return hit
 
     def _object_bytes(self, frame: ObjectFrame, where: int, tag: Tag) -> bytes:

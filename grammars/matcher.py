@@ -1,9 +1,11 @@
 """Compiled constraints and the per-sequence Matcher.
 
-A parser state is a frozenset of configurations (automaton state, stack id)
-reached right after a byte (not yet closed under calls and returns), so equal
-texts-so-far in equal contexts give equal, hashable states: the whole-mask
-cache is keyed by them.
+A parser state is the sorted tuple of distinct configurations (automaton
+state, stack id) reached right after a byte (not yet closed under calls and
+returns), so equal texts-so-far in equal contexts give equal, hashable states:
+the whole-mask cache is keyed by them.  Tuples of ints, unlike frozensets,
+leave the garbage collector's view once they survive a collection, so the
+caches keyed by states stay out of the full collections' walks.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .stacks import StackArena
 from .token_masks import TokenMasks
 from .vocab import Vocabulary, as_vocabulary
 
-State = frozenset  # of (automaton state, stack id)
+State = tuple  # of sorted, distinct (automaton state, stack id)
 _MASK_CACHE_LIMIT = 1 << 14
 
 
@@ -33,7 +35,7 @@ class CompiledGrammar:
         self.vocabulary = vocabulary
         self.masks = TokenMasks(automaton, vocabulary)
         self.stacks = StackArena(automaton)
-        self.initial: State = frozenset({(automaton.start, 0)})
+        self.initial: State = ((automaton.start, 0),)
         self._closures: dict[State, tuple[tuple[tuple[int, int], ...], bool]] = {}
         self._mask_cache: dict[State, np.ndarray] = {}
         self._ids_cache: dict[State, np.ndarray] = {}
@@ -89,7 +91,7 @@ class CompiledGrammar:
         trans = self.automaton.trans
         for b in data:
             ready, _ = self.closure(state)
-            state = frozenset((int(trans[g, b]), s) for g, s in ready if trans[g, b] >= 0)
+            state = tuple(sorted({(int(trans[g, b]), s) for g, s in ready if trans[g, b] >= 0}))
             if not state:
                 return None
         return state

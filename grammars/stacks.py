@@ -20,11 +20,13 @@ class StackArena:
         self.ret = [-1]
         self.tag: list[Tag | None] = [None]
         self._ids: dict[tuple[int, int, Tag | None], int] = {}
-        self._tail = automaton.tail.tolist()
-        self._framed = automaton.framed.tolist()
-        self._callee = automaton.call_callee.tolist()
-        self._ret = automaton.call_ret.tolist()
-        self._guard = automaton.call_guard.tolist()
+        # tuples, not lists: as fast to index, and once they survive a collection the garbage collector
+        # stops walking their items (a server holds many grammars; lists would lengthen every full collection)
+        self._tail = tuple(automaton.tail.tolist())
+        self._framed = tuple(automaton.framed.tolist())
+        self._callee = tuple(automaton.call_callee.tolist())
+        self._ret = tuple(automaton.call_ret.tolist())
+        self._guard = tuple(automaton.call_guard.tolist())
         self._guards = automaton.guards
         self._frames = automaton.frames
 

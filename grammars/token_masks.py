@@ -152,9 +152,9 @@ class TokenMasks:
         self.a = automaton
         self.vocabulary = vocabulary
         self._walks: dict[tuple[int, bytes], Walk] = {}
-        self._terminal_starts = [first for first, _ in automaton.terminals]
+        self._terminal_starts = tuple(first for first, _ in automaton.terminals)  # tuples: see StackArena
         self._shared = _SHARED_WALKS.setdefault(vocabulary, {})
-        self._call_ptr = automaton.call_ptr.tolist()
+        self._call_ptr = tuple(automaton.call_ptr.tolist())
 
     def terminal_of(self, state: int) -> tuple[int, DFA] | None:
         """(first global state, DFA) of the terminal rule holding `state`, None for a structural state."""
