@@ -267,7 +267,7 @@ def main() -> None:
         except ImportError as exc:
             print(f"skipping {name}: {exc}", file=sys.stderr)
             continue
-        engine.compile({"type": "object"})   # warm-up: JIT, vocabulary tables
+        engine.mask(engine.start(engine.compile({"type": "object"})))   # warm-up: JIT, vocabulary tables
         # What the process keeps from here on (imports, tokenizer, vocabulary tables) leaves the full garbage
         # collections, as in `leapgen serve`: otherwise each one scans ~300k objects (~100 ms) inside some mask.
         with frozen_startup_heap():

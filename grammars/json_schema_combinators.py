@@ -97,8 +97,23 @@ def _negation_size(schema: Any) -> int | None:
     if not isinstance(schema, dict):
         return 1 if isinstance(schema, bool) else None
     keys = _constraining(schema)
-    if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}, {"multipleOf"}):
+    bounds = _negated_bounds(schema)
+    if bounds is not None:
+        return max(len(bounds), 1)
+    if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}, {"multipleOf"}, {"not"}):
         return 1
+    if keys == {"items"} and not isinstance(schema["items"], list):
+        return None if _negation_size(schema["items"]) is None else 1
+    if keys in ({"anyOf"}, {"allOf"}) and isinstance(schema[next(iter(keys))], list) and schema[next(iter(keys))]:
+        sizes = [_negation_size(branch) for branch in schema[next(iter(keys))]]
+        if None in sizes:
+            return None
+        if keys == {"allOf"}:
+            return sum(sizes)
+        count = 1
+        for size in sizes:   # every branch negated, together: their alternatives multiply
+            count *= size
+        return count
     if keys == {"required"} and isinstance(schema["required"], list) and schema["required"]:
         return len(schema["required"])
     if keys == {"properties"} and isinstance(schema["properties"], dict):
@@ -123,6 +138,12 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return None
     keys = _constraining(inner)
     rest = [p.skipping("not") if p is part else p for p in parts]
+    bounds = _negated_bounds(inner)
+    if bounds is not None:
+        if not bounds:
+            return ctx.never("the negated bounds hold for every instance", part.at("not"))
+        return choice(ctx.compile(rest + [part.derived(bound, "failing " + " ".join(sorted(bound)), "not")])
+                      for bound in bounds)
     if len(keys) > 1:
         groups = _negation_groups(keys)
         if groups is None or len(groups) < 2:
@@ -153,6 +174,10 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
             return ctx.compile(rest + [part.derived({"type": "object", "minProperties": 1}, "some key", "not")])
         return choice(ctx.compile(rest + [part.derived({"type": "object", "required": [name]}, f"with {name}", "not")])
                       for name in refused)
+    if keyword == "items" and not isinstance(value, list):
+        # every item holds it, so its negation is an array with an item that does not
+        return ctx.compile(rest + [part.derived({"type": "array", "contains": {"not": value}}, "an item failing",
+                                                "not")])
     if keyword in ("anyOf", "allOf"):
         expect(isinstance(value, list) and value, f"{keyword} must be a non-empty array", part.at("not", keyword))
         negations = [part.derived({"not": branch}, f"not {keyword} {i}", "not", keyword, i)
@@ -163,6 +188,46 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
     if keyword == "not":
         return ctx.compile(rest + [part.sub(value, "not", "not")])
     return None
+
+
+# Counts: `not: {minLength: n}` is a string of at most n - 1 characters (other types satisfy minLength).
+_COUNT_NEGATIONS = {"minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
+                    "minItems": ("array", "maxItems", -1), "maxItems": ("array", "minItems", 1),
+                    "minProperties": ("object", "maxProperties", -1), "maxProperties": ("object", "minProperties", 1)}
+# Numeric bounds: `not: {minimum: x}` is a number below x (draft-04's `exclusiveMinimum: true` makes it at most x).
+_BOUND_NEGATIONS = {"minimum": ("exclusiveMaximum", "maximum", "exclusiveMinimum"),
+                    "maximum": ("exclusiveMinimum", "minimum", "exclusiveMaximum"),
+                    "exclusiveMinimum": ("maximum", None, None), "exclusiveMaximum": ("minimum", None, None)}
+
+
+def _negated_bounds(schema: Any) -> list[dict] | None:
+    """`not` of a schema holding only count and numeric bounds: one schema per bound, each where that bound
+    fails (a value fails the conjunction where one of them fails); None for other schemas or malformed
+    bounds (the compiler reports those)."""
+    if not isinstance(schema, dict):
+        return None
+    keys = _constraining(schema)
+    if not keys or not keys <= _COUNT_NEGATIONS.keys() | _BOUND_NEGATIONS.keys():
+        return None
+    out = []
+    for key in sorted(keys):
+        value = schema[key]
+        if key in _COUNT_NEGATIONS:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                return None
+            kind, opposite, step = _COUNT_NEGATIONS[key]
+            if value + step >= 0:   # minLength 0 fails nowhere
+                out.append({"type": kind, opposite: value + step})
+            continue
+        if isinstance(value, bool) and key.startswith("exclusive"):
+            continue                # draft-04's flag: read with its bound (alone it bounds nothing)
+        if not is_number(value):
+            return None
+        opposite, flagged_opposite, flag = _BOUND_NEGATIONS[key]
+        if flag is not None and schema.get(flag) is True:
+            opposite = flagged_opposite
+        out.append({"type": "number", opposite: value})
+    return out
 
 
 def _refused_names(names: Any) -> list[str] | bool | None:

@@ -118,7 +118,9 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
         else:
             also.append(DECIMAL)
             exclude += (INTEGER_VALUE,)
-    return Terminal(main, tuple(also), exclude)
+    named = ([f"multipleOf {step}"] if multiples else []) + [f"not multipleOf {x.step}" for x in refused]
+    named += ["its bounds"] if lo or hi else []
+    return Terminal(main, tuple(also), exclude, origin=(" with ".join(named) or "the number", pointer))
 
 
 def _digit_cap(cap: int, bounds: list[Decimal], multiples: list[Decimal], whole_open: bool) -> str:

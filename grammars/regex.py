@@ -351,10 +351,16 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
     try:
         for other in also:
             dfa = product(dfa, _language_dfa(other), True, MAX_DFA_STATES)
+        # Languages one at a time: the union of residue automata multiplies their states, while the running
+        # difference stays within what the other keywords allow (a bounded range)
+        for other in excluding:
+            if not isinstance(other, str):
+                dfa = product(dfa, other.dfa(), False, MAX_DFA_STATES)
+        excluding = tuple(other for other in excluding if isinstance(other, str))
         if excluding:
             # one difference with the union (declared object keys: a trie) instead of one per regex
-            texts = [literal_text(other) if isinstance(other, str) else None for other in excluding]
-            parts = [_language_dfa(other) for other, text in zip(excluding, texts) if text is None]
+            texts = [literal_text(other) for other in excluding]
+            parts = [regex_dfa(other) for other, text in zip(excluding, texts) if text is None]
             if any(text is not None for text in texts):
                 parts.append(literals_dfa(tuple(sorted({text for text in texts if text is not None}))))
             dfa = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
