@@ -16,7 +16,7 @@ from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_s
 from tokenizers_util import accepts, byte_level_bpe
 
 SUITE = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"
-# Measured: 228 cases pass outside DEVIATIONS; the others are refused as unsupported (none fail).
+# Measured: 238 cases pass outside DEVIATIONS; the others are refused as unsupported (none fail).
 PASSING_FLOOR = 237
 # Deliberate deviations, each with its reason.
 DEVIATIONS = {
