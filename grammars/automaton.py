@@ -31,6 +31,11 @@ from .regex import literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
 CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this is called, not inlined
+# All terminal DFAs of one grammar together: the global table takes 1 KiB a state, and building them is most
+# of a compile's time, so past this a schema that multiplies its strings (negations distributed into many
+# variants, each intersecting patterns and lengths) is refused early instead of taking seconds
+MAX_TERMINAL_STATES = 150_000
+MAX_TERMINAL_WORK = 400_000  # states of every product built for them, the emptied ones too
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,7 @@ class _Compiler:
         self.called = _recursive_rules(self.rules)
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
+        self._terminal_states = self._terminal_work = 0
         self._sizes: dict[str, int] = {}
         # members rules: always called, each part called through a label of its own
         self.members_rules: dict[str, _MemberLabels] = {}
@@ -385,6 +391,16 @@ class _Compiler:
             raise UnsupportedSchemaError(f"{what} cannot be enforced exactly within {exc.budget}", pointer) from None
         label = self._labels.get(dfa)
         if label is None:
+            self._terminal_states += dfa.num_states
+            self._terminal_work += max(dfa.built_states, dfa.num_states)
+            if self._terminal_states > MAX_TERMINAL_STATES or self._terminal_work > MAX_TERMINAL_WORK:
+                origin = _origin(expr)
+                message = (f"the grammar's terminals need more than {MAX_TERMINAL_STATES} automaton states together"
+                           if self._terminal_states > MAX_TERMINAL_STATES else
+                           f"building the grammar's terminals takes more than {MAX_TERMINAL_WORK} automaton states")
+                if origin is None:
+                    raise GrammarError(message)
+                raise UnsupportedSchemaError(f"{message} (the last: {origin[0]})", origin[1])
             label = self._labels[dfa] = f"<terminal {len(self._labels)}>"
             self.terminal_rules[label] = dfa
         return label

@@ -37,6 +37,9 @@ class DFA:
     # Never reused: caches key on it instead of the DFA, so their keys are tuples of ints that the garbage
     # collector stops scanning (a key holding the DFA object stays tracked).
     uid: int = field(default_factory=lambda: next(_DFA_UIDS), init=False, repr=False)
+    # States of the products built on the way to this automaton (its own included): what it cost to build,
+    # for the compile budgets
+    built_states: int = field(default=0, init=False, repr=False)
 
     @property
     def num_states(self) -> int:

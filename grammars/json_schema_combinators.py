@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 from itertools import product
-from typing import Any
+from typing import Any, Callable
 
-from .errors import UnsupportedSchemaError
+from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr
 from .json_numbers import multiples_of
 from .json_schema_context import (VALIDATION, Branches, NotMatching, Part, SchemaContext, enum_values, expect,
@@ -52,8 +52,8 @@ def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, overlap: tup
     negates exactly; refused otherwise, or where the negations would multiply into too many variants."""
     branches = owner.get("oneOf")
     variants = 0
-    for branch in branches:
-        count = _negation_size(branch)
+    for i, branch in enumerate(branches):
+        count = _negation_size(branch, _resolver(ctx, owner.sub(branch, "oneOf", i)))
         if count is None:
             i, j = overlap
             raise UnsupportedSchemaError(f"oneOf branches {i} and {j} may both match one instance; exclusivity "
@@ -91,21 +91,27 @@ def _negation_groups(keys: set[str]) -> list[set[str]] | None:
     return groups + [{k} for k in sorted(left)]
 
 
-def _negation_size(schema: Any) -> int | None:
+def _negation_size(schema: Any, resolve: Resolver, depth: int = 0) -> int | None:
     """How many alternatives `not schema` compiles to (see `negate` and `rewritten_negation`), None when it
-    is not one of the shapes negated exactly."""
+    is not one of the shapes negated exactly; `resolve` gives the conjuncts a $ref stands for."""
     if not isinstance(schema, dict):
         return 1 if isinstance(schema, bool) else None
     keys = _constraining(schema)
+    if "$ref" in keys:
+        conjuncts = resolve(schema) if depth < _MAX_REF_DEPTH else None
+        if conjuncts is None:
+            return None
+        sizes = [_negation_size(conjunct, resolve, depth + 1) for conjunct in conjuncts]
+        return None if None in sizes else max(sum(sizes), 1)
     bounds = _negated_bounds(schema)
     if bounds is not None:
         return max(len(bounds), 1)
     if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}, {"multipleOf"}, {"not"}):
         return 1
     if keys == {"items"} and not isinstance(schema["items"], list):
-        return None if _negation_size(schema["items"]) is None else 1
+        return None if _negation_size(schema["items"], resolve, depth) is None else 1
     if keys in ({"anyOf"}, {"allOf"}) and isinstance(schema[next(iter(keys))], list) and schema[next(iter(keys))]:
-        sizes = [_negation_size(branch) for branch in schema[next(iter(keys))]]
+        sizes = [_negation_size(branch, resolve, depth) for branch in schema[next(iter(keys))]]
         if None in sizes:
             return None
         if keys == {"allOf"}:
@@ -118,11 +124,13 @@ def _negation_size(schema: Any) -> int | None:
         return len(schema["required"])
     if keys == {"properties"} and isinstance(schema["properties"], dict):
         failing = [sub for sub in schema["properties"].values() if sub is not True and sub != {}]
-        return None if not failing or any(_negation_size(sub) is None for sub in failing) else len(failing)
+        if not failing or any(_negation_size(sub, resolve, depth) is None for sub in failing):
+            return None
+        return len(failing)
     groups = _negation_groups(keys) if len(keys) > 1 else None
     if not groups or len(groups) < 2:
         return None
-    sizes = [_negation_size({k: schema[k] for k in group}) for group in groups]
+    sizes = [_negation_size({k: schema[k] for k in group}, resolve, depth) for group in groups]
     return None if None in sizes else sum(sizes)
 
 
@@ -144,6 +152,17 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
             return ctx.never("the negated bounds hold for every instance", part.at("not"))
         return choice(ctx.compile(rest + [part.derived(bound, "failing " + " ".join(sorted(bound)), "not")])
                       for bound in bounds)
+    if "$ref" in keys:
+        # each $ref negated inside another one's negation names itself in the variant: a recursive schema
+        # stops there instead of unrolling
+        if part.variant.count("/not $ref") >= _MAX_REF_DEPTH:
+            raise UnsupportedSchemaError(f"$ref negated inside {_MAX_REF_DEPTH} negated $refs (a recursive schema) "
+                                         "cannot be negated exactly", part.at("not", "$ref"))
+        conjuncts = _resolver(ctx, part.sub(inner, "not"))(inner)
+        if conjuncts is None:
+            return None
+        return choice(ctx.compile(rest + [part.derived({"not": conjunct}, f"not $ref {i}", "not")])
+                      for i, conjunct in enumerate(conjuncts))
     if len(keys) > 1:
         groups = _negation_groups(keys)
         if groups is None or len(groups) < 2:
@@ -388,6 +407,30 @@ def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
         excluded.append(multiples_of(Decimal(str(step)), pointer + "/multipleOf"))
         return
     raise UnsupportedSchemaError(f"not with keywords {sorted(keys)} cannot be negated exactly", pointer)
+
+
+Resolver = Callable[[dict], "list[Any] | None"]
+_MAX_REF_DEPTH = 8  # $refs followed through one negation: a recursive schema is not negated
+
+
+def _resolver(ctx: SchemaContext, at: Part) -> Resolver:
+    """The conjuncts a schema holding a $ref stands for (allOf and $refs flattened, each without the keywords
+    that were), where every one of them reads its own $refs under the base of `at`, so that they compile as
+    schemas written there; None otherwise."""
+    def resolve(schema: dict) -> list[Any] | None:
+        try:
+            expanded = ctx.expand([Part(schema, at.pointer, at.base)])
+        except SchemaError:
+            return None
+        if expanded is None:
+            return [False]
+        conjuncts = []
+        for part in expanded[0]:
+            if part.base != at.base:
+                return None
+            conjuncts.append({k: v for k, v in part.schema.items() if k not in part.skip})
+        return conjuncts
+    return resolve
 
 
 def _constraining(schema: dict) -> set[str]:

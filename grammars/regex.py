@@ -348,14 +348,17 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
                  excluding: tuple[str | Language, ...] = ()) -> DFA:
     """DFA of strings matching `pattern` and every regex (or Language) in `also` and none in `excluding`."""
     dfa = regex_dfa(pattern)
+    built = dfa.num_states
     try:
         for other in also:
             dfa = product(dfa, _language_dfa(other), True, MAX_DFA_STATES)
+            built += dfa.num_states
         # Languages one at a time: the union of residue automata multiplies their states, while the running
         # difference stays within what the other keywords allow (a bounded range)
         for other in excluding:
             if not isinstance(other, str):
                 dfa = product(dfa, other.dfa(), False, MAX_DFA_STATES)
+                built += dfa.num_states
         excluding = tuple(other for other in excluding if isinstance(other, str))
         if excluding:
             # one difference with the union (declared object keys: a trie) instead of one per regex
@@ -365,8 +368,11 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
                 parts.append(literals_dfa(tuple(sorted({text for text in texts if text is not None}))))
             dfa = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
                           MAX_DFA_STATES)
+            built += dfa.num_states
     except BudgetExceeded as e:
         raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern, e.budget) from None
+    if dfa.built_states == 0:   # a fresh product (a shared regex DFA keeps its own count)
+        dfa.built_states = built
     return dfa
 
 

@@ -556,6 +556,12 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
      [[], [1], [1, 2], ["a", "b"], ["a"]]),
     ({"type": "object", "properties": {"a": {}}, "not": {"anyOf": [{"required": ["a"]}, {"minProperties": 2}]}},
      [{}, {"a": 1}, {"b": 1}, {"b": 1, "c": 2}]),
+    # a $ref negates as the conjuncts it stands for (its siblings among them)
+    ({"$defs": {"short": {"type": "string", "maxLength": 2}, "digits": {"pattern": "^[0-9]+$"}},
+      "oneOf": [{"$ref": "#/$defs/short"}, {"$ref": "#/$defs/digits", "type": "string"}]},
+     ["a", "12", "123", "abc", "", 5]),
+    ({"$defs": {"pos": {"allOf": [{"type": "integer"}, {"minimum": 1}]}}, "not": {"$ref": "#/$defs/pos"}},
+     [0, 1, 2, -3, 1.5, "x"]),
 ])
 def test_keywords_rewritten_into_choices_are_exact(schema, values):
     validator = jsonschema.validators.validator_for(schema)(schema)
@@ -563,13 +569,30 @@ def test_keywords_rewritten_into_choices_are_exact(schema, values):
           invalid=[v for v in values if not validator.is_valid(v)])
 
 
+def test_negation_through_a_recursive_ref_stops_with_an_error():
+    tree = {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}, "minItems": 1}},
+            "not": {"$ref": "#/$defs/t"}}
+    with pytest.raises(UnsupportedSchemaError, match="recursive"):
+        compile_json_schema(tree, byte_level_bpe())
+
+
+def test_strings_multiplied_by_distributed_combinators_are_refused_within_the_terminal_budget():
+    """allOf over anyOfs of patterns distributes into a string terminal per combination (3**6 here): the
+    compile stops at the grammar's terminal budget with the pointer instead of building thousands."""
+    groups = [{"anyOf": [{"pattern": f"{a}{i}"} for a in "xyz"]} for i in range(6)]
+    with pytest.raises(UnsupportedSchemaError, match="automaton states") as info:
+        compile_json_schema({"type": "string", "minLength": 10, "maxLength": 30, "allOf": groups}, byte_level_bpe())
+    assert info.value.pointer == ""
+
+
 def test_overlapping_one_of_with_branches_that_do_not_negate_is_refused():
-    schema = {"$defs": {"s": {"type": "string"}}, "oneOf": [{"$ref": "#/$defs/s"}, {"type": "string", "pattern": "a"}]}
+    schema = {"$defs": {"s": {"type": "string", "format": "email"}},
+              "oneOf": [{"$ref": "#/$defs/s"}, {"type": "string", "pattern": "a"}]}
     with pytest.raises(UnsupportedSchemaError, match="oneOf branches 0 and 1 may both match") as info:
         json_schema_to_grammar(schema)
     assert info.value.pointer == "/oneOf"
-    with pytest.raises(UnsupportedSchemaError, match=r"not with keywords \['\$ref', 'type'\]"):
-        json_schema_to_grammar({"$defs": {"s": {}}, "not": {"$ref": "#/$defs/s", "type": "string"}})
+    with pytest.raises(UnsupportedSchemaError, match=r"not with keywords \['format'\]"):
+        json_schema_to_grammar({"$defs": {"s": {"format": "email"}}, "not": {"$ref": "#/$defs/s", "type": "string"}})
 
 
 def test_draft_04_integers_are_written_without_a_fraction():
