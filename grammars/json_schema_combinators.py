@@ -9,6 +9,7 @@ cannot count how many branches an instance matches.
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from itertools import product
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from .json_schema_context import (VALIDATION, Branches, NotMatching, Part, Schem
 from .json_schema_ir import choice, json_key
 
 _MAX_DISTRIBUTED_BRANCHES = 64
+_MAX_DISTRIBUTED_VARIANTS = 256
 
 
 def distribute(ctx: SchemaContext, parts: list[Part], owner: Part, keyword: str) -> Expr:
@@ -51,15 +53,17 @@ def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, overlap: tup
     """oneOf as the union over i of (branch i and not branch j, for every other j), where every branch
     negates exactly; refused otherwise, or where the negations would multiply into too many variants."""
     branches = owner.get("oneOf")
-    variants = 0
+    sizes = []
     for i, branch in enumerate(branches):
-        count = _negation_size(branch, _resolver(ctx, owner.sub(branch, "oneOf", i)))
-        if count is None:
+        size = _negation_size(branch, _resolver(ctx, owner.sub(branch, "oneOf", i)))
+        if size is None:
             i, j = overlap
             raise UnsupportedSchemaError(f"oneOf branches {i} and {j} may both match one instance; exclusivity "
                                          "cannot be enforced", owner.at("oneOf"))
-        variants += count
-    if variants ** (len(branches) - 1) > _MAX_DISTRIBUTED_BRANCHES:
+        sizes.append(size)
+    # branch i with every other negated: the product of the others' negations' alternatives, summed over i
+    variants = sum(math.prod(sizes[:i] + sizes[i + 1:]) for i in range(len(sizes)))
+    if variants > _MAX_DISTRIBUTED_VARIANTS:
         raise UnsupportedSchemaError("oneOf with overlapping branches has too many variants to enforce",
                                      owner.at("oneOf"))
     alternatives = []
@@ -116,14 +120,16 @@ def _negation_size(schema: Any, resolve: Resolver, depth: int = 0) -> int | None
             return None
         if keys == {"allOf"}:
             return sum(sizes)
-        count = 1
-        for size in sizes:   # every branch negated, together: their alternatives multiply
-            count *= size
-        return count
+        return math.prod(sizes)   # every branch negated, together: their alternatives multiply
     if keys == {"required"} and isinstance(schema["required"], list) and schema["required"]:
         return len(schema["required"])
-    if keys == {"properties"} and isinstance(schema["properties"], dict):
-        failing = [sub for sub in schema["properties"].values() if sub is not True and sub != {}]
+    if keys <= {"properties", "additionalProperties"} and isinstance(schema.get("properties", {}), dict):
+        # an extra key failing additionalProperties counts one: which keys those are depends on the
+        # conjunction (see `_negated_members`)
+        failing = [sub for sub in schema.get("properties", {}).values() if sub is not True and sub != {}]
+        other = schema.get("additionalProperties", True)
+        if other is not True and other != {}:
+            failing.append(other)
         if not failing or any(_negation_size(sub, resolve, depth) is None for sub in failing):
             return None
         return len(failing)
@@ -163,6 +169,8 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
             return None
         return choice(ctx.compile(rest + [part.derived({"not": conjunct}, f"not $ref {i}", "not")])
                       for i, conjunct in enumerate(conjuncts))
+    if "additionalProperties" in keys and keys <= {"properties", "additionalProperties"}:
+        return _negated_members(ctx, rest, part, inner)
     if len(keys) > 1:
         groups = _negation_groups(keys)
         if groups is None or len(groups) < 2:
@@ -174,10 +182,7 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
     [keyword] = keys
     value = inner[keyword]
     if keyword == "properties":
-        expect(isinstance(value, dict), "properties must be an object", part.at("not", "properties"))
-        return choice(ctx.compile(rest + [part.derived({"type": "object", "required": [name],
-                                                        "properties": {name: {"not": sub}}}, f"failing {name}", "not")])
-                      for name, sub in value.items() if sub is not True and sub != {})
+        return _negated_members(ctx, rest, part, inner)
     if keyword == "required":
         expect(isinstance(value, list) and all(isinstance(n, str) for n in value), "required must be an array of "
                "strings", part.at("not", "required"))
@@ -247,6 +252,39 @@ def _negated_bounds(schema: Any) -> list[dict] | None:
             opposite = flagged_opposite
         out.append({"type": "number", opposite: value})
     return out
+
+
+def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: dict) -> Expr | None:
+    """`not: {properties, additionalProperties}`: an object with a member failing its schema: a declared key
+    failing its own, or a key the negated schema does not declare failing `additionalProperties`.  Which keys
+    those may be is known only where the rest of the conjunction closes the object (its own
+    `additionalProperties: false` and no patterns): then they are its declared keys the negated schema lacks.
+    None where the object stays open (the keys it may hold are unbounded)."""
+    declared = inner.get("properties", {})
+    expect(isinstance(declared, dict), "properties must be an object", part.at("not", "properties"))
+    failing = [(name, sub) for name, sub in declared.items() if sub is not True and sub != {}]
+    other = inner.get("additionalProperties", True)
+    if other is not True and other != {}:
+        keys = _closed_keys(rest)
+        if keys is None:
+            return None
+        failing += [(name, other) for name in keys if name not in declared]
+    return choice(ctx.compile(rest + [part.derived({"type": "object", "required": [name],
+                                                    "properties": {name: {"not": sub}}}, f"failing {name}", "not")])
+                  for name, sub in failing)
+
+
+def _closed_keys(parts: list[Part]) -> list[str] | None:
+    """The keys an object may hold under `parts`, in schema order, where one of them closes it
+    (`additionalProperties: false`, no `patternProperties`); None where none does."""
+    keys = None
+    for part in parts:
+        if part.get("additionalProperties") is False and not part.has("patternProperties"):
+            names = part.get("properties", {})
+            if not isinstance(names, dict):
+                return None
+            keys = list(names) if keys is None else [name for name in keys if name in names]
+    return keys
 
 
 def _refused_names(names: Any) -> list[str] | bool | None:

@@ -369,8 +369,9 @@ def test_negations_split_into_independent_keywords_and_properties(schema):
 
 
 def test_negations_that_would_split_inside_a_keyword_group_are_refused():
-    # additionalProperties means "no keys besides the declared ones" only next to properties
-    with pytest.raises(UnsupportedSchemaError):
+    # additionalProperties means "no keys besides the declared ones" only next to properties; which keys an open
+    # object may hold besides them is unbounded
+    with pytest.raises(UnsupportedSchemaError, match=r"\['additionalProperties', 'properties'\]"):
         json_schema_to_grammar({"not": {"properties": {"a": {}}, "additionalProperties": False}})
     with pytest.raises(UnsupportedSchemaError, match="format"):
         json_schema_to_grammar({"not": {"properties": {"a": {"format": "email"}}}})
@@ -562,6 +563,16 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
      ["a", "12", "123", "abc", "", 5]),
     ({"$defs": {"pos": {"allOf": [{"type": "integer"}, {"minimum": 1}]}}, "not": {"$ref": "#/$defs/pos"}},
      [0, 1, 2, -3, 1.5, "x"]),
+    # a closed object negates where the conjunction closes the object too: its keys the other lacks
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "additionalProperties": False},
+                {"type": "object", "properties": {"a": {"type": "integer"}, "c": {}}, "additionalProperties": False}]},
+     [{}, {"a": 1}, {"b": 1}, {"c": 2}, {"a": 1, "b": 2}, {"b": 1, "c": 1}, {"a": "x"}, {"d": 1}]),
+    ({"oneOf": [{"properties": {"key": {"maxLength": 3, "type": "string"}}, "additionalProperties": False},
+                {"properties": {"keys": {"type": "array", "items": {"type": "string"}}}, "additionalProperties": False}]},
+     [{}, {"key": "ab"}, {"keys": ["a"]}, {"key": "ab", "keys": []}, {"key": "abcd"}, 1, "x"]),
+    ({"type": "object", "properties": {"a": {}, "b": {"type": "string"}}, "additionalProperties": False,
+      "not": {"properties": {"b": {"type": "string"}}, "additionalProperties": {"type": "integer"}}},
+     [{}, {"a": 1}, {"a": "x"}, {"b": "s"}, {"a": "x", "b": "s"}]),
 ])
 def test_keywords_rewritten_into_choices_are_exact(schema, values):
     validator = jsonschema.validators.validator_for(schema)(schema)
