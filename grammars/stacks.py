@@ -8,6 +8,8 @@ it wrote (`object_members`); the guarded call edges of that rule read and update
 
 from __future__ import annotations
 
+from array import array
+
 from .automaton import Automaton
 from .object_members import EMPTY_TAG, Tag
 
@@ -16,8 +18,10 @@ class StackArena:
     """Stack ids of one automaton, and the call edges between configurations (state, stack id)."""
 
     def __init__(self, automaton: Automaton):
-        self.parent = [0]
-        self.ret = [-1]
+        # arrays, not lists: the garbage collector never walks them (a list of ints lengthens every full
+        # collection by its length, and a server keeps thousands of stacks per grammar)
+        self.parent = array("q", [0])
+        self.ret = array("q", [-1])
         self.tag: list[Tag | None] = [None]
         self._ids: dict[tuple[int, int, Tag | None], int] = {}
         # tuples, not lists: as fast to index, and once they survive a collection the garbage collector
