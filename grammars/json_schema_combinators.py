@@ -114,8 +114,10 @@ def _negation_size(schema: Any, resolve: Resolver, depth: int = 0) -> int | None
         return 1
     if keys == {"items"} and not isinstance(schema["items"], list):
         return None if _negation_size(schema["items"], resolve, depth) is None else 1
-    if keys in ({"anyOf"}, {"allOf"}) and isinstance(schema[next(iter(keys))], list) and schema[next(iter(keys))]:
-        sizes = [_negation_size(branch, resolve, depth) for branch in schema[next(iter(keys))]]
+    # (a oneOf counts as an anyOf: it negates only where its branches exclude each other, see rewritten_negation)
+    combined = schema[next(iter(keys))] if keys in ({"anyOf"}, {"allOf"}, {"oneOf"}) else None
+    if isinstance(combined, list) and combined:
+        sizes = [_negation_size(branch, resolve, depth) for branch in combined]
         if None in sizes:
             return None
         if keys == {"allOf"}:
@@ -202,11 +204,16 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         # every item holds it, so its negation is an array with an item that does not
         return ctx.compile(rest + [part.derived({"type": "array", "contains": {"not": value}}, "an item failing",
                                                 "not")])
-    if keyword in ("anyOf", "allOf"):
+    if keyword in ("anyOf", "allOf", "oneOf"):
         expect(isinstance(value, list) and value, f"{keyword} must be a non-empty array", part.at("not", keyword))
+        overlap = keyword == "oneOf" and _overlapping(ctx, rest, [part.sub(b, "not", "oneOf", i)
+                                                                  for i, b in enumerate(value)])
+        if overlap:     # failing such a oneOf includes matching two of its branches, which no grammar counts
+            raise UnsupportedSchemaError(f"not over a oneOf whose branches {overlap[0]} and {overlap[1]} may both "
+                                         "match cannot be negated exactly", part.at("not", "oneOf"))
         negations = [part.derived({"not": branch}, f"not {keyword} {i}", "not", keyword, i)
                      for i, branch in enumerate(value)]
-        if keyword == "anyOf":
+        if keyword != "allOf":  # a oneOf of exclusive branches fails exactly where each branch fails
             return ctx.compile(rest + negations)
         return choice(ctx.compile(rest + [negation]) for negation in negations)
     if keyword == "not":

@@ -573,11 +573,20 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
     ({"type": "object", "properties": {"a": {}, "b": {"type": "string"}}, "additionalProperties": False,
       "not": {"properties": {"b": {"type": "string"}}, "additionalProperties": {"type": "integer"}}},
      [{}, {"a": 1}, {"a": "x"}, {"b": "s"}, {"a": "x", "b": "s"}]),
+    # a oneOf of exclusive branches fails where each does, so it nests inside another oneOf
+    ({"oneOf": [{"oneOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}]}, {"type": "string", "minLength": 2}]},
+     ["a", "ab", "abc", 1, 2.5, None]),
 ])
 def test_keywords_rewritten_into_choices_are_exact(schema, values):
     validator = jsonschema.validators.validator_for(schema)(schema)
     check(schema, valid=[v for v in values if validator.is_valid(v)],
           invalid=[v for v in values if not validator.is_valid(v)])
+
+
+def test_a_oneof_whose_branches_overlap_is_not_negated():
+    with pytest.raises(UnsupportedSchemaError, match="branches 0 and 1 may both match") as info:
+        json_schema_to_grammar({"not": {"oneOf": [{"type": "string"}, {"maxLength": 3}]}})
+    assert info.value.pointer == "/not/oneOf"
 
 
 def test_negation_through_a_recursive_ref_stops_with_an_error():
