@@ -250,9 +250,11 @@ class _Layout:
         return out
 
     def _contains_schemas(self, parts: list[_Part], item: Any) -> list[Any]:
-        """The `contains` schemas `item` matches: the compiler writes a matching item as the conjunction."""
+        """The `contains` schemas `item` matches: the compiler writes a matching item as the conjunction, where
+        the `contains` counts anything (`minContains: 0` alone constrains nothing, and is left out)."""
         return [part.get("contains") for part in parts
-                if part.has("contains") and self.oracle.branch_accepts(part.get("contains"), item)]
+                if part.has("contains") and (part.get("minContains", 1) != 0 or part.has("maxContains"))
+                and self.oracle.branch_accepts(part.get("contains"), item)]
 
     @staticmethod
     def _item_schemas(parts: list[_Part], index: int) -> list[Any]:
