@@ -160,21 +160,23 @@ class Multiples:
     def num_states(self) -> int:
         """States before minimisation: start, sign, a lone 0, then K per integer part, point and fraction
         digit count."""
-        scale, modulus = self._scaled()
+        scale, modulus = _scaled(self.step)
         return 3 + modulus * (scale + 3)
-
-    def _scaled(self) -> tuple[int, int]:
-        step = self.step.normalize()
-        scale = max(0, -step.as_tuple().exponent)
-        return scale, int(step.scaleb(scale))
 
     def dfa(self) -> DFA:
         return _multiples_dfa(self.step)
 
 
+def _scaled(step: Decimal) -> tuple[int, int]:
+    """(e, K): the step's decimal places and the step times 10**e, an integer."""
+    step = step.normalize()
+    scale = max(0, -step.as_tuple().exponent)
+    return scale, int(step.scaleb(scale))
+
+
 @functools.lru_cache(maxsize=256)
 def _multiples_dfa(step: Decimal) -> DFA:
-    scale, k = Multiples(step)._scaled()
+    scale, k = _scaled(step)
     r = np.arange(k)
     integer, point = 3, 3 + k                       # state blocks: integer part, just after the point,
 

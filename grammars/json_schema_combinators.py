@@ -322,7 +322,6 @@ def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
     values = enum_values(parts)
     required: set = set()
     consts: dict[str, list] = {}
-    closed: set | None = None
     for p in parts:
         narrow_types(p, branches)
         req = p.get("required", [])
@@ -332,9 +331,8 @@ def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
             for name, sub in props.items():
                 if isinstance(sub, dict) and ("const" in sub or "enum" in sub):
                     consts[name] = [sub["const"]] if "const" in sub else list(sub.get("enum") or [])
-        if p.get("additionalProperties") is False and not p.has("patternProperties"):
-            names = set(props) if isinstance(props, dict) else set()
-            closed = names if closed is None else closed & names
+    keys = _closed_keys(parts)
+    closed = None if keys is None else set(keys)
     types = {"integer" if t == "number" and branches.integer_only else t for t in branches.types}
     if values is not None:
         types = {_type_of(v) for v in values}
