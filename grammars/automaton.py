@@ -81,7 +81,10 @@ class _MemberLabels:
 class Automaton:
     """Global tables of all rule DFAs: start state `start`, stack returns via call edges."""
 
-    trans: np.ndarray  # int32 [G, 256]; -1: no transition
+    # int32 [G - first_terminal, 256], global targets, -1: no transition.  Only terminal states consume bytes,
+    # so structural states (tens of thousands where a long length bound counts chunks) get no rows
+    trans: np.ndarray
+    first_terminal: int
     accept: np.ndarray  # bool [G]: the rule may end (return) here
     call_ptr: np.ndarray  # int32 [G+1]: CSR into call_callee / call_ret
     call_callee: np.ndarray  # int32: global start state of the called rule
@@ -104,6 +107,10 @@ class Automaton:
     @property
     def num_states(self) -> int:
         return len(self.accept)
+
+    def byte_row(self, state: int) -> np.ndarray:
+        """The byte transitions of a terminal state (int32 [256], global targets, -1: none)."""
+        return self.trans[state - self.first_terminal]
 
 
 def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
@@ -293,13 +300,28 @@ class _Compiler:
         if _is_terminal(expr):
             return 1
         if isinstance(expr, ir.Repeat):
-            return max(expr.max if expr.max is not None else expr.min + 1, 1) * self._size(expr.item)
+            count = max(expr.max if expr.max is not None else expr.min + 1, 1)
+            size = self._size(expr.item)
+            if count > 1 and count * size > CALLED_RULE_SIZE:
+                # every repetition writes the item out again: the rules it refers to are called instead (an array
+                # of a hundred arrays of a hundred strings is not ten thousand strings written out)
+                self._call_refs(expr.item)
+                size = self._size(expr.item)
+            return count * size
         if isinstance(expr, (ir.Seq, ir.Choice)):
             return max(sum(self._size(item) for item in expr.items), 1)
         if isinstance(expr, ir.Members):
             for item in expr.parts():
                 self._size(item)
         return 1
+
+    def _call_refs(self, expr: ir.Expr) -> None:
+        """Call the rules `expr` refers to outside repetitions (those count on their own)."""
+        if isinstance(expr, ir.Ref):
+            self.called.add(expr.name)
+        elif isinstance(expr, (ir.Seq, ir.Choice)):
+            for item in expr.items:
+                self._call_refs(item)
 
     def _check(self) -> None:
         if not self.rules:
@@ -539,7 +561,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         offsets[name] = total
         total += part.num_states
     first_terminal = offsets[next(iter(terminals))] if terminals else total
-    trans = _global_table(first_terminal, [dfa.trans for dfa in terminals.values()])
+    trans = _terminal_table(first_terminal, [dfa.trans for dfa in terminals.values()])
     accept = np.zeros(total, bool)
     for name, rule in rules.items():
         accept[offsets[name] : offsets[name] + rule.num_states] = rule.accept
@@ -571,6 +593,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     tail[:first_terminal] = accept[:first_terminal] & (calls_out[:first_terminal] == 0)
     return Automaton(
         trans=trans,
+        first_terminal=first_terminal,
         accept=accept,
         call_ptr=np.array(call_ptr, np.int32),
         call_callee=np.array(callee, np.int32),
@@ -586,19 +609,18 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     )
 
 
-def _global_table(structural: int, tables: list[np.ndarray]) -> np.ndarray:
-    """`structural` rows without byte transitions, then each terminal table with its targets shifted to where
-    the table lands (one pass over the whole: per-table numpy calls cost more than the copying)."""
+def _terminal_table(first: int, tables: list[np.ndarray]) -> np.ndarray:
+    """Each terminal table in turn, its targets shifted to the global states where the table lands (one pass
+    over the whole: per-table numpy calls cost more than the copying); the first lands at `first`."""
     if not tables:
-        return np.full((structural, 256), -1, np.int32)
-    local = np.concatenate([np.full((structural, 256), -1, np.int32), *tables])
+        return np.full((0, 256), -1, np.int32)
+    out = np.concatenate(tables)
     sizes = [len(table) for table in tables]
-    shift = np.repeat(np.cumsum([structural] + sizes[:-1]), sizes).astype(np.int32)
-    out = local[structural:]
+    shift = np.repeat(np.cumsum([first] + sizes[:-1]), sizes).astype(np.int32)
     missing = out < 0
     out += shift[:, None]
     out[missing] = -1
-    return local
+    return out
 
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int]) -> ObjectFrame:

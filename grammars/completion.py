@@ -135,7 +135,7 @@ class Completions:
                 c = next(c for c in calls if dist[a.call_callee[c]] + dist[a.call_ret[c]] == dist[g])
                 g, s = stacks.call(s, c)
             else:
-                targets = a.trans[g]
+                targets = a.byte_row(g)
                 ok = np.flatnonzero((targets >= 0) & (dist[np.maximum(targets, 0)] == dist[g] - 1))
                 byte = int(ok[np.argmin(_BYTE_ORDER[ok])])
                 out.append(byte)

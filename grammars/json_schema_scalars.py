@@ -172,7 +172,7 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     also = tuple(r.regex for r in regexes) + tuple(regex for r in regexes for regex in r.also)
     exclude = tuple(regex_escape(json_text(v)) for v in excluded) + tuple(
         regex for r in regexes for regex in r.excluding) + tuple(
-        pattern_regexes(*pattern).single(*pattern) for pattern in excluded_patterns)
+        _excluded_regexes(excluded_patterns))
     bounds = [(f"minLength {lo}", here)] * bool(lo) + [(f"maxLength {hi}", here)] * (hi is not None)
     if hi is None and ctx.options.max_string_length is not None:
         hi = capped_length(ctx.options.max_string_length, lo, [src for src, _ in patterns], also, exclude)
@@ -198,18 +198,34 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     return Terminal(string_regex(lo, hi), also, exclude, origin)
 
 
+def _excluded_regexes(patterns: Patterns) -> tuple[str, ...]:
+    """The strings matching any of `patterns`, as one search regex where they join into one pattern: searched
+    for together, `.*(?:a|b).*` determinizes to about the words' total length, where excluding `.*a.*` and
+    `.*b.*` one by one (or their union) multiplies the two automata."""
+    if len(patterns) > 1:
+        joined = "|".join(f"(?:{src})" for src, _ in patterns)
+        try:
+            return (pattern_regexes(joined, patterns[0][1]).single(joined, patterns[0][1]),)
+        except UnsupportedSchemaError:
+            pass  # an inline flag or a lookahead in one of them: each alone says which
+    return tuple(pattern_regexes(*pattern).single(*pattern) for pattern in patterns)
+
+
 _CHUNK = 32  # longer length bounds count in chunks of this many characters: one terminal would unroll each one
 _STATES_PER_CHARACTER = 14  # a quoted string's DFA, per character its length bound counts
+_FLAT = 1024  # chunks counted one by one (a state each) before the count goes in base _CHUNK
 
 
 def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
     """A quoted string of lo..hi characters as chunks of _CHUNK characters and a shorter remainder: every
     length is chunks * _CHUNK + remainder in exactly one way, and the chunk and remainder terminals are the
-    same few DFAs in every schema, so a maxLength of 10,000 costs 313 call states instead of 10,000
-    characters' worth of terminal states."""
-    name = ctx.rule_name("string_chunk")
-    ctx.rules[name] = Terminal(chars_regex(_CHUNK, _CHUNK))  # a rule, so repeats of it stay calls
-    chunk = Ref(name)
+    same few DFAs in every schema.  One rule per pair of bounds, so that where its count is long it is built once
+    and called (a schema bounding fifty fields at 32,767 characters builds its thousand counting states once).  Past _FLAT chunks the
+    count goes in base _CHUNK (`_exactly`, `_at_most`), so a maxLength of 1,000,000 costs about two thousand
+    call states instead of 31,250."""
+    name = f"<string of {lo} to {hi} characters>"   # not a name `rule_name` makes
+    if name in ctx.rules:
+        return Ref(name)
 
     def chars(a: int, b: int | None) -> Expr:
         # the closing quote belongs to the remainder, so token walks stop only where the string may end
@@ -217,14 +233,59 @@ def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
 
     first, rest = divmod(lo, _CHUNK)
     if hi is None:
-        body = seq(repeat(chunk, first, first), chars(rest, None))
+        body = seq(_exactly(ctx, first), chars(rest, None))
     else:
         last, top = divmod(hi, _CHUNK)
         if first == last:
             tail = chars(rest, top)
         else:
+            between = last - first - 1   # chunks after the first more one, when neither edge bounds the remainder
             tail = choice([chars(rest, _CHUNK - 1),
-                           seq(repeat(chunk, 1, last - first - 1), chars(0, _CHUNK - 1)),
-                           seq(repeat(chunk, last - first, last - first), chars(0, top))])
-        body = seq(repeat(chunk, first, first), tail)
-    return seq(Lit('"'), body)
+                           seq(_exactly(ctx, 1), _at_most(ctx, between - 1), chars(0, _CHUNK - 1)) if between
+                           else NEVER,
+                           seq(_exactly(ctx, last - first), chars(0, top))])
+        body = seq(_exactly(ctx, first), tail)
+    ctx.rules[name] = seq(Lit('"'), body)
+    return Ref(name)   # inlined where short, called where long (see automaton.CALLED_RULE_SIZE)
+
+
+def _units(ctx: SchemaContext, level: int) -> Expr:
+    """_CHUNK ** level chunks of a string's body, as one rule of the schema: level 0 is the chunk terminal, and
+    each level above calls the one below _CHUNK times."""
+    name = f"<{_CHUNK ** (level + 1)} string characters>"   # not a name `rule_name` makes
+    if name not in ctx.rules:
+        ctx.rules[name] = (Terminal(chars_regex(_CHUNK, _CHUNK)) if level == 0
+                           else repeat(_units(ctx, level - 1), _CHUNK, _CHUNK))
+    # the chunk rule is inlined to its terminal call; the levels above are called, so each stays one rule
+    return Ref(name, call=level > 0)
+
+
+def _digits(n: int) -> list[int]:
+    """`n` in base _CHUNK, least significant digit first."""
+    out = [n % _CHUNK]
+    while n >= _CHUNK:
+        n //= _CHUNK
+        out.append(n % _CHUNK)
+    return out
+
+
+def _exactly(ctx: SchemaContext, n: int) -> Expr:
+    """Exactly `n` chunks: each digit of `n` counts units of its level, the highest first."""
+    digits = _digits(n)
+    return seq(*(repeat(_units(ctx, level), d, d) for level, d in reversed(list(enumerate(digits)))))
+
+
+def _at_most(ctx: SchemaContext, n: int) -> Expr:
+    """0..n chunks, each count written one way: up to _FLAT of them one by one; past that, fewer units of a
+    level than n holds and then any count below one unit, or exactly as many and then at most the rest of n.
+    Counted flat, a parser is at one place of the count; each level adds a place it may be at (the count may
+    end in any unit), and so a stack to follow per token, hence levels only where a flat count outgrows _FLAT."""
+    if n < _FLAT:
+        return repeat(_units(ctx, 0), 0, n)
+    level = 1
+    while n // _CHUNK ** level >= _FLAT:
+        level += 1
+    top = n // _CHUNK ** level
+    below = seq(*(repeat(_units(ctx, k), 0, _CHUNK - 1) for k in reversed(range(level))))
+    return choice([seq(repeat(_units(ctx, level), 0, top - 1), below),
+                   seq(repeat(_units(ctx, level), top, top), _at_most(ctx, n - top * _CHUNK ** level))])

@@ -308,6 +308,10 @@ def _search_regex(tr: _Translator, nodes: list) -> str:
     # words' lengths, where `X*aX*|X*bX*|X*cX*` tracks which words were seen, 2^words times as many states
     anchored: dict[tuple[bool, bool], list[str]] = {}
     for start, end, alternative in _alternatives(nodes):
+        if not end:
+            alternative = _searched_end(alternative)
+        if not start:
+            alternative = _searched_end(alternative[::-1], reverse=True)[::-1]
         anchored.setdefault((start, end), []).append(tr.seq(alternative))
     alts = []
     for (start, end), bodies in anchored.items():
@@ -319,6 +323,42 @@ def _search_regex(tr: _Translator, nodes: list) -> str:
     except RegexError as exc:
         raise UnsupportedSchemaError(f"pattern {tr.pattern!r}: {exc}", tr.pointer) from None
     return regex
+
+
+def _searched_end(nodes: list, reverse: bool = False) -> list:
+    """The regex `nodes` shortened at an end that any text may follow: `X Y .*` is `X .*` where Y matches the
+    empty text, and `X Z{m,n} .*` is `X Z{m} .*`, so an optional tail (a URI's query and fragment, say) is never
+    determinized against every place a match may start; that product is what makes `.*X.*` large.  With
+    `reverse`, `nodes` is read backwards, for a start any text may precede."""
+    nodes = list(nodes)
+    while nodes:
+        op, av = nodes[-1]
+        if _matches_empty(op, av):
+            nodes.pop()
+        elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+            lo, _, body = av
+            body = list(body)[::-1] if reverse else list(body)
+            nodes[-1:] = [(op, (lo - 1, lo - 1, av[2]))] * (lo > 1) + body
+        elif op is _c.SUBPATTERN and not av[1] and not av[2]:
+            nodes[-1:] = list(av[3])[::-1] if reverse else list(av[3])
+        elif op is _c.BRANCH:
+            branches = [_searched_end(list(b)[::-1] if reverse else list(b), reverse) for b in av[1]]
+            nodes[-1] = (op, (av[0], [b[::-1] if reverse else b for b in branches]))
+            return nodes
+        else:
+            return nodes
+    return nodes
+
+
+def _matches_empty(op, av) -> bool:
+    """Whether the parsed regex node matches the empty text wherever it stands (assertions do not)."""
+    if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+        return av[0] == 0 or all(_matches_empty(*node) for node in av[2])
+    if op is _c.SUBPATTERN:
+        return all(_matches_empty(*node) for node in av[3])
+    if op is _c.BRANCH:
+        return any(all(_matches_empty(*node) for node in branch) for branch in av[1])
+    return False
 
 
 # Formats, as regexes over decoded text.  Each is at most as permissive as

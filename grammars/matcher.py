@@ -88,10 +88,10 @@ class CompiledGrammar:
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`, or None if the grammar cannot continue with it."""
-        trans = self.automaton.trans
+        trans, first = self.automaton.trans, self.automaton.first_terminal
         for b in data:
-            ready, _ = self.closure(state)
-            state = tuple(sorted({(int(trans[g, b]), s) for g, s in ready if trans[g, b] >= 0}))
+            ready, _ = self.closure(state)   # only terminal states are ready: they alone consume bytes
+            state = tuple(sorted({(int(trans[g - first, b]), s) for g, s in ready if trans[g - first, b] >= 0}))
             if not state:
                 return None
         return state
@@ -106,7 +106,7 @@ class CompiledGrammar:
     def _state_bytes(self, g: int) -> np.ndarray:
         hit = self._out_bytes.get(g)
         if hit is None:
-            hit = self._out_bytes[g] = np.flatnonzero(self.automaton.trans[g] >= 0)
+            hit = self._out_bytes[g] = np.flatnonzero(self.automaton.byte_row(g) >= 0)
         return hit
 
     # --- shortest completions (token budgets) ------------------------------------------------

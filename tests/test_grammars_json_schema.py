@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
+from leapgen.grammars import json_schema_scalars
 from leapgen.grammars.automaton import compile_automaton
 from leapgen.grammars.ir import Choice, Lit, Members, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
@@ -100,7 +101,11 @@ def check(schema, valid=(), invalid=(), **options):
 # ---- strings --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pattern", [r"^[a-z]+$", "abc", r"^\d{3}-\d{4}$", r'a"b\\c', r"^(foo|bar)$", r"(^a$|^b)",
-                                     r"[^a-z]", "^$", r"^[é-ÿ]+$", "x|^y$", r'^[^"]*$'])
+                                     r"[^a-z]", "^$", r"^[é-ÿ]+$", "x|^y$", r'^[^"]*$',
+                                     # ends any text may follow or precede: optional parts and extra repetitions
+                                     # there are dropped
+                                     r"[a-z]+:(//x*)?(\?y*)?", r"(ab)?c+d", r"x(yz|w?)", r"(a|bc?)+", "c{2,4}",
+                                     r"^(ab)?c+d", r"(ab)?c+d$", r"(a?|b)x(1|2?)", r"((a|b)c?){2,3}"])
 def test_pattern_is_search_over_decoded_text(pattern):
     rng = random.Random(0)
     alphabet = list("abcxyz15-\"\\\n\t\x01 éüfor")
@@ -269,6 +274,23 @@ def test_unanchored_alternatives_share_their_padding():
     check({"type": "string", "pattern": "|".join(words)}, valid=["at middle-center", "bottom-right!", "top-left"],
           invalid=["middle", "top-centre", ""])
     check({"type": "string", "pattern": "^ab|cd$|ef"}, valid=["abx", "xcd", "xefx"], invalid=["xab", "cdx"])
+
+
+def test_an_unanchored_search_drops_the_optional_tail_it_would_determinize_against_every_start():
+    """`.*X.*` where X ends in optional parts is `.*X'.*`: a URI pattern searched for without anchors is an
+    automaton of its scheme, not of every place a URI may start times every part it may have."""
+    pattern = FORMATS["uri"]  # unanchored: contains a URI anywhere
+    check({"type": "string", "pattern": pattern}, valid=["see http://x.org/a?b#c", "a:"], invalid=["no scheme", ":"])
+    assert compile_automaton(json_schema_to_grammar({"type": "string", "pattern": pattern})).num_states < 100
+
+
+def test_excluded_patterns_are_searched_for_together():
+    """Strings containing none of several words: one automaton of about the words' length (excluded one by one,
+    or as a union of separate searches, the automata multiply)."""
+    words = ["NEW", "ON_APPROVAL", "ON_SIGNING", "EXECUTED", "DEPRECATED", "REJECTED"]
+    schema = {"type": "string", "allOf": [{"not": {"pattern": word}} for word in words]}
+    check(schema, valid=["", "NE", "ON_SIGN", "signed"], invalid=[f"x{word}y" for word in words])
+    assert compile_automaton(json_schema_to_grammar(schema)).num_states < 200
 
 
 def test_long_keys_beside_declared_ones_count_in_chunks():
@@ -479,6 +501,31 @@ def test_long_length_bounds_count_in_chunks_exactly(lo, hi):
     check(schema, valid=[t for t in texts if lo <= len(t) <= (hi if hi is not None else len(t))],
           invalid=[t for t in texts if not lo <= len(t) <= (hi if hi is not None else len(t))])
     assert compile_automaton(json_schema_to_grammar(schema)).num_states < 2000  # unrolled: 10,000 x 15 states
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 7), (0, 64), (3, 64), (10, 97), (33, 130), (0, 200), (64, 129), (91, None)])
+def test_long_counts_go_in_base_chunk_exactly(monkeypatch, lo, hi):
+    """The counting past _FLAT chunks, at a small scale: chunks of 2 characters, counted flat up to 4."""
+    monkeypatch.setattr(json_schema_scalars, "_CHUNK", 2)
+    monkeypatch.setattr(json_schema_scalars, "_FLAT", 4)
+    schema = {"type": "string", "minLength": lo} | ({} if hi is None else {"maxLength": hi})
+    top = hi if hi is not None else lo + 40
+    texts = ["ab\"é😀\n"[n % 6] * n for n in range(max(0, lo - 3), top + 4)]
+    fits = [lo <= len(t) and (hi is None or len(t) <= hi) for t in texts]
+    check(schema, valid=[t for t, ok in zip(texts, fits) if ok], invalid=[t for t, ok in zip(texts, fits) if not ok])
+
+
+def test_a_million_characters_count_in_a_few_thousand_states():
+    schema = {"type": "string", "minLength": 5, "maxLength": 1_000_000}
+    check(schema, valid=["abcde", "x" * 5000], invalid=["abcd", 5])
+    assert compile_automaton(json_schema_to_grammar(schema)).num_states < 5000  # counted flat: 31,250 chunks
+
+
+def test_a_repeated_item_is_called_rather_than_written_out_per_repetition():
+    inner = {"type": "array", "items": {"type": "string", "maxLength": 255}, "maxItems": 100}
+    schema = {"type": "array", "items": inner, "maxItems": 100}
+    check(schema, valid=[[], [["a"] * 100] * 3, [[], ["x" * 255]]], invalid=[[["a"] * 101], [["x" * 256]]])
+    assert compile_automaton(json_schema_to_grammar(schema)).num_states < 3000  # written out: 100 x 100 strings
 
 
 def test_an_object_with_a_thousand_optional_properties_stays_linear():
