@@ -25,7 +25,7 @@ import numpy as np
 
 from . import ir
 from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, UnsupportedSchemaError
-from .fsm import DFA, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
+from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .object_members import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
@@ -215,7 +215,7 @@ def _origin(expr: ir.Expr) -> tuple[str, str] | None:
     return expr.origin if isinstance(expr, ir.Terminal) else None
 
 
-@functools.lru_cache(maxsize=1 << 14)
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def terminal_for(expr: ir.Expr) -> DFA:
     """The shared, memoised DFA of a terminal expression (see `_is_terminal`): equal expressions
     get the same DFA object in every grammar, so token walks inside it are reused."""

@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 from .errors import RegexError, UnsupportedSchemaError
+from .fsm import MEMO_SIZE
 from .regex import (REGEX_META, check_group_depth, complement_ranges, normalize_ranges, parse_quietly, regex_dfa,
                     terminal_dfa)
 
@@ -254,7 +255,7 @@ class PatternRegexes:
         return self.regex
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=MEMO_SIZE)
 def pattern_regexes(pattern: str, pointer: str = "") -> PatternRegexes:
     """`pattern_regex`, for patterns that open with lookaheads too: a lookahead at the start of the text tests a
     prefix of it, so `^(?=X)(?!Y)Z` holds where `^Z` and `^X` match and `^Y` does not.  Lookaheads anywhere

@@ -20,7 +20,7 @@ from re import _parser as sre_parse
 import numpy as np
 
 from .errors import AutomatonTooLargeError, RegexError
-from .fsm import DFA, NFA, BudgetExceeded, determinize, minimize, product, union
+from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, determinize, minimize, product, union
 from .ir import Language
 
 MAX_DFA_STATES = 20_000
@@ -328,7 +328,7 @@ def _parse(pattern: str):
     return parsed, anchors
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def regex_dfa(pattern: str) -> DFA:
     """Minimal byte DFA of the UTF-8 encodings of the strings `pattern` fully matches."""
     parsed, anchors = _parse(pattern)
@@ -343,7 +343,7 @@ def regex_dfa(pattern: str) -> DFA:
         raise RegexError("regex nested too deeply", pattern) from None
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
                  excluding: tuple[str | Language, ...] = ()) -> DFA:
     """DFA of strings matching `pattern` and every regex (or Language) in `also` and none in `excluding`."""
@@ -408,13 +408,13 @@ def literal_text(pattern: str) -> str | None:
     return "".join(out)
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def literal_dfa(text: str) -> DFA:
     """DFA of exactly the UTF-8 encoding of `text` (memoised: equal texts share one DFA)."""
     return literals_dfa((text,))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=MEMO_SIZE)
 def literals_dfa(texts: tuple[str, ...]) -> DFA:
     """DFA of exactly the UTF-8 encodings of `texts`: their byte trie with equal subtrees merged (memoised).
 
