@@ -219,10 +219,10 @@ _FLAT = 1024  # chunks counted one by one (a state each) before the count goes i
 def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
     """A quoted string of lo..hi characters as chunks of _CHUNK characters and a shorter remainder: every
     length is chunks * _CHUNK + remainder in exactly one way, and the chunk and remainder terminals are the
-    same few DFAs in every schema.  One rule per pair of bounds, so that where its count is long it is built once
-    and called (a schema bounding fifty fields at 32,767 characters builds its thousand counting states once).  Past _FLAT chunks the
-    count goes in base _CHUNK (`_exactly`, `_at_most`), so a maxLength of 1,000,000 costs about two thousand
-    call states instead of 31,250."""
+    same few DFAs in every schema.  One rule per pair of bounds, so that where its count is long it is built
+    once and called (a schema bounding fifty fields at 32,767 characters builds its thousand counting states
+    once).  Past _FLAT chunks the count goes in base _CHUNK (`_exactly`, `_at_most`), so a maxLength of
+    1,000,000 costs about 1,200 call states instead of 31,250."""
     name = f"<string of {lo} to {hi} characters>"   # not a name `rule_name` makes
     if name in ctx.rules:
         return Ref(name)
