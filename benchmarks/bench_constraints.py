@@ -16,8 +16,9 @@ invalid one must be refused somewhere.  Printed as a markdown table:
 - invalid accepted: invalid instances accepted to completion (must be 0);
 - time to first mask (compile + the first mask) p50/p90/max (ms) and mask time per token p50/p99/max (µs).
 
-Each engine's startup heap (imports, tokenizer, vocabulary tables) is frozen out of the garbage collector's
-full collections after its warm-up, as `leapgen serve` does; what compiling and masking allocate is not.
+Each engine warms up on a small schema (leapgen through `grammars.warm_up`, which `leapgen serve` runs at
+start: numba's kernels loaded), then its startup heap (imports, tokenizer, vocabulary tables) is frozen out of
+the garbage collector's full collections, as `leapgen serve` does; what compiling and masking allocate is not.
 
 With `--large`, also the time to first mask of four schemas that stress a compiler: enums of 10,000
 strings and of 10,000 integers, an object with 1,000 optional properties, a string with maxLength 10,000.
@@ -49,8 +50,9 @@ class Leapgen:
     options: dict = {}
 
     def __init__(self, tokenizer):
-        from leapgen.grammars import compile_json_schema
+        from leapgen.grammars import compile_json_schema, warm_up
 
+        warm_up(tokenizer)   # as `leapgen serve` does at start
         self.compile_fn, self.tokenizer = compile_json_schema, tokenizer
         self.buf = np.zeros((len(tokenizer) + 31) // 32, np.int32)
 

@@ -12,6 +12,7 @@ from .lark_grammar import lark_to_ir
 from .matcher import CompiledGrammar, Matcher
 from .regex import regex_dfa
 from .vocab import Vocabulary, as_vocabulary, vocabulary_for
+from .warm_up import warm_up
 
 _REGEX_CACHE: "weakref.WeakKeyDictionary[object, dict[str, CompiledGrammar]]" = weakref.WeakKeyDictionary()
 
@@ -47,5 +48,5 @@ def compile_grammar(grammar: ir.Grammar, tokenizer: Any) -> CompiledGrammar:
 __all__ = [
     "CompiledGrammar", "GrammarError", "LarkGrammarError", "Matcher", "RegexError", "SchemaError",
     "UnsupportedSchemaError", "Vocabulary", "compile_grammar", "compile_json_schema", "compile_lark",
-    "compile_regex", "ir", "vocabulary_for",
+    "compile_regex", "ir", "vocabulary_for", "warm_up",
 ]

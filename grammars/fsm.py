@@ -759,6 +759,14 @@ def _dense_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndar
     return np.where(live, index[codes], -1).astype(np.int32), qa, qb
 
 
+def load_kernels(sample: DFA) -> None:
+    """Load the compiled product kernels, with `sample` (any DFA) as their input: numba reads each from its
+    disk cache on first call, and the sparse one only runs for products of millions of pairs, so without this
+    it loads inside whichever compile first needs one."""
+    product(sample, sample, True, 1 << 10)
+    _sparse_pairs(sample, sample, False, 1 << 10)
+
+
 def union(dfas: list[DFA], max_states: int) -> DFA:
     """The minimal DFA of the union of `dfas`."""
     nfa = NFA(max_states * 4)

@@ -87,6 +87,13 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
             bits[tid >> 5] &= ~(np.uint32(1) << np.uint32(tid & 31))
 
 
+def load_kernels(vocabulary: Vocabulary) -> None:
+    """Load `_set_tokens` now: only a patched whole-vocabulary walk (inside a key beside declared ones) calls
+    it, so it would otherwise load, from numba's disk cache, inside the first mask that patches one."""
+    t = vocabulary.trie
+    _set_tokens(np.zeros(vocabulary.mask_words, np.uint32), t.tok_ids, t.tok_ptr[0], t.tok_ptr[0], False)
+
+
 _ROOT_CHILDREN: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
 
 

@@ -43,6 +43,7 @@ def add_serve_parser(commands: Any) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from leapgen.engine.llm_engine import parse_memory
+    from leapgen.grammars import warm_up
     from leapgen.server.app import SHUTDOWN_GRACE_SECONDS, OpenAIServer, default_model_name, serve_in_thread
 
     check_device(args.device)
@@ -51,6 +52,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CliError("--api-key: the key is empty")
     sock = _listen(args.host, args.port)      # a taken port fails now, not after a slow load
     llm = load_llm(args, seed=args.seed)
+    warm_up(llm.engine.vocabulary)           # the first constrained request does not load the compiler's kernels
     name = args.served_model_name or default_model_name(llm)
     server = OpenAIServer(llm, name, api_key=args.api_key, max_concurrent_requests=args.max_concurrent_requests,
                           max_body_bytes=parse_memory(args.max_body_size), engine_thread=False)

@@ -1,0 +1,28 @@
+"""`warm_up` loads every compiled kernel a compile or a mask calls, so that a server's first request does not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+_FRESH_PROCESS = """
+import sys
+sys.path.insert(0, {tests!r})
+from tokenizers_util import byte_level_bpe
+from leapgen.grammars import fsm, token_masks, vocab, warm_up
+
+tokenizer = byte_level_bpe()
+warm_up(tokenizer)
+# the kernels called from Python (the others are compiled into these)
+kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm._product_pairs,
+           fsm._sparse_product, token_masks.walk_nodes, token_masks._set_tokens, vocab._build_trie]
+print(sorted(kernel.__name__ for kernel in kernels if not kernel.signatures))
+"""
+
+
+def test_warm_up_loads_every_kernel_called_from_python():
+    code = _FRESH_PROCESS.format(tests=str(Path(__file__).parent))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
