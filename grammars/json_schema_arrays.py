@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import UnsupportedSchemaError
-from .ir import Expr
+from .ir import Expr, Members, Ref
 from .json_schema_context import (Branches, Part, SchemaContext, count_of, enum_values, expect, narrow_types,
                                   satisfying)
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
 
-_MAX_UNIQUE_VALUES = 8
+_MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
 # `contains` counts items and matches together: one rule per (items written, matches so far) pair.
 _MAX_CONTAINS_RULES = 1024
 # Automaton nodes the item cap may add: the automaton writes a capped array's items out one by one, so
@@ -182,32 +182,22 @@ def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part]
 
 
 def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
-    """uniqueItems, exact when items come from a small enumerable set (and no prefixItems)."""
+    """uniqueItems, exact when items come from an enumerable set (and no prefixItems): the array is an object's
+    rule (`ir.Members`) whose members are the values, each written at most once, in any order, lo..hi of them.
+    Written out, the automaton would need a state per subset of values written."""
     pointer = next((p.at("uniqueItems") for p in parts if p.get("uniqueItems") is True), "")
     values = _finite_values(ctx, rest) if not prefixes else None
     if values is None or len(values) > _MAX_UNIQUE_VALUES:
-        raise UnsupportedSchemaError("uniqueItems is enforced only on a few enumerable item values", pointer)
-    lits = [literal(v, ctx.punct) for v in values]
+        raise UnsupportedSchemaError(f"uniqueItems is enforced only on at most {_MAX_UNIQUE_VALUES} enumerable "
+                                     "item values", pointer)
     hi = len(values) if hi is None else min(hi, len(values))
     pu = ctx.punct
-    memo: dict[int, Expr] = {}
-
-    def after(mask: int, count: int) -> Expr:
-        """Continuations once the items in `mask` (count of them) are out."""
-        if mask in memo:
-            return memo[mask]
-        alts = [EMPTY] if count >= lo else []
-        if count < hi:
-            alts += [seq(pu.comma, lits[i], after(mask | 1 << i, count + 1))
-                     for i in range(len(lits)) if not mask & 1 << i]
-        body = choice(alts)
-        body = ctx.share(body, f"{pointer}_unique")
-        memo[mask] = body
-        return body
-
-    nonempty = choice(seq(lits[i], after(1 << i, 1)) for i in range(len(lits))) if hi >= 1 else NEVER
-    alternatives = ([pu.arr_empty] if lo == 0 else []) + (
-        [seq(pu.arr_open, nonempty, pu.arr_close)] if nonempty != NEVER else [])
+    alternatives = [pu.arr_empty] if lo == 0 else []
+    if hi >= max(lo, 1):
+        name = ctx.rule_name(f"{pointer}_unique")
+        ctx.rules[name] = Members(pu.arr_open, tuple(literal(v, pu) for v in values), pu.comma, pu.arr_close,
+                                  min=lo, max=hi)
+        alternatives.append(Ref(name))
     return choice(alternatives) if alternatives else ctx.never("no unique array fits the bounds", pointer)
 
 

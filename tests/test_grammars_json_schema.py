@@ -347,6 +347,24 @@ def test_arrays_prefix_items_bounds_and_unique_enumerable_items():
           valid=[["x"], ["y", "x"]], invalid=[[], ["x", "x"]])
 
 
+def test_unique_items_over_many_values_claim_each_once_in_linear_states():
+    """The values are the members of an object's rule: a tag on the stack frame records which were written,
+    where an automaton would need a state per subset (2^100 here)."""
+    values = [f"v{i}" for i in range(100)] + [None, True, 7]
+    schema = {"items": {"enum": values}, "uniqueItems": True, "minItems": 2, "maxItems": 50}
+    check(schema, valid=[["v0", "v99"], [None, True, 7], values[::-1][:50]],
+          invalid=[[], ["v0"], ["v0", "v0"], [7, None, 7.0], values[:51]])
+    assert compile_automaton(json_schema_to_grammar(schema)).num_states < 3000
+    tokenizer = byte_level_bpe()
+    compiled = compile_json_schema(schema, tokenizer)
+    assert accepts(compiled, tokenizer, json.dumps(["v5", None, "v50"]))
+    assert not accepts(compiled, tokenizer, json.dumps(["v5", None, "v5"]))
+    check({"items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3}, valid=[], invalid=[[True, False]])
+    check({"items": {"enum": list(range(300))}, "uniqueItems": True, "maxItems": 0}, valid=[[]], invalid=[[1]])
+    with pytest.raises(UnsupportedSchemaError, match="at most 256 enumerable"):
+        json_schema_to_grammar({"items": {"enum": list(range(300))}, "uniqueItems": True})
+
+
 @pytest.mark.parametrize("schema", [
     {"contains": {"type": "integer"}},
     {"contains": {"minimum": 3}, "minContains": 2},
