@@ -187,9 +187,12 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
     Written out, the automaton would need a state per subset of values written."""
     pointer = next((p.at("uniqueItems") for p in parts if p.get("uniqueItems") is True), "")
     values = _finite_values(ctx, rest) if not prefixes else None
-    if values is None or len(values) > _MAX_UNIQUE_VALUES:
+    if values is None:
+        raise UnsupportedSchemaError("uniqueItems is enforced only on enumerable items (enum, const, booleans, null): "
+                                     "telling other items apart needs their texts", pointer)
+    if len(values) > _MAX_UNIQUE_VALUES:
         raise UnsupportedSchemaError(f"uniqueItems is enforced only on at most {_MAX_UNIQUE_VALUES} enumerable "
-                                     "item values", pointer)
+                                     f"item values, not {len(values)}", pointer)
     hi = len(values) if hi is None else min(hi, len(values))
     pu = ctx.punct
     alternatives = [pu.arr_empty] if lo == 0 else []

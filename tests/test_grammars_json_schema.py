@@ -361,8 +361,11 @@ def test_unique_items_over_many_values_claim_each_once_in_linear_states():
     assert not accepts(compiled, tokenizer, json.dumps(["v5", None, "v5"]))
     check({"items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3}, valid=[], invalid=[[True, False]])
     check({"items": {"enum": list(range(300))}, "uniqueItems": True, "maxItems": 0}, valid=[[]], invalid=[[1]])
-    with pytest.raises(UnsupportedSchemaError, match="at most 256 enumerable"):
+    with pytest.raises(UnsupportedSchemaError, match="at most 256 enumerable item values, not 300"):
         json_schema_to_grammar({"items": {"enum": list(range(300))}, "uniqueItems": True})
+    with pytest.raises(UnsupportedSchemaError, match="only on enumerable items") as error:
+        json_schema_to_grammar({"items": {"type": "string"}, "uniqueItems": True})
+    assert error.value.pointer == "/uniqueItems"
 
 
 @pytest.mark.parametrize("schema", [
