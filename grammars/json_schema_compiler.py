@@ -37,6 +37,8 @@ MAX_DOCUMENT_DEPTH = 2 * MAX_SUBSCHEMA_DEPTH + 1  # properties/anyOf spend two J
 MAX_SUBSCHEMAS = 20_000
 
 
+_UNSUPPORTED = frozenset(UNSUPPORTED)
+_CONSTRAINTS = VALIDATION - {"allOf"}   # what a conjunct constrains once its allOf and $ref are expanded
 # Validation keywords later drafts added, and the older drafts that do not define them.
 _LATER_KEYWORDS = (
     ((3, 4, 5), frozenset({"const", "contains", "propertyNames"})),
@@ -67,8 +69,8 @@ class SchemaCompiler:
         self.refs = RefResolver(self.root, "id" if self.draft4 else "$id")
         self.punct = punctuation(options.whitespace, options.max_indent)
         self.rules: dict[str, Expr] = {}
-        self._memo: dict[tuple, str] = {}
-        self._active: dict[tuple, int] = {}
+        self._memo: dict[frozenset, str] = {}
+        self._active: dict[frozenset, int] = {}
         self._depth = 0
         self._nesting = 0
         self._compiled = 0
@@ -158,10 +160,11 @@ class SchemaCompiler:
                 subs = schema["allOf"]
                 expect(isinstance(subs, list) and subs, "allOf must be a non-empty array", part.at("allOf"))
                 pending += [part.sub(s, "allOf", i) for i, s in enumerate(subs)]
-            for keyword in UNSUPPORTED:
-                if part.has(keyword):
-                    raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
-            if any(k in VALIDATION and k not in ("allOf",) for k in schema if k not in part.skip):
+            present = schema.keys() - part.skip
+            if not _UNSUPPORTED.isdisjoint(present):
+                keyword = next(k for k in UNSUPPORTED if k in present)
+                raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
+            if not _CONSTRAINTS.isdisjoint(present):
                 out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}, part.variant))  # expanded once
             stack.extend(reversed(pending))
         return out, via_ref
@@ -189,7 +192,7 @@ class SchemaCompiler:
             return self._any_value()
         if not via_ref:
             return self._compile_parts(parts)
-        key = tuple(sorted(p.key for p in parts))
+        key = frozenset(p.key for p in parts)   # expand dropped repeats: the set names the conjunction
         if key in self._memo:
             return Ref(self._memo[key])
         if key in self._active:

@@ -101,7 +101,7 @@ class Part:
     @property
     def key(self) -> tuple:
         """What identifies the conjunct (its schema follows from these)."""
-        return self.base, self.pointer, tuple(sorted(self.skip)), self.variant
+        return self.base, self.pointer, self.skip, self.variant
 
     def skipping(self, *keys: str) -> "Part":
         """This part with `keys` accounted for."""

@@ -82,6 +82,7 @@ class RefResolver:
         self.id_keyword = id_keyword
         self._resources: dict[str, Located] = {}
         self._anchors: dict[str, Located] = {}
+        self._resolved: dict[tuple[str, str], Located] = {}
         self.root_base = self._base_of(root, _ROOT_BASE)
         self._index(root, "", self.root_base)
 
@@ -111,9 +112,16 @@ class RefResolver:
         return self._base_of(schema, parent_base)
 
     def resolve(self, ref: str, base: str, pointer: str) -> Located:
-        """The subschema `ref` (as written at `pointer`, under `base`) refers to."""
+        """The subschema `ref` (as written at `pointer`, under `base`) refers to (memoised: a large schema
+        follows the same few refs thousands of times, and joining URIs is most of the work)."""
         if not isinstance(ref, str):
             raise SchemaError("$ref must be a string", pointer + "/$ref")
+        hit = self._resolved.get((ref, base))
+        if hit is None:
+            hit = self._resolved[(ref, base)] = self._resolve(ref, base, pointer)
+        return hit
+
+    def _resolve(self, ref: str, base: str, pointer: str) -> Located:
         uri, fragment = urldefrag(_join(base, ref))
         if f"{uri}#{fragment}" in self._anchors:
             return self._anchors[f"{uri}#{fragment}"]
