@@ -258,6 +258,7 @@ class _Compiler:
         self.called = _recursive_rules(self.rules)
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
+        self._dfas: dict[ir.Expr, DFA] = {}
         self._terminal_states = self._terminal_work = 0
         self._sizes: dict[str, int] = {}
         # members rules: always called, each part called through a label of its own
@@ -403,8 +404,12 @@ class _Compiler:
 
     def terminal_label(self, expr: ir.Expr) -> str:
         """The pseudo-rule name under which a terminal is called (one per distinct DFA)."""
+        # the grammar's own memo first: past MEMO_SIZE terminals the shared one would hand an expression back
+        # as a new DFA object, and so a second label, counted twice against the budget
+        dfa = self._dfas.get(expr)
         try:
-            dfa = terminal_for(expr)
+            if dfa is None:
+                dfa = self._dfas[expr] = terminal_for(expr)
         except AutomatonTooLargeError as exc:
             origin = _origin(expr)
             if origin is None:

@@ -202,13 +202,14 @@ def _excluded_regexes(patterns: Patterns) -> tuple[str, ...]:
     """The strings matching any of `patterns`, as one search regex where they join into one pattern: searched
     for together, `.*(?:a|b).*` determinizes to about the words' total length, where excluding `.*a.*` and
     `.*b.*` one by one (or their union) multiplies the two automata."""
+    alone = tuple(pattern_regexes(*pattern).single(*pattern) for pattern in patterns)  # each must parse alone
     if len(patterns) > 1:
         joined = "|".join(f"(?:{src})" for src, _ in patterns)
         try:
             return (pattern_regexes(joined, patterns[0][1]).single(joined, patterns[0][1]),)
         except UnsupportedSchemaError:
-            pass  # an inline flag or a lookahead in one of them: each alone says which
-    return tuple(pattern_regexes(*pattern).single(*pattern) for pattern in patterns)
+            pass  # an inline flag in one of them, which only a pattern's start may hold
+    return alone
 
 
 _CHUNK = 32  # longer length bounds count in chunks of this many characters: one terminal would unroll each one

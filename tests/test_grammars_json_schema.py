@@ -14,6 +14,7 @@ import pytest
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars import json_schema_scalars
 from leapgen.grammars.automaton import compile_automaton
+from leapgen.grammars.fsm import MEMO_SIZE
 from leapgen.grammars.ir import Choice, Lit, Members, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
@@ -291,6 +292,22 @@ def test_excluded_patterns_are_searched_for_together():
     schema = {"type": "string", "allOf": [{"not": {"pattern": word}} for word in words]}
     check(schema, valid=["", "NE", "ON_SIGN", "signed"], invalid=[f"x{word}y" for word in words])
     assert compile_automaton(json_schema_to_grammar(schema)).num_states < 200
+
+
+def test_excluded_patterns_join_only_when_each_parses_alone():
+    # "a)|(?:b" and "c" joined would parse, as a pattern neither of them is
+    with pytest.raises(UnsupportedSchemaError, match="cannot be parsed"):
+        json_schema_to_grammar({"type": "string", "allOf": [{"not": {"pattern": "a)|(?:b"}}, {"not": {"pattern": "c"}}]})
+
+
+def test_a_grammar_past_the_shared_memo_keeps_one_label_per_terminal():
+    """Over MEMO_SIZE distinct terminals, the shared memo hands evicted ones back as new DFA objects: the grammar's
+    own memo keeps one automaton (and one budget count) per terminal."""
+    n = MEMO_SIZE + 60
+    objects = [{"type": "object", "properties": {f"key_{i:05d}": {"type": t} for i in range(n)},
+                "additionalProperties": False} for t in ("integer", "boolean", "null")]
+    automaton = compile_automaton(json_schema_to_grammar({"anyOf": objects}))
+    assert len(automaton.terminals) < n + 20
 
 
 def test_long_keys_beside_declared_ones_count_in_chunks():
