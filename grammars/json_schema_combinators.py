@@ -171,7 +171,7 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
             return None
         return choice(ctx.compile(rest + [part.derived({"not": conjunct}, f"not $ref {i}", "not")])
                       for i, conjunct in enumerate(conjuncts))
-    if "additionalProperties" in keys and keys <= {"properties", "additionalProperties"}:
+    if keys and keys <= {"properties", "additionalProperties"}:
         return _negated_members(ctx, rest, part, inner)
     if len(keys) > 1:
         groups = _negation_groups(keys)
@@ -183,8 +183,6 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return None
     [keyword] = keys
     value = inner[keyword]
-    if keyword == "properties":
-        return _negated_members(ctx, rest, part, inner)
     if keyword == "required":
         expect(isinstance(value, list) and all(isinstance(n, str) for n in value), "required must be an array of "
                "strings", part.at("not", "required"))

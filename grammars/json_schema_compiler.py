@@ -37,7 +37,6 @@ MAX_DOCUMENT_DEPTH = 2 * MAX_SUBSCHEMA_DEPTH + 1  # properties/anyOf spend two J
 MAX_SUBSCHEMAS = 20_000
 
 
-_UNSUPPORTED = frozenset(UNSUPPORTED)
 _CONSTRAINTS = VALIDATION - {"allOf"}   # what a conjunct constrains once its allOf and $ref are expanded
 # Validation keywords later drafts added, and the older drafts that do not define them.
 _LATER_KEYWORDS = (
@@ -161,8 +160,8 @@ class SchemaCompiler:
                 expect(isinstance(subs, list) and subs, "allOf must be a non-empty array", part.at("allOf"))
                 pending += [part.sub(s, "allOf", i) for i, s in enumerate(subs)]
             present = schema.keys() - part.skip
-            if not _UNSUPPORTED.isdisjoint(present):
-                keyword = next(k for k in UNSUPPORTED if k in present)
+            keyword = next((k for k in UNSUPPORTED if k in present), None)
+            if keyword is not None:
                 raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
             if not _CONSTRAINTS.isdisjoint(present):
                 out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}, part.variant))  # expanded once
