@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fuzz_checks  # noqa: E402
-import fuzz_schemas  # noqa: E402
 from fuzz_checks import COMPILE_BOUND_S, Fuzzer  # noqa: E402
 from fuzz_schemas import WHITESPACES, schemas  # noqa: E402
 
@@ -47,8 +46,7 @@ def load_tokenizers(names: list[str]) -> dict:
     return out
 
 
-def campaign(fuzzer: Fuzzer, pairs: int, random_seed: int, max_leaves: int, avoid_known_bugs: bool,
-             batch: int = 25) -> None:
+def campaign(fuzzer: Fuzzer, pairs: int, random_seed: int, max_leaves: int, batch: int = 25) -> None:
     """Draw schemas until `pairs` pairs were checked: hypothesis runs of `batch` schemas each, seeded by
     (seed, batch number), so a seed always replays the same campaign.  Generation only: nothing raises
     (the fuzzer collects failures), so hypothesis has nothing to shrink."""
@@ -60,7 +58,7 @@ def campaign(fuzzer: Fuzzer, pairs: int, random_seed: int, max_leaves: int, avoi
         @seed(random_seed * 1_000_003 + number)
         @settings(max_examples=batch, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet)
-        @given(schema=schemas(max_leaves, avoid_known_bugs), whitespace=st.sampled_from(WHITESPACES), data=st.data())
+        @given(schema=schemas(max_leaves), whitespace=st.sampled_from(WHITESPACES), data=st.data())
         def one_schema(schema, whitespace, data):
             if fuzzer.pairs >= pairs:
                 return
@@ -112,9 +110,6 @@ def summary(fuzzer: Fuzzer, elapsed: float) -> str:
         ("hypothesis batches cut short (FlakyStrategyDefinition...)", c["batches cut short by hypothesis"]),
         ("failures", len(fuzzer.failures)),
         *((f"  {kind}", n) for kind, n in Counter(f.kind for f in fuzzer.failures).most_common()),
-        *((f"  of which known bug: {bug}", n)
-          for bug, n in Counter(f.known_bug for f in fuzzer.failures if f.known_bug).most_common()),
-        ("  not a known bug", sum(not f.known_bug for f in fuzzer.failures)),
         ("wall time", f"{elapsed:.0f} s"),
     ]
     width = max(len(name) for name, _ in rows)
@@ -128,26 +123,19 @@ def main() -> int:
     parser.add_argument("--tokenizers", default="cl100k,smollm2")
     parser.add_argument("--max-leaves", type=int, default=8, help="leaf schemas per generated schema, at most")
     parser.add_argument("--compile-bound", type=float, default=COMPILE_BOUND_S, help="seconds per compile")
-    parser.add_argument("--avoid-known-bugs", action="store_true",
-                        help="as the CI tests: keep clear of fuzz_schemas.KNOWN_BUGS, to look for new ones")
     parser.add_argument("--property-order", default="schema", choices=["schema", "any"],
                         help="the compiler option; 'any' also shuffles every instance's keys")
     args = parser.parse_args()
 
     fuzzer = Fuzzer(load_tokenizers(args.tokenizers.split(",")), args.compile_bound, args.property_order)
     start = time.perf_counter()
-    campaign(fuzzer, args.pairs, args.seed, args.max_leaves, args.avoid_known_bugs)
+    campaign(fuzzer, args.pairs, args.seed, args.max_leaves)
     elapsed = time.perf_counter() - start
     print(f"\nseed {args.seed}, {args.pairs} pairs asked, tokenizers {args.tokenizers}, max leaves {args.max_leaves}, "
-          f"property order {args.property_order}{', known bugs avoided' if args.avoid_known_bugs else ''}\n")
+          f"property order {args.property_order}\n")
     print(summary(fuzzer, elapsed))
-    # new failures first: they are what a campaign is for
-    for failure in sorted(fuzzer.failures, key=lambda f: f.known_bug is not None):
+    for failure in fuzzer.failures:
         print("\n" + failure.reproducer())
-    if fuzzer.failures:
-        print("\nknown compiler bugs (tests/fuzz_schemas.py KNOWN_BUGS):")
-        for name, text in fuzz_schemas.KNOWN_BUGS.items():
-            print(f"- {name}: {text}")
     return 1 if fuzzer.failures else 0
 
 

@@ -12,7 +12,9 @@ global state space; a parser configuration is (global state, stack of return
 states), where a call returning to a state that only returns pushes nothing.
 Recursion is never unrolled; left recursion is refused.  An object (`ir.Members`)
 is a rule of five hand-built states whose member calls are guarded at run time
-by the members its stack frame records (`object_members`, `stacks`).
+by the members its stack frame records (`object_members`, `stacks`).  A captured
+terminal (`ir.Capture`) is a copy of its DFA of its own: the call into it pushes
+a frame where the text it writes is recorded.
 """
 
 from __future__ import annotations
@@ -36,13 +38,15 @@ CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this i
 # variants, each intersecting patterns and lengths) is refused early instead of taking seconds
 MAX_TERMINAL_STATES = 150_000
 MAX_TERMINAL_WORK = 400_000  # states of every product built for them, the emptied ones too
+MEMBERS_FRAME, CAPTURE_FRAME = 1, 2
 
 
 @dataclass(frozen=True)
 class ObjectFrame:
     """An object members rule (`ir.Members`) in the global state space: its states after `{`
     (`first`), after a member (`after`) and after a separator (`next`), and the start states of what it
-    calls: per member, for extras (-1: none), the separator and the closing brace."""
+    calls: per member, for extras (-1: none), the separator and the closing brace; the start of the captured
+    terminal the extras begin with, whose texts must differ (-1: none)."""
 
     members: MemberSet
     start: int
@@ -54,6 +58,7 @@ class ObjectFrame:
     extra: int
     separator: int
     close: int
+    capture: int = -1
 
 
 # the hand-built call DFA of a members rule: its states, in this order
@@ -99,7 +104,9 @@ class Automaton:
     # terminal rules consume bytes, and their DFAs are shared objects, so their token walks are
     # memoised across grammars
     terminals: tuple[tuple[int, DFA], ...] = ()
-    framed: np.ndarray | None = None  # bool [G]: the start state of an object members rule
+    # int8 [G]: the start state of an object members rule (MEMBERS_FRAME) or of a captured terminal
+    # (CAPTURE_FRAME), whose calls always push a frame: the first records the members written, the other the text
+    framed: np.ndarray | None = None
     call_guard: np.ndarray | None = None  # int32, per call edge: index into `guards`, -1 for none
     guards: tuple[tuple[int, int, int], ...] = ()  # (frame, object_members kind, member)
     frames: tuple[ObjectFrame, ...] = ()
@@ -259,6 +266,7 @@ class _Compiler:
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
         self._dfas: dict[ir.Expr, DFA] = {}
+        self.capture_labels: dict[DFA, str] = {}
         self._terminal_states = self._terminal_work = 0
         self._sizes: dict[str, int] = {}
         # members rules: always called, each part called through a label of its own
@@ -298,7 +306,7 @@ class _Compiler:
                 if size > CALLED_RULE_SIZE:
                     self.called.add(name)
             return 1 if name in self.called else self._sizes[name]
-        if _is_terminal(expr):
+        if _is_terminal(expr) or isinstance(expr, ir.Capture):
             return 1
         if isinstance(expr, ir.Repeat):
             count = max(expr.max if expr.max is not None else expr.min + 1, 1)
@@ -366,6 +374,8 @@ class _Compiler:
                 self.build(nfa, item, src, dst)
         elif isinstance(expr, ir.Repeat):
             self.repeat(nfa, expr, src, dst)
+        elif isinstance(expr, ir.Capture):
+            nfa.call(src, self.capture_label(expr), dst)
         elif isinstance(expr, ir.Members):
             raise GrammarError("an object members rule must be the whole body of a rule")
         else:
@@ -431,6 +441,32 @@ class _Compiler:
             label = self._labels[dfa] = f"<terminal {len(self._labels)}>"
             self.terminal_rules[label] = dfa
         return label
+
+    def capture_label(self, expr: ir.Capture) -> str:
+        """The pseudo-rule name of a captured terminal: a copy of the terminal's DFA, under a label of its own, so
+        that only the calls into the copy record their text."""
+        if not _is_terminal(expr.item):
+            raise GrammarError(f"only a terminal can be captured, not {expr.item!r}")
+        dfa = self.terminal_rules[self.terminal_label(expr.item)]
+        label = self.capture_labels.get(dfa)
+        if label is None:
+            label = self.capture_labels[dfa] = f"<capture {len(self.capture_labels)}>"
+            self.terminal_rules[label] = dfa
+        return label
+
+    def leading_captures(self, expr: ir.Expr, seen: set[str] | None = None) -> set[str]:
+        """The labels of the captured terminals `expr` can begin with."""
+        seen = set() if seen is None else seen
+        if isinstance(expr, ir.Capture):
+            return {self.capture_label(expr)}
+        if isinstance(expr, ir.Seq):
+            return self.leading_captures(expr.items[0], seen) if expr.items else set()
+        if isinstance(expr, ir.Choice):
+            return set().union(*(self.leading_captures(item, seen) for item in expr.items))
+        if isinstance(expr, ir.Ref) and expr.name not in seen and not isinstance(self.rules[expr.name], ir.Members):
+            seen.add(expr.name)
+            return self.leading_captures(self.rules[expr.name], seen)
+        return set()
 
     def rule_dfa(self, name: str) -> CallDFA:
         if name in self.members_rules:
@@ -573,13 +609,15 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     for label, dfa in terminals.items():
         accept[offsets[label] : offsets[label] + dfa.num_states] = dfa.accept
     call_ptr, callee, ret, call_guard, guards, frames = [0], [], [], [], [], []
-    framed = np.zeros(total, bool)
+    framed = np.zeros(total, np.int8)
+    for label in compiler.capture_labels.values():
+        framed[offsets[label]] = CAPTURE_FRAME
     for name, rule in rules.items():
         guarded = {}
         if name in compiler.members_rules:
             guarded = compiler.guards(name)
             frames.append(_object_frame(compiler, name, offsets))
-            framed[offsets[name]] = True
+            framed[offsets[name]] = MEMBERS_FRAME
         for state, calls in enumerate(rule.calls):
             for lab, t in calls:
                 callee.append(offsets[lab])
@@ -630,8 +668,14 @@ def _terminal_table(first: int, tables: list[np.ndarray]) -> np.ndarray:
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int]) -> ObjectFrame:
     labels = compiler.members_rules[name]
+    body = compiler.rules[name]
+    captures = compiler.leading_captures(body.extra) if body.extra is not None else set()
+    if len(captures) > 1:
+        raise GrammarError(f"the extras of members rule {name!r} begin with {len(captures)} captured terminals, "
+                           "not one")
     first = offsets[name]
     return ObjectFrame(MemberSet(compiler.rules[name]), first + _START, first + _FIRST, first + _AFTER,
                        first + _NEXT, open=offsets[labels.open], items=tuple(offsets[m] for m in labels.members),
                        separator=offsets[labels.separator], close=offsets[labels.close],
-                       extra=offsets[labels.extras[0]] if labels.extras else -1)
+                       extra=offsets[labels.extras[0]] if labels.extras else -1,
+                       capture=offsets[captures.pop()] if captures else -1)

@@ -8,12 +8,17 @@ distance from where it returns), relaxed to a fixed point since rules may recurs
 configuration's completion then costs its state's distance plus, for every frame on its stack,
 the distance from the frame's return state; the bytes follow the same minima down.  Inside an
 object the rest depends on the members its frame's tag says were written: the object's
-cheapest plan (`object_members.MemberSet.plan`) over the members' own distances.
+cheapest plan (`object_members.MemberSet.plan`) over the members' own distances.  Where the extras'
+keys must differ (`ir.Capture`), the plan prices them with the shortest keys not written yet, and a
+completion inside such a key takes the shortest way to a text its object has not written.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import weakref
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -57,13 +62,39 @@ def terminal_distances(dfa: DFA) -> np.ndarray:
     return dist
 
 
+def accepted_in_order(dfa: DFA, state: int) -> Iterator[bytes]:
+    """The strings `dfa` accepts from `state`, shortest first (ties in a fixed order, letters and digits
+    first): a best-first search whose estimate, the distance to an accepting state, is exact."""
+    dist = terminal_distances(dfa)
+    if dist[state] >= UNREACHABLE:
+        return
+    heap: list[tuple[int, tuple[int, ...], bool, bytes, int]] = [(int(dist[state]), (), False, b"", state)]
+    while heap:
+        _, ranks, ended, text, q = heapq.heappop(heap)
+        if ended:
+            yield text
+            continue
+        if dfa.accept[q]:
+            heapq.heappush(heap, (len(text), ranks, True, text, q))
+        row = dfa.trans[q]
+        for byte in np.flatnonzero(row >= 0).tolist():
+            r = int(row[byte])
+            if dist[r] < UNREACHABLE:
+                heapq.heappush(heap, (len(text) + 1 + int(dist[r]), ranks + (int(_BYTE_ORDER[byte]),), False,
+                                      text + bytes((byte,)), r))
+
+
 class Completions:
     """Shortest completions of parser states of one automaton."""
 
     def __init__(self, automaton: Automaton, stacks: StackArena) -> None:
         self.automaton = automaton
         self.stacks = stacks
-        self.distance = _distances(automaton)
+        self._fresh: dict[tuple[int, tuple[bytes, ...]], list[bytes]] = {}
+        self._rests: dict[tuple[int, bytes, tuple[bytes, ...]], bytes | None] = {}
+        self._terminal_dfas = dict(automaton.terminals)
+        self._terminal_starts = [first for first, _ in automaton.terminals]
+        self.distance = _distances(automaton, self.fresh_keys)
         self._stack_costs: dict[int, int] = {0: 0}
         # object members states -> (frame, where), start states -> frame, the cheapest plan per (frame, tag, where)
         self._objects = {}
@@ -73,9 +104,36 @@ class Completions:
         self._plans: dict[tuple[int, Tag, int], tuple[int, list[int], int] | None] = {}
         self._rule_bytes: dict[int, bytes] = {}
 
+    def fresh_keys(self, frame: ObjectFrame, written: tuple[bytes, ...]) -> list[bytes]:
+        """The shortest texts of the captured terminal the object's extras begin with, but not those `written`:
+        the keys of as many extras as a completion can need."""
+        key = (frame.start, written)
+        hit = self._fresh.get(key)
+        if hit is None:
+            taken = set(written)
+            texts = (t for t in accepted_in_order(self._terminal_dfas[frame.capture], 0) if t not in taken)
+            hit = self._fresh[key] = [t for _, t in zip(range(frame.members.most_needed), texts)]
+        return hit
+
+    def _captured_rest(self, state: int, stack: int) -> bytes | None:
+        """The shortest end of the text of a captured terminal, from `state`, to a text its object has not written."""
+        text, written = self.stacks.tag[stack], self.stacks.written(stack)
+        key = (state, text, written)
+        if key not in self._rests:
+            first, dfa = self.automaton.terminals[bisect.bisect_right(self._terminal_starts, state) - 1]
+            taken = set(written)
+            self._rests[key] = next((rest for rest in accepted_in_order(dfa, state - first)
+                                     if text + rest not in taken), None)
+        return self._rests[key]
+
     def cost(self, config: tuple[int, int]) -> int:
         """Fewest bytes that complete the text from one configuration (UNREACHABLE if none do)."""
         state, stack = config
+        if type(self.stacks.tag[stack]) is bytes:
+            rest = self._captured_rest(state, stack)
+            if rest is None:
+                return UNREACHABLE
+            return min(len(rest) + self.cost(self.stacks.pop(stack, self.stacks.tag[stack] + rest)), UNREACHABLE)
         return min(self._local(state, stack) + self._stack_cost(stack), UNREACHABLE)
 
     def _local(self, state: int, stack: int) -> int:
@@ -89,7 +147,8 @@ class Completions:
     def _plan(self, frame: ObjectFrame, where: int, tag: Tag) -> tuple[int, list[int], int] | None:
         key = (frame.start, tag, where)
         if key not in self._plans:
-            self._plans[key] = _object_plan(self.distance, frame, tag, where)
+            keys = self.fresh_keys(frame, tag[2]) if frame.capture >= 0 else None
+            self._plans[key] = _object_plan(self.distance, frame, tag, where, keys)
         return self._plans[key]
 
     def _stack_cost(self, stack: int) -> int:
@@ -115,6 +174,11 @@ class Completions:
         g, s = best
         out = bytearray()
         while True:
+            if type(stacks.tag[s]) is bytes:       # the shortest end of a text its object has not written
+                rest = self._captured_rest(g, s)
+                out += rest
+                g, s = stacks.pop(s, stacks.tag[s] + rest)
+                continue
             obj = self._objects.get(g)
             if obj is not None:                    # the rest of an object, then its caller's
                 out += self._object_bytes(*obj, stacks.tag[s])
@@ -151,26 +215,39 @@ class Completions:
     def _object_bytes(self, frame: ObjectFrame, where: int, tag: Tag) -> bytes:
         """The planned members, extras and separators of an object, and its closing brace."""
         _, members, extras = self._plan(frame, where, tag)
-        items = [frame.items[k] for k in members] + [frame.extra] * extras
+        texts = [self._bytes_of(frame.items[k]) for k in members]
+        if extras and frame.capture >= 0:   # each extra with a key of its own, then the shortest extra's rest
+            rest = self._bytes_of(frame.extra)[self.distance[frame.capture]:]
+            texts += [key + rest for key in self.fresh_keys(frame, tag[2])[:extras]]
+        elif extras:
+            texts += [self._bytes_of(frame.extra)] * extras
         separator = self._bytes_of(frame.separator)
         out = bytearray()
-        for i, item in enumerate(items):
+        for i, text in enumerate(texts):
             if i or where == AFTER:
                 out += separator
-            out += self._bytes_of(item)
+            out += text
         return bytes(out + self._bytes_of(frame.close))
 
 
-def _object_plan(dist: np.ndarray, frame: ObjectFrame, tag: Tag, where: int) -> tuple[int, list[int], int] | None:
-    """The cheapest completion of an object from `tag`, at the members' current distances."""
+def _object_plan(dist: np.ndarray, frame: ObjectFrame, tag: Tag, where: int,
+                 keys: list[bytes] | None) -> tuple[int, list[int], int] | None:
+    """The cheapest completion of an object from `tag`, at the members' current distances; `keys`: the keys
+    its extras would write, where they must differ."""
     costs = [int(dist[item]) for item in frame.items]
     extra = int(dist[frame.extra]) if frame.extra >= 0 else UNREACHABLE
-    plan = frame.members.plan(tag, where, costs, extra, int(dist[frame.separator]), int(dist[frame.close]))
+    if keys is None:
+        def extra_cost(i: int) -> int:
+            return extra
+    else:   # the shortest extra with the i-th key in place of the shortest key
+        def extra_cost(i: int) -> int | None:
+            return extra - int(dist[frame.capture]) + len(keys[i]) if i < len(keys) else None
+    plan = frame.members.plan(tag, where, costs, extra_cost, int(dist[frame.separator]), int(dist[frame.close]))
     return None if plan is None or plan[0] >= UNREACHABLE else plan
 
 
-def _distances(a: Automaton) -> np.ndarray:
-    """Per global state, the fewest bytes to the end of its rule."""
+def _distances(a: Automaton, fresh_keys: Callable[[ObjectFrame, tuple[bytes, ...]], list[bytes]]) -> np.ndarray:
+    """Per global state, the fewest bytes to the end of its rule (`fresh_keys`: see `Completions.fresh_keys`)."""
     dist = np.full(a.num_states, UNREACHABLE, np.int64)
     for first, dfa in a.terminals:
         dist[first:first + dfa.num_states] = terminal_distances(dfa)
@@ -182,6 +259,7 @@ def _distances(a: Automaton) -> np.ndarray:
     if not len(a.call_callee):
         return dist
     owner = np.repeat(np.arange(a.num_states), np.diff(a.call_ptr))
+    keys = {frame.start: fresh_keys(frame, ()) for frame in a.frames if frame.capture >= 0}
     while True:                                # Bellman-Ford over call edges; terminals are fixed already
         cost = np.minimum(dist[a.call_callee] + dist[a.call_ret], UNREACHABLE)
         best = np.full(a.num_states, UNREACHABLE, np.int64)
@@ -190,7 +268,7 @@ def _distances(a: Automaton) -> np.ndarray:
         changed = improved.any()
         dist[structural[improved]] = best[structural[improved]]
         for frame in a.frames:
-            plan = _object_plan(dist, frame, EMPTY_TAG, FIRST)
+            plan = _object_plan(dist, frame, EMPTY_TAG, FIRST, keys.get(frame.start))
             start = min(int(dist[frame.open]) + plan[0], UNREACHABLE) if plan is not None else UNREACHABLE
             if start < dist[frame.start]:
                 dist[frame.start] = start

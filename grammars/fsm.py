@@ -74,6 +74,53 @@ class DFA:
             cache[state] = remap[self.trans[old]].tobytes() + self.accept[old].tobytes()
         return cache[state]
 
+    @property
+    def finite(self) -> np.ndarray:
+        """Per state, whether it accepts finitely many strings from there (cached): no cycle is reachable.
+        Kahn's peeling over distinct successors, from the states with none."""
+        cached = self.__dict__.get("_finite")
+        if cached is None:
+            src, byte = np.nonzero(self.trans >= 0)
+            pairs = np.unique(src.astype(np.int64) * self.num_states + self.trans[src, byte])
+            src_of, dst_of = np.divmod(pairs, self.num_states)
+            left = np.bincount(src_of, minlength=self.num_states)      # successors not yet known finite
+            order = np.argsort(dst_of, kind="stable")
+            starts = np.searchsorted(dst_of[order], np.arange(self.num_states + 1))
+            preds = src_of[order]
+            cached = np.zeros(self.num_states, bool)
+            todo = np.flatnonzero(left == 0).tolist()
+            while todo:
+                q = todo.pop()
+                cached[q] = True
+                for p in preds[starts[q]:starts[q + 1]].tolist():
+                    left[p] -= 1
+                    if left[p] == 0:
+                        todo.append(p)
+            self.__dict__["_finite"] = cached
+        return cached
+
+    def size(self, limit: int) -> int | None:
+        """How many strings it accepts, None when more than `limit` (or infinitely many)."""
+        count = np.zeros(self.num_states, np.int64)
+        state_of = np.full(self.num_states, 0, np.int8)  # 0 unseen, 1 on the path, 2 counted
+        todo = [(0, iter(np.unique(self.trans[0][self.trans[0] >= 0]).tolist()))]
+        state_of[0] = 1
+        while todo:     # depth first on an explicit stack; a target reached again on the path is a cycle
+            q, targets = todo[-1]
+            r = next(targets, None)
+            if r is None:
+                todo.pop()
+                row = self.trans[q]
+                count[q] = min(int(self.accept[q]) + int(np.bincount(row[row >= 0], minlength=1).dot(
+                    count[:max(row.max() + 1, 1)])), limit + 1)
+                state_of[q] = 2
+            elif state_of[r] == 1:
+                return None
+            elif state_of[r] == 0:
+                state_of[r] = 1
+                todo.append((r, iter(np.unique(self.trans[r][self.trans[r] >= 0]).tolist())))
+        return int(count[0]) if count[0] <= limit else None
+
     def edge_table(self) -> np.ndarray:
         """Its transitions as int32 rows (state, lo byte, hi byte, target), one per maximal byte range
         (cached)."""

@@ -92,13 +92,24 @@ class Members:
     min: int = 0
     max: int | None = None
     ordered: bool = False
+    max_extras: int | None = None   # where the extras' keys must differ and only so many exist
 
     def parts(self) -> list["Expr"]:
         """What the rule calls: open, members, separator, close, extra."""
         return [self.open, *self.members, self.separator, self.close] + ([self.extra] if self.extra is not None else [])
 
 
-Expr = Union[Lit, Terminal, Ref, Seq, Choice, Repeat, Members]
+@dataclass(frozen=True)
+class Capture:
+    """A terminal whose text is recorded while it is written, so that no two extras of the enclosing
+    `Members` rule write the same text there: the key of an extra object member, the item of an array with
+    uniqueItems.  Texts are compared as written, which tells JSON strings apart exactly where the front end
+    writes one encoding per value (as json_strings does)."""
+
+    item: "Expr"
+
+
+Expr = Union[Lit, Terminal, Ref, Seq, Choice, Repeat, Members, Capture]
 
 
 @dataclass

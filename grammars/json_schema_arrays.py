@@ -1,5 +1,5 @@
 """Arrays: prefixItems/items by position, minItems/maxItems counts, the max_items cap, contains with
-minContains/maxContains, and uniqueItems where the items come from a few enumerable values."""
+minContains/maxContains, and uniqueItems where the items come from a few enumerable values or are strings."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from .ir import Expr, Members, Ref
 from .json_schema_context import (Branches, Part, SchemaContext, count_of, enum_values, expect, narrow_types,
                                   satisfying)
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
+from .json_schema_scalars import distinct_strings
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
 # `contains` counts items and matches together: one rule per (items written, matches so far) pair.
@@ -182,26 +183,45 @@ def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part]
 
 
 def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
-    """uniqueItems, exact when items come from an enumerable set (and no prefixItems): the array is an object's
-    rule (`ir.Members`) whose members are the values, each written at most once, in any order, lo..hi of them.
-    Written out, the automaton would need a state per subset of values written."""
+    """uniqueItems, exact (without prefixItems) where items come from an enumerable set or are strings: the array
+    is an object's rule (`ir.Members`), lo..hi of them.  Enumerable values are its members, each written at most
+    once, in any order (written out, the automaton would need a state per subset of values written); strings
+    are its extras, whose texts the rule records (`ir.Capture`)."""
     pointer = next((p.at("uniqueItems") for p in parts if p.get("uniqueItems") is True), "")
-    values = _finite_values(ctx, rest) if not prefixes else None
-    if values is None:
-        raise UnsupportedSchemaError("uniqueItems is enforced only on enumerable items (enum, const, booleans, null): "
-                                     "telling other items apart needs their texts", pointer)
-    if len(values) > _MAX_UNIQUE_VALUES:
-        raise UnsupportedSchemaError(f"uniqueItems is enforced only on at most {_MAX_UNIQUE_VALUES} enumerable "
-                                     f"item values, not {len(values)}", pointer)
-    hi = len(values) if hi is None else min(hi, len(values))
+    if prefixes:
+        raise UnsupportedSchemaError("uniqueItems cannot be enforced together with prefixItems", pointer)
+    values = _finite_values(ctx, rest)
     pu = ctx.punct
+    if values is None or len(values) > _MAX_UNIQUE_VALUES:
+        strings = all(isinstance(v, str) for v in values) if values is not None else _only_strings(ctx, rest)
+        if not strings:
+            raise UnsupportedSchemaError(
+                "uniqueItems is enforced only on strings and enumerable items (enum, const, booleans, null)"
+                if values is None else f"uniqueItems is enforced only on strings and at most {_MAX_UNIQUE_VALUES} "
+                f"enumerable item values, not {len(values)}", pointer)
+        item, count = distinct_strings(ctx, ctx.nested(rest), "uniqueItems: the items", pointer)
+        hi = count if hi is None else (hi if count is None else min(hi, count))
+        members = Members(pu.arr_open, (), pu.comma, pu.arr_close, extra=item, min=lo, max=hi, max_extras=count)
+    else:
+        hi = len(values) if hi is None else min(hi, len(values))
+        members = Members(pu.arr_open, tuple(literal(v, pu) for v in values), pu.comma, pu.arr_close, min=lo, max=hi)
     alternatives = [pu.arr_empty] if lo == 0 else []
-    if hi >= max(lo, 1):
+    if hi is None or hi >= max(lo, 1):
         name = ctx.rule_name(f"{pointer}_unique")
-        ctx.rules[name] = Members(pu.arr_open, tuple(literal(v, pu) for v in values), pu.comma, pu.arr_close,
-                                  min=lo, max=hi)
+        ctx.rules[name] = members
         alternatives.append(Ref(name))
     return choice(alternatives) if alternatives else ctx.never("no unique array fits the bounds", pointer)
+
+
+def _only_strings(ctx: SchemaContext, parts: list[Part]) -> bool:
+    """Whether the conjunction admits strings and nothing else."""
+    expanded = ctx.expand(parts)
+    if expanded is None:
+        return False
+    branches = Branches()
+    for p in expanded[0]:
+        narrow_types(p, branches)
+    return branches.types == {"string"}
 
 
 def _finite_values(ctx: SchemaContext, parts: list[Part]) -> list[Any] | None:

@@ -6,7 +6,8 @@ rule's guarded edges keep each member to at most once, in schema order unless pr
 required ones, `dependentRequired` and `min/maxProperties` checked before it closes.  Every declared (or
 required) key is a member; keys not declared anywhere ("extras", allowed by
 `additionalProperties`/`patternProperties`) are split into classes by which `patternProperties` they match, so
-each class has one value schema.
+each class has one value schema.  Where extras count towards a minProperties of 2 or more, their keys are
+captured (`ir.Capture`): a repeated key would be one property, not two.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values, expect
 from .json_schema_ir import NEVER, choice, json_text, seq
-from .json_schema_scalars import string_terminal
+from .json_schema_scalars import distinct_strings, string_terminal
 from .json_strings import PatternRegexes, pattern_regexes
 from .object_members import EMPTY_TAG, FIRST, MemberSet
 from .regex import terminal_dfa
@@ -43,6 +44,7 @@ class _ObjectBuilder:
         self.patterns: list[tuple[str, Part, Any]] = []  # (regex source, owner part, subschema)
         self.dependents: dict[str, list[str]] = {}
         self.min_props, self.max_props = 0, None
+        self.max_extras: int | None = None
         for p in parts:
             self._read(p)
 
@@ -135,8 +137,15 @@ class _ObjectBuilder:
                                   tuple((r, at[r]) for r in regexes if r not in chosen
                                         and (not chosen or tuple(sorted((*chosen, r), key=regexes.index))
                                              in overlapping)))
-            classes.append(seq(key, self.ctx.punct.colon, value_expr))
-        return choice(classes)
+            classes.append((key, value_expr))
+        if self.min_props >= 2 and classes:
+            pointer = next((p.at("minProperties") for p in self.parts if p.has("minProperties")), self.pointer)
+            if len(classes) > 1:
+                raise UnsupportedSchemaError("minProperties counting keys of more than one patternProperties class "
+                                             "cannot tell repeated keys apart", pointer)
+            key, self.max_extras = distinct_strings(self.ctx, classes[0][0], "the keys of minProperties", pointer)
+            classes = [(key, classes[0][1])]
+        return choice([seq(key, self.ctx.punct.colon, value) for key, value in classes])
 
     def _overlapping(self, regexes: list[str], regex_of: dict[str, PatternRegexes]) -> list[tuple[str, ...]]:
         """The sets of patterns (in `regexes` order) that some key matches all of, the empty set first.  Level
@@ -242,7 +251,8 @@ class _ObjectBuilder:
                         extra=None if extra == NEVER else extra,
                         required=frozenset(index[n] for n in self.required),
                         dependents=tuple((index[t], frozenset(index[n] for n in self.dependents[t])) for t in triggers),
-                        min=self.min_props, max=self.max_props, ordered=self.ctx.options.property_order == "schema")
+                        min=self.min_props, max=self.max_props, ordered=self.ctx.options.property_order == "schema",
+                        max_extras=self.max_extras)
         alternatives = [pu.obj_empty] if not self.required and self.min_props == 0 else []
         if (keys or extra != NEVER) and self.max_props != 0 and MemberSet(body).feasible(EMPTY_TAG, FIRST):
             name = self.ctx.rule_name(self.pointer + "_object")

@@ -10,7 +10,8 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Language, Lit, Ref, Terminal
+from .automaton import terminal_for
+from .ir import Capture, Expr, Language, Lit, Ref, Seq, Choice, Terminal
 from .json_numbers import (DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most, common_multiple,
                            digit_cap, multiples_of)
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
@@ -20,6 +21,7 @@ from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, capped_length, chars_
 from .regex import MAX_DFA_STATES
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
+_MAX_COUNTED_TEXTS = 1 << 20  # more distinct strings than this never run out in an object or array
 
 
 def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
@@ -290,3 +292,26 @@ def _at_most(ctx: SchemaContext, n: int) -> Expr:
     below = seq(*(repeat(_units(ctx, k), 0, _CHUNK - 1) for k in reversed(range(level))))
     return choice([seq(repeat(_units(ctx, level), 0, top - 1), below),
                    seq(repeat(_units(ctx, level), top, top), _at_most(ctx, n - top * _CHUNK ** level))])
+
+
+def distinct_strings(ctx: SchemaContext, expr: Expr, what: str, pointer: str) -> tuple[Capture, int | None]:
+    """The string terminal `expr` captured, so that the extras of an object (`what`: its keys) or the items of an
+    array never write the same string twice; and how many strings it has, where they can run out (None: more
+    than _MAX_COUNTED_TEXTS).  Refused where the strings are not one terminal (long length bounds count in
+    chunks, a union of types is more than strings)."""
+    seen = set()
+    while isinstance(expr, (Ref, Seq, Choice)):
+        if isinstance(expr, Ref):
+            if expr.name in seen:
+                break
+            seen.add(expr.name)
+            expr = ctx.rules[expr.name]
+        elif len(expr.items) == 1:
+            expr = expr.items[0]
+        else:
+            break
+    literals = isinstance(expr, Choice) and all(isinstance(item, Lit) for item in expr.items)
+    if not (isinstance(expr, Terminal) or literals):
+        raise UnsupportedSchemaError(f"{what} must differ, and telling them apart needs them to be strings only, "
+                                     f"with length bounds over {_CHUNK} characters only beside a pattern", pointer)
+    return Capture(expr), terminal_for(expr).size(_MAX_COUNTED_TEXTS)

@@ -76,7 +76,9 @@ class CompiledGrammar:
                 if s == 0:
                     complete = True
                 else:
-                    nexts.append((stacks.ret[s], stacks.parent[s]))
+                    popped = stacks.pop(s)     # None: a captured text its object wrote already
+                    if popped is not None:
+                        nexts.append(popped)
             for cfg in nexts:
                 if cfg not in seen:
                     seen.add(cfg)
@@ -88,10 +90,15 @@ class CompiledGrammar:
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`, or None if the grammar cannot continue with it."""
-        trans, first = self.automaton.trans, self.automaton.first_terminal
+        trans, first, stacks = self.automaton.trans, self.automaton.first_terminal, self.stacks
         for b in data:
             ready, _ = self.closure(state)   # only terminal states are ready: they alone consume bytes
-            state = tuple(sorted({(int(trans[g - first, b]), s) for g, s in ready if trans[g - first, b] >= 0}))
+            if stacks.captures:
+                byte = bytes((b,))
+                state = tuple(sorted({(int(trans[g - first, b]), stacks.extend(s, byte))
+                                      for g, s in ready if trans[g - first, b] >= 0}))
+            else:
+                state = tuple(sorted({(int(trans[g - first, b]), s) for g, s in ready if trans[g - first, b] >= 0}))
             if not state:
                 return None
         return state

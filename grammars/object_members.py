@@ -12,15 +12,18 @@ In schema order (`ordered`) a member may only follow the members before it, and 
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from . import ir
 
 CLAIM, EXTRA, SEPARATOR, CLOSE = range(4)
 FIRST, AFTER = 0, 1  # where the rule is: a member must come next (after `{` or a separator), or one just ended
 
-Tag = tuple[int, int]  # (bit per member written, extras written, clipped where counting stops mattering)
-EMPTY_TAG: Tag = (0, 0)
+# (bit per member written, extras written clipped where counting stops mattering, the texts of the extras' keys
+# where they must differ, sorted (see `ir.Capture`): a tuple of bytes, unlike a frozenset, leaves the garbage
+# collector's view, and a grammar keeps thousands of tags)
+Tag = tuple[int, int, tuple[bytes, ...]]
+EMPTY_TAG: Tag = (0, 0, ())
 
 
 def _bits(indices) -> int:
@@ -43,20 +46,24 @@ class MemberSet:
         self.extra = spec.extra is not None
         self.ordered = spec.ordered
         self.min, self.max = spec.min, spec.max
+        self.max_extras = spec.max_extras
         # beyond this many extras the count no longer changes what may follow
-        self.cap = spec.max if spec.max is not None else spec.min
-        self._feasible: dict[tuple[Tag, int], bool] = {}
+        self.cap = max(spec.max if spec.max is not None else spec.min, spec.max_extras or 0)
+        self.most_needed = max(spec.min, 1)  # the most members and extras a completion can need
+        self._feasible: dict[tuple[int, int, int], bool] = {}
 
     def guard(self, kind: int, member: int, tag: Tag) -> Tag | None:
         """The tag after taking a guarded edge, or None when the edge is closed for this tag."""
-        seen, extras = tag
+        seen, extras, written = tag
         if kind == CLAIM:
             if not self._open(tag) >> member & 1:
                 return None
-            tag = (seen | 1 << member, extras)
+            tag = (seen | 1 << member, extras, written)
             return tag if self.feasible(tag, AFTER) else None
         if kind == EXTRA:
-            tag = (seen, min(extras + 1, self.cap + 1))
+            if not self._extras_left(extras):
+                return None
+            tag = (seen, min(extras + 1, self.cap + 1), written)
             return tag if self.extra and self.feasible(tag, AFTER) else None
         if kind == SEPARATOR:
             return tag if self.feasible(tag, FIRST) else None
@@ -64,13 +71,13 @@ class MemberSet:
 
     def complete(self, tag: Tag) -> bool:
         """Whether the object may close with this tag."""
-        seen, extras = tag
+        seen, extras, _ = tag
         count = seen.bit_count() + extras
         return (self.required & ~seen == 0 and self._closed(seen) == seen and count >= self.min
                 and (self.max is None or count <= self.max))
 
     def feasible(self, tag: Tag, where: int) -> bool:
-        key = (tag, where)
+        key = (tag[0], tag[1], where)   # the texts written do not matter: there is always another (`max_extras`)
         hit = self._feasible.get(key)
         if hit is None:
             hit = self._feasible[key] = any(True for _ in self._completions(tag, where))
@@ -79,7 +86,7 @@ class MemberSet:
     def _completions(self, tag: Tag, where: int) -> Iterator[tuple[int, int, int]]:
         """Per choice of the optional triggers still unwritten, when the object can be completed with them:
         (members it must add, how many more items it needs, members that may fill those in)."""
-        seen, extras = tag
+        seen, extras, _ = tag
         available = self._open(tag)
         free = [t for t in self.optional_triggers if available >> t & 1]
         for r in range(len(free) + 1):
@@ -93,25 +100,34 @@ class MemberSet:
                 if self.max is not None and count + need > self.max:
                     continue
                 spare = available & ~(have | self.triggers)   # writing these requires nothing more
-                if need > spare.bit_count() and not self.extra:
+                if need > spare.bit_count() + self._extras_left(extras):
                     continue
                 yield added, need, spare
 
-    def plan(self, tag: Tag, where: int, costs: Sequence[int], extra_cost: int, separator_cost: int,
-             close_cost: int) -> tuple[int, list[int], int] | None:
+    def plan(self, tag: Tag, where: int, costs: Sequence[int], extra_cost: Callable[[int], int | None],
+             separator_cost: int, close_cost: int) -> tuple[int, list[int], int] | None:
         """The cheapest completion from `tag` at `where`: (cost, members to write in schema order, extras to
-        write), None if the object cannot be completed.  The cost counts the members (`costs`), extras,
-        separators and the closing brace."""
+        write), None if the object cannot be completed.  The cost counts the members (`costs`), extras (the
+        next one costs `extra_cost(0)`, the one after `extra_cost(1)`..., never less, None past the last: extras
+        whose keys must differ take ever longer keys), separators and the closing brace."""
         best = None
         for added, need, spare in self._completions(tag, where):
             items = [i for i in range(self.size) if added >> i & 1]
             fillers = sorted((costs[i], i) for i in range(self.size) if spare >> i & 1)[:need]
-            if self.extra:      # extras may be cheaper than the dearer fillers, and make up any shortfall
-                fillers = [f for f in fillers if f[0] <= extra_cost]
-            n_extras = need - len(fillers)
+            n_extras = extras_cost = 0
+            while self.extra and n_extras < need:   # extras may replace the dearer fillers, or make up a shortfall
+                cost = extra_cost(n_extras)
+                if cost is None or (len(fillers) + n_extras == need and cost >= fillers[-1][0]):
+                    break
+                if len(fillers) + n_extras == need:
+                    fillers.pop()
+                n_extras += 1
+                extras_cost += cost
+            if len(fillers) + n_extras < need:
+                continue
             items += [i for _, i in fillers]
             n_items = len(items) + n_extras
-            cost = (sum(costs[i] for i in items) + n_extras * extra_cost + close_cost
+            cost = (sum(costs[i] for i in items) + extras_cost + close_cost
                     + separator_cost * (n_items - (1 if where == FIRST else 0)))
             if best is None or cost < best[0]:
                 best = (cost, sorted(items), n_extras)
@@ -120,10 +136,16 @@ class MemberSet:
     def _open(self, tag: Tag) -> int:
         """The members that may still be written: those not written yet; in schema order, only those after the
         last one written, and none once an extra key was."""
-        seen, extras = tag
+        seen, extras, _ = tag
         if not self.ordered:
             return self.all & ~seen
         return 0 if extras else self.all & ~((1 << seen.bit_length()) - 1)
+
+    def _extras_left(self, extras: int) -> int:
+        """How many more extras may be written (a large number for any number)."""
+        if not self.extra:
+            return 0
+        return self.cap + 1 if self.max_extras is None else max(self.max_extras - extras, 0)
 
     def _closed(self, have: int) -> int:
         """`have` with the dependents of every trigger in it."""

@@ -4,14 +4,20 @@ A stack id names (parent id, return state, tag); id 0 is the empty stack.  A ret
 (`Automaton.tail`) is not pushed: a chain of calls in tail position keeps the stack flat.  The call into an
 object members rule always pushes a frame, since the frame's tag is where the object records the members
 it wrote (`object_members`); the guarded call edges of that rule read and update the tag of the top frame.
+The call into a captured terminal (`ir.Capture`) pushes a frame too, whose tag is the text written inside
+it so far (bytes): where the terminal ends, the text joins the texts of the object frame below, unless it
+is one of them already.
 """
 
 from __future__ import annotations
 
+import bisect
 from array import array
 
-from .automaton import Automaton
+from .automaton import CAPTURE_FRAME, Automaton
 from .object_members import EMPTY_TAG, Tag
+
+FrameTag = Tag | bytes | None   # an object's members, a captured text, nothing
 
 
 class StackArena:
@@ -22,8 +28,8 @@ class StackArena:
         # collection by its length, and a server keeps thousands of stacks per grammar)
         self.parent = array("q", [0])
         self.ret = array("q", [-1])
-        self.tag: list[Tag | None] = [None]
-        self._ids: dict[tuple[int, int, Tag | None], int] = {}
+        self.tag: list[FrameTag] = [None]
+        self._ids: dict[tuple[int, int, FrameTag], int] = {}
         # tuples, not lists: as fast to index, and once they survive a collection the garbage collector
         # stops walking their items (a server holds many grammars; lists would lengthen every full collection)
         self._tail = tuple(automaton.tail.tolist())
@@ -33,8 +39,9 @@ class StackArena:
         self._guard = tuple(automaton.call_guard.tolist())
         self._guards = automaton.guards
         self._frames = automaton.frames
+        self.captures = bool((automaton.framed == CAPTURE_FRAME).any())
 
-    def _id(self, parent: int, ret: int, tag: Tag | None) -> int:
+    def _id(self, parent: int, ret: int, tag: FrameTag) -> int:
         key = (parent, ret, tag)
         sid = self._ids.get(key)
         if sid is None:
@@ -56,8 +63,45 @@ class StackArena:
             if tag != self.tag[stack]:
                 stack = self._id(self.parent[stack], self.ret[stack], tag)
         callee, ret = self._callee[c], self._ret[c]
-        if self._framed[callee]:
-            return callee, self._id(stack, ret, EMPTY_TAG)
+        framed = self._framed[callee]
+        if framed:
+            return callee, self._id(stack, ret, b"" if framed == CAPTURE_FRAME else EMPTY_TAG)
         if self._tail[ret]:
             return callee, stack
         return callee, self._id(stack, ret, None)
+
+    def extend(self, stack: int, data: bytes) -> int:
+        """The stack once `data` is written: the same, unless its top frame records a captured text."""
+        text = self.tag[stack]
+        if type(text) is not bytes:
+            return stack
+        return self._id(self.parent[stack], self.ret[stack], text + data)
+
+    def written(self, stack: int) -> tuple[bytes, ...]:
+        """The captured texts of the object frame nearest the top of `stack`."""
+        while stack and type(self.tag[stack]) is not tuple:
+            stack = self.parent[stack]
+        return self.tag[stack][2] if stack else ()
+
+    def pop(self, stack: int, text: bytes | None = None) -> tuple[int, int] | None:
+        """The configuration (return state, stack) after returning from the top frame; from a captured terminal,
+        with its `text` (by default the one recorded) added to the texts of the object frame below, and None
+        where that object has written it already."""
+        if text is None:
+            text = self.tag[stack]
+        if type(text) is not bytes:
+            return self.ret[stack], self.parent[stack]
+        chain, frame = [], self.parent[stack]
+        while frame and type(self.tag[frame]) is not tuple:   # the frames between the capture and its object
+            chain.append(frame)
+            frame = self.parent[frame]
+        if not frame:   # no object around it (a completion of the terminal on its own)
+            return self.ret[stack], self.parent[stack]
+        seen, extras, written = self.tag[frame]
+        at = bisect.bisect_left(written, text)
+        if at < len(written) and written[at] == text:
+            return None
+        below = self._id(self.parent[frame], self.ret[frame], (seen, extras, written[:at] + (text,) + written[at:]))
+        for frame in reversed(chain):
+            below = self._id(below, self.ret[frame], self.tag[frame])
+        return self.ret[stack], below

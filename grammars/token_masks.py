@@ -12,6 +12,11 @@ across grammars: the big walks (inside a JSON string, the first token of a
 value) are paid once per process, not once per grammar, and a whole-vocabulary
 walk from a state that moves like another on all but a few first bytes is
 patched from that state's walk instead of walking the trie again.
+
+Inside a captured terminal (`ir.Capture`) the walk is the terminal's own, less the tokens that would write a
+text its object wrote already, or would reach a prefix whose every completion it did; where the text ends
+inside a token, the walk goes on with the text added to the object's (`StackArena.pop`), so a token holding
+two keys is checked for both.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import weakref
 import numba
 import numpy as np
 
-from .automaton import Automaton
+from .automaton import CAPTURE_FRAME, Automaton
+from .completion import terminal_distances
 from .fsm import DFA
 from .stacks import StackArena
 from .vocab import Vocabulary
@@ -88,10 +94,12 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `_set_tokens` now: only a patched whole-vocabulary walk (inside a key beside declared ones) calls
-    it, so it would otherwise load, from numba's disk cache, inside the first mask that patches one."""
+    """Load `_set_tokens` and the trie's heights now: only a patched whole-vocabulary walk (inside a key beside
+    declared ones) and captured texts call them, so they would otherwise load, from numba's disk cache, inside
+    the first mask that needs one."""
     t = vocabulary.trie
-    _set_tokens(np.zeros(vocabulary.mask_words, np.uint32), t.tok_ids, t.tok_ptr[0], t.tok_ptr[0], False)
+    _set_tokens(np.zeros(vocabulary.mask_words, np.uint32), t.tok_ids, 0, 0, False)
+    _heights(vocabulary)
 
 
 _ROOT_CHILDREN: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
@@ -105,6 +113,29 @@ def _root_children(vocabulary: Vocabulary) -> np.ndarray:
         nodes = np.flatnonzero(t.depth == 1)
         hit = _ROOT_CHILDREN[vocabulary] = np.full(256, -1, np.int64)
         hit[t.byte[nodes]] = nodes
+    return hit
+
+
+@numba.njit(cache=True, nogil=True)
+def _subtree_heights(depth, end):  # pragma: no cover - compiled
+    """Per trie node, the most bytes a token goes on below it (children come after their parent, in order)."""
+    heights = np.zeros(len(depth), np.int32)
+    for i in range(len(depth) - 1, -1, -1):
+        j = i + 1
+        while j < end[i]:
+            heights[i] = max(heights[i], heights[j] + 1)
+            j = end[j]
+    return heights
+
+
+_HEIGHTS: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
+def _heights(vocabulary: Vocabulary) -> np.ndarray:
+    hit = _HEIGHTS.get(vocabulary)
+    if hit is None:
+        t = vocabulary.trie
+        hit = _HEIGHTS[vocabulary] = _subtree_heights(t.depth, t.end)
     return hit
 
 
@@ -162,6 +193,11 @@ class TokenMasks:
         self._terminal_starts = tuple(first for first, _ in automaton.terminals)  # tuples: see StackArena
         self._shared = _SHARED_WALKS.setdefault(vocabulary, {})
         self._call_ptr = tuple(automaton.call_ptr.tolist())
+        # a token that ends a captured text goes on with the text added to its object's only where enough of it is
+        # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
+        captured = [dfa for first, dfa in automaton.terminals if automaton.framed[first] == CAPTURE_FRAME]
+        exact = any((dfa.finite & dfa.has_out).any() for dfa in captured)
+        self._follow_height = 0 if exact else 1 + min((int(terminal_distances(dfa)[0]) for dfa in captured), default=0)
 
     def terminal_of(self, state: int) -> tuple[int, DFA] | None:
         """(first global state, DFA) of the terminal rule holding `state`, None for a structural state."""
@@ -233,14 +269,19 @@ class TokenMasks:
 
     def add_mask(self, bits: np.ndarray, state: int, stack: int, stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from configuration (state, stack)."""
+        self._search(bits, [(state, stack, _ROOT, _ROOT_KEY)], stacks)
+
+    def _search(self, bits: np.ndarray, todo: list[tuple[int, int, np.ndarray, bytes]], stacks: StackArena) -> None:
+        """OR into `bits` the tokens allowed from configurations (state, stack) below trie nodes."""
         a = self.a
         call_ptr = self._call_ptr
-        todo = [(state, stack, _ROOT, _ROOT_KEY)]
-        seen = {(state, stack, todo[0][3])}
+        seen = {(g, s, key) for g, s, _, key in todo}
         while todo:
             g, s, nodes, nodes_key = todo.pop()
             nexts = []
-            if self.terminal_of(g) is not None:
+            if type(stacks.tag[s]) is bytes:
+                self._add_captured(bits, g, s, nodes, stacks)
+            elif self.terminal_of(g) is not None:
                 found = self.walk(g, nodes, nodes_key)
                 add_walk(found, bits)
                 pops, pops_key = found[2], found[3]
@@ -260,3 +301,110 @@ class TokenMasks:
                 if key not in seen:
                     seen.add(key)
                     todo.append(item)
+
+    def _add_captured(self, bits: np.ndarray, g: int, s: int, nodes: np.ndarray, stacks: StackArena) -> None:
+        """OR into `bits` the tokens allowed in a captured terminal, from each trie node on its own (the text
+        written since differs per node)."""
+        t, text = self.vocabulary.trie, stacks.tag[s]
+        written = [w[len(text):] for w in stacks.written(s) if w.startswith(text)]
+        first, dfa = self.terminal_of(g)
+        cuts = written + _dead_ends(dfa, g - first, text, written)
+        for node in nodes.tolist():
+            one = np.array([node], np.int32)
+            found = self.walk(g, one, one.tobytes())
+            own = np.zeros_like(bits)
+            add_walk(found, own)
+            pops, heights = found[2], _heights(self.vocabulary)
+            depth = int(t.depth[node])
+            follow = []
+            short = pops[(heights[pops] > 0) & (heights[pops] < self._follow_height)]
+            if len(short):      # too little left to write another text: the texts of the object do not matter
+                follow.append((stacks.ret[s], stacks.parent[s], short, short.tobytes()))
+            for pop in pops[heights[pops] >= max(self._follow_height, 1)].tolist():
+                popped = stacks.pop(s, text + self._path(pop)[depth:])
+                if popped is not None:
+                    pop_nodes = np.array([pop], np.int32)
+                    follow.append((*popped, pop_nodes, pop_nodes.tobytes()))
+            if follow:
+                self._search(own, follow, stacks)
+            if cuts:    # the tokens that write a text written already (or a start only such texts complete)
+                height = int(heights[node])
+                for cut in cuts:
+                    below = self._descend(node, cut) if len(cut) <= height else -1
+                    if below >= 0:
+                        _set_tokens(own, t.tok_ids, int(t.tok_ptr[below]), int(t.tok_ptr[t.end[below]]), False)
+            np.bitwise_or(bits, own, out=bits)
+
+    def _descend(self, node: int, data: bytes) -> int:
+        """The trie node `data` below `node`, -1 where no token goes on with it."""
+        t = self.vocabulary.trie
+        for i, byte in enumerate(data):
+            if node == 0 and i == 0:
+                node = int(_root_children(self.vocabulary)[byte])
+                if node < 0:
+                    return -1
+                continue
+            child, stop = node + 1, t.end[node]
+            while child < stop and t.byte[child] != byte:
+                child = t.end[child]
+            if child >= stop:
+                return -1
+            node = child
+        return node
+
+    def _path(self, node: int) -> bytes:
+        """The bytes from the trie's root to `node`: the start of any token below it."""
+        t = self.vocabulary.trie
+        return self.vocabulary.token_bytes[t.tok_ids[t.tok_ptr[node]]][:t.depth[node]]
+
+
+def _dead_ends(dfa: DFA, state: int, text: bytes, rests: list[bytes]) -> list[bytes]:
+    """The shortest continuations of `text` (in `dfa`, from `state`), each short of one of `rests` (the ends of
+    the texts written that start with `text`), after which every completion is one of them: where the strings
+    left are few."""
+    finite = dfa.finite & dfa.has_out
+    if not finite.any():    # from every state but the ends, infinitely many strings are left
+        return []
+    cuts = []
+    for rest in rests:
+        q = state
+        for i in range(len(rest) - 1):
+            q = int(dfa.trans[q, rest[i]])
+            if q < 0:
+                break
+            if finite[q] and _all_written(dfa, q, rest[:i + 1], rests):
+                cuts.append(rest[:i + 1])
+                break
+    return cuts
+
+
+def _all_written(dfa: DFA, state: int, done: bytes, written: list[bytes]) -> bool:
+    """Whether every string `dfa` accepts from `state` completes `done` into a text of `written`."""
+    rests = {w[len(done):] for w in written if w.startswith(done)}
+    found = _strings(dfa, state, len(rests))
+    return found is not None and all(r in rests for r in found)
+
+
+def _strings(dfa: DFA, state: int, limit: int) -> list[bytes] | None:
+    """The strings `dfa` accepts from `state`; None when they are more than `limit`, or infinitely many."""
+    found = [b""] if dfa.accept[state] else []
+    path, todo = {state}, [(state, b"", iter(np.flatnonzero(dfa.trans[state] >= 0).tolist()))]
+    while todo:     # depth first, on an explicit stack: a long length bound is a long path
+        q, prefix, out = todo[-1]
+        byte = next(out, None)
+        if byte is None:
+            todo.pop()
+            path.discard(q)
+            continue
+        r = int(dfa.trans[q, byte])
+        if r in path:
+            return None     # a cycle: infinitely many
+        text = prefix + bytes((byte,))
+        if dfa.accept[r]:
+            found.append(text)
+            if len(found) > limit:
+                return None
+        if dfa.has_out[r]:
+            path.add(r)
+            todo.append((r, text, iter(np.flatnonzero(dfa.trans[r] >= 0).tolist())))
+    return found

@@ -1,6 +1,6 @@
 """The fuzzer's checks: `feed()`, `random_walk()`, `compile_timed()` (each returns what went wrong), and
 `Fuzzer`, which takes one drawn schema through all of them, counting outcomes and collecting `Failure`s
-(each with a reproducer, and tagged when it matches one of fuzz_schemas.KNOWN_BUGS).
+(each with a reproducer).
 """
 
 from __future__ import annotations
@@ -248,11 +248,9 @@ class Failure:
     whitespace: str = ""
     text: str | None = None
     extra: dict = field(default_factory=dict)
-    known_bug: str | None = None      # the KNOWN_BUGS entry it looks like, if any
 
     def reproducer(self) -> str:
-        known = f" (known bug: {self.known_bug})" if self.known_bug else ""
-        lines = [f"[{self.kind}]{known} {self.detail}",
+        lines = [f"[{self.kind}] {self.detail}",
                  f"  schema     = {json.dumps(self.schema, ensure_ascii=False)}"]
         if self.tokenizer or self.whitespace:
             lines.append(f"  tokenizer  = {self.tokenizer}, whitespace={self.whitespace!r}")
@@ -283,9 +281,7 @@ class Fuzzer:
         self.failures: list[Failure] = []
 
     def fail(self, kind: str, schema: Any, detail: str, **context: Any) -> None:
-        failure = Failure(kind, schema, detail, **context)
-        failure.known_bug = known_bug(failure)
-        self.failures.append(failure)
+        self.failures.append(Failure(kind, schema, detail, **context))
 
     @property
     def pairs(self) -> int:
@@ -490,10 +486,3 @@ def _empty(strategy: st.SearchStrategy) -> bool:
     except Exception:
         return False
 
-
-def known_bug(failure: Failure) -> str | None:
-    """The KNOWN_BUGS entry a failure looks like (by its symptom), None for anything new."""
-    if failure.kind in ("walk output invalid", "invalid accepted") and failure.text is not None:
-        if has_duplicate_keys(failure.text):
-            return "repeated extra keys"
-    return None

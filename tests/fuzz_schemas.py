@@ -12,7 +12,6 @@ fuzz_checks.py (the checks and the Fuzzer).  Only leapgen's public API is used.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import warnings
@@ -32,15 +31,11 @@ EMAIL = re.compile(rf"{_ATEXT}(?:\.{_ATEXT})*@{_LABEL}(?:\.{_LABEL}){{0,3}}")
 CUSTOM_FORMATS = {"uuid": st.uuids().map(str),
                   "email": st.one_of(st.emails(), st.from_regex(EMAIL, fullmatch=True))}
 
-# Compiler bugs this fuzzer found and still open, each minimised.  The CI tests keep clear of them
-# (`schemas(avoid_known_bugs=True)` leaves out their constructs); the campaign script reports them.
-# Fixed since: a leading star in a regex branch looped into the other branches; emptiness only the automata
-# see (a pattern and lengths that do not intersect, endless recursion) raised GrammarError, not SchemaError;
-# under a budget the matcher could refuse the next token of the completion it had promised.
-KNOWN_BUGS = {
-    "repeated extra keys": 'keys not declared in properties may repeat, and each repeat counts towards '
-                           'minProperties: {"minProperties": 2} accepts {"":0,"":0}; budget closing writes it',
-}
+# Compiler bugs this fuzzer found, all fixed (tests/test_grammars_fuzz.py keeps each as a regression test): a
+# leading star in a regex branch looped into the other branches; emptiness only the automata see (a pattern and
+# lengths that do not intersect, endless recursion) raised GrammarError, not SchemaError; under a budget the
+# matcher could refuse the next token of the completion it had promised; keys not declared in properties could
+# repeat, each repeat counted towards minProperties (tests/test_grammars_distinct.py).
 
 
 # ---- schemas ---------------------------------------------------------------------------------------
@@ -145,7 +140,7 @@ def leaf_schemas() -> st.SearchStrategy:
 
 
 @st.composite
-def object_schemas(draw, inner: st.SearchStrategy, avoid_known_bugs: bool = False) -> dict:
+def object_schemas(draw, inner: st.SearchStrategy) -> dict:
     names = draw(st.lists(st.sampled_from(NAMES), max_size=4, unique=True))
     # without "type" the keywords only constrain objects and every other type is allowed as well
     schema: dict[str, Any] = {"type": "object"} if draw(st.integers(0, 4)) else {}
@@ -158,8 +153,7 @@ def object_schemas(draw, inner: st.SearchStrategy, avoid_known_bugs: bool = Fals
             if additional != "schema" else draw(inner)
     for key in ("minProperties", "maxProperties"):
         count = draw(maybe(st.integers(0, 3), absent_weight=4))
-        # Known bug (KNOWN_BUGS, "repeated extra keys"): minProperties can be met by repeating a key.
-        if count is not None and not (avoid_known_bugs and key == "minProperties" and additional != "false"):
+        if count is not None:
             schema[key] = count
     return schema
 
@@ -178,7 +172,11 @@ def array_schemas(draw, inner: st.SearchStrategy) -> dict:
     high = draw(maybe(st.integers(0, 3).map(lambda extra: (low or 0) + extra)))
     if high is not None:
         schema["maxItems"] = high
-    if draw(st.integers(0, 4)) == 0:
+    if draw(st.integers(0, 4)) == 0:      # mostly over strings, the items it is enforced on besides enums
+        schema["uniqueItems"] = True
+        if items != "false" and draw(st.integers(0, 2)):
+            schema["items"] = draw(string_schemas())
+    elif draw(st.integers(0, 4)) == 0:
         schema["contains"] = draw(inner)
         least = draw(maybe(st.integers(0, 2), absent_weight=2))
         if least is not None:
@@ -190,7 +188,7 @@ def array_schemas(draw, inner: st.SearchStrategy) -> dict:
 
 
 @st.composite
-def one_of_schemas(draw, inner: st.SearchStrategy, avoid_known_bugs: bool = False) -> dict:
+def one_of_schemas(draw, inner: st.SearchStrategy) -> dict:
     """Mostly branches of distinct JSON types (disjoint, so compiled exactly); now and then arbitrary
     branches, which the compiler must either prove disjoint or refuse cleanly."""
     if draw(st.integers(0, 5)) == 0:
@@ -199,7 +197,7 @@ def one_of_schemas(draw, inner: st.SearchStrategy, avoid_known_bugs: bool = Fals
     branches = []
     for type_name in types:
         if type_name == "object":
-            branches.append({**draw(object_schemas(inner, avoid_known_bugs)), "type": "object"})
+            branches.append({**draw(object_schemas(inner)), "type": "object"})
         elif type_name == "array":
             branches.append({**draw(array_schemas(inner)), "type": "array"})
         else:
@@ -208,8 +206,8 @@ def one_of_schemas(draw, inner: st.SearchStrategy, avoid_known_bugs: bool = Fals
 
 
 @st.composite
-def all_of_schemas(draw, inner: st.SearchStrategy, avoid_known_bugs: bool = False) -> dict:
-    objects = object_schemas(inner, avoid_known_bugs)
+def all_of_schemas(draw, inner: st.SearchStrategy) -> dict:
+    objects = object_schemas(inner)
     kind = draw(st.sampled_from(["split", "split", "objects", "sibling", "any"]))
     if kind == "split":       # one leaf's keywords spread over conjuncts: bounds and lengths must intersect
         leaf = draw(st.one_of(integer_schemas(), number_schemas(), string_schemas()))
@@ -223,11 +221,11 @@ def all_of_schemas(draw, inner: st.SearchStrategy, avoid_known_bugs: bool = Fals
     return {"allOf": draw(st.lists(inner, min_size=2, max_size=2))}
 
 
-def composite_schemas(inner: st.SearchStrategy, avoid_known_bugs: bool = False) -> st.SearchStrategy:
+def composite_schemas(inner: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
-        object_schemas(inner, avoid_known_bugs), object_schemas(inner, avoid_known_bugs), array_schemas(inner),
+        object_schemas(inner), object_schemas(inner), array_schemas(inner),
         st.lists(inner, min_size=2, max_size=3).map(lambda options: {"anyOf": options}),
-        one_of_schemas(inner, avoid_known_bugs), all_of_schemas(inner, avoid_known_bugs),
+        one_of_schemas(inner), all_of_schemas(inner),
     )
 
 
@@ -246,11 +244,9 @@ def recursive_schemas(draw) -> dict:
     return {"$defs": {"node": node}, "$ref": "#/$defs/node"}
 
 
-def schemas(max_leaves: int = 6, avoid_known_bugs: bool = False) -> st.SearchStrategy:
-    """Random schemas over the supported keywords, some subschemas moved to `$defs` behind a `$ref`;
-    `avoid_known_bugs` leaves out the constructs of KNOWN_BUGS (for a green CI while they are open)."""
-    tree = st.recursive(leaf_schemas(),
-                        functools.partial(composite_schemas, avoid_known_bugs=avoid_known_bugs), max_leaves=max_leaves)
+def schemas(max_leaves: int = 6) -> st.SearchStrategy:
+    """Random schemas over the supported keywords, some subschemas moved to `$defs` behind a `$ref`."""
+    tree = st.recursive(leaf_schemas(), composite_schemas, max_leaves=max_leaves)
     return st.one_of(tree, tree, tree, tree, recursive_schemas()).flatmap(with_refs)
 
 

@@ -11,9 +11,8 @@ cl100k and SmolLM2's tokenizer (when the default model is installed):
 - random walks over the masks under a token budget finish, and what they write validates.
 
 The CI variants have fixed seeds and are small (about a minute on two cores); the `slow` ones draw
-LONG_FACTOR times as many schemas.  benchmarks/fuzz_constraints.py runs the long campaign.  The CI schemas
-keep clear of fuzz_schemas.KNOWN_BUGS, compiler bugs found by this fuzzer and still open; the tests at the
-end pin down each bug it found (strict xfails for the open ones).
+LONG_FACTOR times as many schemas.  benchmarks/fuzz_constraints.py runs the long campaign.  The tests at the
+end pin down each bug it found.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
 from fuzz_checks import Fuzzer, random_walk, tokenizer_factories
-from fuzz_schemas import KNOWN_BUGS, WHITESPACES, schemas
+from fuzz_schemas import WHITESPACES, schemas
 from leapgen.grammars import SchemaError, compile_json_schema, compile_regex
 from tokenizers_util import accepts, byte_level_bpe
 
@@ -62,7 +61,7 @@ def fuzz(tokenizers: dict, examples: int, random_seed: int, property_order: str 
 
     @seed(random_seed)
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(schema=schemas(max_leaves=6, avoid_known_bugs=True), whitespace=st.sampled_from(WHITESPACES),
+    @given(schema=schemas(max_leaves=6), whitespace=st.sampled_from(WHITESPACES),
            data=st.data())
     def run(schema, whitespace, data):
         fuzzer.failures.clear()      # each example is judged alone (hypothesis replays a failing one)
@@ -108,8 +107,7 @@ def test_in_any_property_order_valid_instances_are_reachable_and_invalid_ones_ar
 
 
 # ---- the compiler bugs this fuzzer found ---------------------------------------------------------------
-# Fixed ones stay as regression tests.  Open ones (fuzz_schemas.KNOWN_BUGS) are strict xfails: once fixed,
-# the test passes and fails the run, and the construct can come back into the CI draws (`avoid_known_bugs`).
+# Each stays as a regression test (repeated extra keys: tests/test_grammars_distinct.py).
 
 @pytest.mark.parametrize("schema", [
     {"type": "integer", "minimum": 1, "maximum": 1, "multipleOf": 2},
@@ -147,12 +145,6 @@ def test_a_budget_keeps_to_the_completion_it_promised(tokenizers):
         walk = random_walk(grammar, random.Random(walk_seed), slack=2)
         assert walk.finished and not walk.problem, (walk_seed, walk)
         assert validator.is_valid(json.loads(walk.text)), (walk_seed, walk.text)
-
-
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["repeated extra keys"])
-def test_repeated_keys_do_not_count_towards_min_properties():
-    grammar = compile_json_schema({"minProperties": 2}, byte_level_bpe(), whitespace="compact")
-    assert not accepts(grammar, byte_level_bpe(), '{"":0,"":0}')
 
 
 def test_a_starred_alternative_keeps_its_loop_to_itself():

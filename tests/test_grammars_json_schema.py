@@ -15,7 +15,7 @@ from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_s
 from leapgen.grammars import json_schema_scalars
 from leapgen.grammars.automaton import compile_automaton
 from leapgen.grammars.fsm import MEMO_SIZE
-from leapgen.grammars.ir import Choice, Lit, Members, Ref, Repeat, Seq, Terminal
+from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
@@ -52,6 +52,8 @@ def ir_accepts(grammar, text: str) -> bool:
                 r = set().union(*(ends(item, i) for item in e.items))
             elif isinstance(e, Members):
                 r = members_ends(e, i)
+            elif isinstance(e, Capture):
+                r = ends(e.item, i)
             else:
                 assert isinstance(e, Repeat)
                 r, cur, n, seen = ({i} if e.min == 0 else set()), {i}, 0, {i}
@@ -64,17 +66,38 @@ def ir_accepts(grammar, text: str) -> bool:
             memo[key] = r
         return memo[key]
 
+    def captured(e):
+        """(the Capture an extra begins with, the rest of the extra), None for an extra without one."""
+        while isinstance(e, (Ref, Choice)) and (isinstance(e, Ref) or len(e.items) == 1):
+            e = grammar.rules[e.name] if isinstance(e, Ref) else e.items[0]
+        if isinstance(e, Capture):
+            return e, Seq(())
+        if isinstance(e, Seq) and e.items and captured(e.items[0]) is not None:
+            lead, rest = captured(e.items[0])
+            return lead, Seq((rest, *e.items[1:]))
+        return None
+
+    def extra_ends(e, start, texts):
+        """(end, texts written) after one extra from `start`: a captured text must not be one of `texts`."""
+        split = captured(e.extra)
+        if split is None:
+            return [(q, texts) for q in ends(e.extra, start)]
+        lead, rest = split
+        return [(q, texts | {text[start:j]}) for j in ends(lead, start) if text[start:j] not in texts
+                for q in ends(rest, j)]
+
     def members_ends(e, i):
-        """An object: every (position, members written, extras written, first item still to come) reachable."""
-        cap = (e.max if e.max is not None else e.min) + 1
+        """An object: every (position, members written, extras written, first item still to come, captured texts)
+        reachable."""
+        cap = max(e.max if e.max is not None else e.min, e.max_extras or 0) + 1
         out, seen_states = set(), set()
-        todo = [(j, frozenset(), 0, True) for j in ends(e.open, i)]
+        todo = [(j, frozenset(), 0, True, frozenset()) for j in ends(e.open, i)]
         while todo:
             state = todo.pop()
             if state in seen_states:
                 continue
             seen_states.add(state)
-            pos, written, extras, first = state
+            pos, written, extras, first, texts = state
             count = len(written) + extras
             if (not first and e.required <= written and e.min <= count and (e.max is None or count <= e.max)
                     and all(deps <= written for t, deps in e.dependents if t in written)):
@@ -83,9 +106,9 @@ def ir_accepts(grammar, text: str) -> bool:
                 for k, member in enumerate(e.members):
                     if k in written or (e.ordered and (extras or any(w > k for w in written))):
                         continue
-                    todo += [(q, written | {k}, extras, False) for q in ends(member, start)]
-                if e.extra is not None:
-                    todo += [(q, written, min(extras + 1, cap), False) for q in ends(e.extra, start)]
+                    todo += [(q, written | {k}, extras, False, texts) for q in ends(member, start)]
+                if e.extra is not None and (e.max_extras is None or extras < e.max_extras):
+                    todo += [(q, written, min(extras + 1, cap), False, more) for q, more in extra_ends(e, start, texts)]
         return out
 
     return len(text) in ends(grammar.rules[grammar.start], 0)
@@ -380,9 +403,12 @@ def test_unique_items_over_many_values_claim_each_once_in_linear_states():
     check({"items": {"enum": list(range(300))}, "uniqueItems": True, "maxItems": 0}, valid=[[]], invalid=[[1]])
     with pytest.raises(UnsupportedSchemaError, match="at most 256 enumerable item values, not 300"):
         json_schema_to_grammar({"items": {"enum": list(range(300))}, "uniqueItems": True})
-    with pytest.raises(UnsupportedSchemaError, match="only on enumerable items") as error:
-        json_schema_to_grammar({"items": {"type": "string"}, "uniqueItems": True})
+    with pytest.raises(UnsupportedSchemaError, match="only on strings and enumerable items") as error:
+        json_schema_to_grammar({"items": {"type": "integer"}, "uniqueItems": True})
     assert error.value.pointer == "/uniqueItems"
+    many = [f"s{i}" for i in range(300)]     # more strings than members can be: their texts are recorded instead
+    check({"items": {"enum": many}, "uniqueItems": True, "minItems": 2}, valid=[["s0", "s299"]],
+          invalid=[["s0", "s0"], ["s0"], ["s0", "t"]])
 
 
 @pytest.mark.parametrize("schema", [

@@ -1,0 +1,139 @@
+"""Texts that must differ: the keys of extras counted by minProperties, the items of uniqueItems string arrays.
+
+The masks are checked against a brute-force oracle over a small vocabulary whose tokens span whole keys and
+separators (`"",""`, `a":0,"a"`), so a token that writes one key twice, or completes a key another token of
+the same walk wrote, is met; every budgeted walk must end in a valid instance with no repeated key.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import numpy as np
+import pytest
+
+from fuzz_checks import has_duplicate_keys, random_walk
+from leapgen.grammars import SchemaError, compile_json_schema
+from leapgen.grammars.vocab import Vocabulary, build_trie
+from tokenizers_util import accepts, byte_level_bpe, cl100k
+
+_SPANNING = ['""', '"",""', '":0,"', '":', ',"', '"a"', 'a":0,"a"', '"a":0', '"b', 'ab', '"}', '"]', '","',
+             '"a","a"', '"","', '0,"']
+
+
+def small_vocabulary() -> Vocabulary:
+    """Every printable ASCII byte and the tokens above; the last id is eos."""
+    tokens = [bytes((b,)) for b in range(32, 127)] + [t.encode() for t in _SPANNING]
+    token_bytes = tokens + [None]
+    return Vocabulary(len(token_bytes), token_bytes, {}, (len(tokens),), build_trie(token_bytes))
+
+
+def _completes(grammar, state) -> bool:
+    """Whether `state` has a completion that the grammar itself consumes to the end."""
+    data = grammar.completion(state)
+    if data is None:
+        return False
+    end = grammar.step(state, data)
+    return end is not None and grammar.closure(end)[1]
+
+
+def oracle_walk(grammar, schema, rng: random.Random, steps: int) -> str:
+    """Random tokens, each mask compared with the tokens after which the text can still be completed; returns
+    the text once completed."""
+    vocab = grammar.vocabulary
+    validator = jsonschema.Draft202012Validator(schema)
+    matcher, text = grammar.matcher(), b""
+    for _ in range(steps):
+        state = matcher._state
+        allowed = set(matcher.allowed_token_ids().tolist()) - set(vocab.eos_ids)
+        expected = set()
+        for tid, data in enumerate(vocab.token_bytes):
+            if data is not None:
+                nxt = grammar.step(state, data)
+                if nxt is not None and _completes(grammar, nxt):
+                    expected.add(tid)
+        assert allowed == expected, (text, sorted(vocab.token_bytes[t] for t in allowed ^ expected))
+        if not allowed:
+            break
+        tid = rng.choice(sorted(allowed))
+        matcher.advance(tid)
+        text += vocab.token_bytes[tid]
+    rest = grammar.completion(matcher._state)
+    out = (text + rest).decode()
+    assert not has_duplicate_keys(out), out
+    assert validator.is_valid(json.loads(out)), out
+    return out
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "minProperties": 2},
+    {"type": "object", "minProperties": 3, "properties": {"a": {"type": "integer"}}},
+    {"type": "object", "minProperties": 2, "maxProperties": 3, "additionalProperties": {"type": "integer"}},
+    {"type": "object", "minProperties": 2, "propertyNames": {"pattern": "^(a|b|ab)$"}},
+    {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 3},
+    {"type": "array", "items": {"type": "string", "pattern": "^a*$"}, "uniqueItems": True, "minItems": 2},
+    {"type": "array", "items": {"type": "string", "maxLength": 1, "pattern": "^[ab]*$"}, "uniqueItems": True},
+], ids=["min2", "min3-declared", "max3", "finite-keys", "unique-strings", "unique-pattern", "unique-finite"])
+def test_masks_refuse_repeated_texts_exactly(schema):
+    vocab = small_vocabulary()
+    grammar = compile_json_schema(schema, vocab, whitespace="compact")
+    for seed in range(6):
+        oracle_walk(grammar, schema, random.Random(seed), 14)
+
+
+def test_repeated_keys_do_not_count_towards_min_properties():
+    grammar = compile_json_schema({"minProperties": 2}, byte_level_bpe(), whitespace="compact")
+    assert not accepts(grammar, byte_level_bpe(), '{"":0,"":0}')
+    assert not accepts(grammar, byte_level_bpe(), '{"a":0,"a":0}')
+    assert accepts(grammar, byte_level_bpe(), '{"a":0,"b":0}')
+
+
+def test_unique_string_items():
+    schema = {"type": "array", "items": {"type": "string", "format": "email"}, "uniqueItems": True}
+    tok = cl100k()
+    grammar = compile_json_schema(schema, tok, whitespace="compact")
+    assert accepts(grammar, tok, '["a@b.c","b@b.c"]')
+    assert not accepts(grammar, tok, '["a@b.c","a@b.c"]')
+    assert not accepts(grammar, tok, '["a@b.c","b@b.c","a@b.c"]')
+
+
+def test_finite_strings_run_out():
+    """Two strings: an array of them has at most two items, and a separator after both is refused."""
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^(x|yy)$"}, "uniqueItems": True}
+    vocab = small_vocabulary()
+    grammar = compile_json_schema(schema, vocab, whitespace="compact")
+    assert accepts_bytes(grammar, b'["x","yy"]')
+    assert not accepts_bytes(grammar, b'["x","yy",')
+    with pytest.raises(SchemaError, match="unsatisfiable|no "):
+        compile_json_schema({**schema, "minItems": 3}, vocab)
+
+
+def accepts_bytes(grammar, data: bytes) -> bool:
+    """Whether `data` is a prefix the grammar allows (byte by byte, not completed)."""
+    return grammar.step(grammar.initial, data) is not None
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "minProperties": 4},
+    {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4},
+])
+def test_budgets_close_with_texts_not_written(schema):
+    """Closing under a budget writes keys (items) of its own, none written before."""
+    tok = cl100k()
+    grammar = compile_json_schema(schema, tok, whitespace="compact")
+    validator = jsonschema.Draft202012Validator(schema)
+    for seed in range(8):
+        walk = random_walk(grammar, random.Random(seed), slack=3, stop_prob=0.05)
+        assert walk.finished and not walk.problem, walk
+        text = walk.text.decode()
+        assert not has_duplicate_keys(text) and validator.is_valid(json.loads(text)), text
+        if schema["type"] == "array":
+            assert len(set(json.loads(text))) == len(json.loads(text)), text
+
+
+def test_uniqueness_needs_one_string_terminal():
+    with pytest.raises(SchemaError, match="uniqueItems"):
+        compile_json_schema({"type": "array", "items": {"type": ["string", "integer"]}, "uniqueItems": True},
+                            byte_level_bpe())
