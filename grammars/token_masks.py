@@ -195,7 +195,8 @@ class TokenMasks:
         self._call_ptr = tuple(automaton.call_ptr.tolist())
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
         # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
-        captured = [dfa for first, dfa in automaton.terminals if automaton.framed[first] == CAPTURE_FRAME]
+        starts = set(np.flatnonzero(automaton.framed == CAPTURE_FRAME).tolist())
+        captured = [dfa for first, dfa in automaton.terminals if first in starts] if starts else []
         exact = any((dfa.finite & dfa.has_out).any() for dfa in captured)
         self._follow_height = 0 if exact else 1 + min((int(terminal_distances(dfa)[0]) for dfa in captured), default=0)
 
