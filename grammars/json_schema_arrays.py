@@ -7,10 +7,10 @@ from typing import Any
 
 from .errors import UnsupportedSchemaError
 from .ir import Expr, Members, Ref
-from .json_schema_context import (Branches, Part, SchemaContext, count_of, enum_values, expect, narrow_types,
-                                  satisfying)
+from .json_schema_context import (STRING_KEYS, VALIDATION, Branches, Part, SchemaContext, count_of, enum_values,
+                                  expect, narrow_types, satisfying)
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
-from .json_schema_scalars import distinct_strings
+from .json_schema_scalars import distinct_strings, string_terminal
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
 # `contains` counts items and matches together: one rule per (items written, matches so far) pair.
@@ -199,7 +199,7 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
                 "uniqueItems is enforced only on strings and enumerable items (enum, const, booleans, null)"
                 if values is None else f"uniqueItems is enforced only on strings and at most {_MAX_UNIQUE_VALUES} "
                 f"enumerable item values, not {len(values)}", pointer)
-        item, count = distinct_strings(ctx, ctx.nested(rest), "uniqueItems: the items", pointer)
+        item, count = distinct_strings(ctx, _string_items(ctx, rest), "uniqueItems: the items", pointer)
         hi = count if hi is None else (hi if count is None else min(hi, count))
         members = Members(pu.arr_open, (), pu.comma, pu.arr_close, extra=item, min=lo, max=hi, max_extras=count)
     else:
@@ -211,6 +211,15 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
         ctx.rules[name] = members
         alternatives.append(Ref(name))
     return choice(alternatives) if alternatives else ctx.never("no unique array fits the bounds", pointer)
+
+
+def _string_items(ctx: SchemaContext, parts: list[Part]) -> Expr:
+    """Items that are strings: one terminal where only string keywords constrain them (long length bounds
+    too, which elsewhere count in chunks), else as the compiler builds them."""
+    expanded = ctx.expand(parts)
+    plain = expanded is not None and all(not p.has(k) or k in STRING_KEYS or k == "type" or k not in VALIDATION
+                                         for p in expanded[0] for k in p.schema)
+    return string_terminal(ctx, expanded[0], [], whole=True) if plain else ctx.nested(parts)
 
 
 def _only_strings(ctx: SchemaContext, parts: list[Part]) -> bool:

@@ -136,7 +136,7 @@ class _ObjectBuilder:
             key = string_terminal(self.ctx, name_parts, declared, tuple((r, at[r]) for r in chosen),
                                   tuple((r, at[r]) for r in regexes if r not in chosen
                                         and (not chosen or tuple(sorted((*chosen, r), key=regexes.index))
-                                             in overlapping)))
+                                             in overlapping)), whole=self.min_props >= 2)
             classes.append((key, value_expr))
         if self.min_props >= 2 and classes:
             pointer = next((p.at("minProperties") for p in self.parts if p.has("minProperties")), self.pointer)

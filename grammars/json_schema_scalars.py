@@ -141,10 +141,11 @@ def _digit_cap(cap: int, bounds: list[Decimal], multiples: list[Decimal], whole_
 
 
 def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], extra_patterns: Patterns = (),
-                    excluded_patterns: Patterns = ()) -> Expr:
+                    excluded_patterns: Patterns = (), whole: bool = False) -> Expr:
     """The quoted-string terminal for the string keywords of `parts`, none of the `excluded` values, also
     matching every pattern of `extra_patterns` (a class of property names) and none of `excluded_patterns`
-    (`not: {pattern}`, the other classes of property names)."""
+    (`not: {pattern}`, the other classes of property names).  `whole`: one terminal even where long length
+    bounds would count in chunks (a captured text is one terminal)."""
     lo, hi = 0, None
     patterns = list(extra_patterns)
     # each keyword as (its name in an error, its pointer)
@@ -185,7 +186,7 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     origin = (" with ".join(name for name, _ in named), named[0][1] if len(named) == 1 and named[0][1] else here)
     if lo == 0 and hi is None and also:
         return Terminal(also[0], also[1:], exclude, origin)
-    if not also and not excluded_patterns and max(lo, hi or 0) > _CHUNK:
+    if not also and not excluded_patterns and max(lo, hi or 0) > _CHUNK and not whole:
         # excluded values (declared keys) are short: strings longer than all of them need no exclusion, so
         # only the short ones are one terminal and the long ones count in chunks
         short = max((len(v) for v in excluded), default=-1)
@@ -297,8 +298,7 @@ def _at_most(ctx: SchemaContext, n: int) -> Expr:
 def distinct_strings(ctx: SchemaContext, expr: Expr, what: str, pointer: str) -> tuple[Capture, int | None]:
     """The string terminal `expr` captured, so that the extras of an object (`what`: its keys) or the items of an
     array never write the same string twice; and how many strings it has, where they can run out (None: more
-    than _MAX_COUNTED_TEXTS).  Refused where the strings are not one terminal (long length bounds count in
-    chunks, a union of types is more than strings)."""
+    than _MAX_COUNTED_TEXTS).  Refused where the strings are not one terminal (an anyOf of string schemas)."""
     seen = set()
     while isinstance(expr, (Ref, Seq, Choice)):
         if isinstance(expr, Ref):
@@ -312,6 +312,6 @@ def distinct_strings(ctx: SchemaContext, expr: Expr, what: str, pointer: str) ->
             break
     literals = isinstance(expr, Choice) and all(isinstance(item, Lit) for item in expr.items)
     if not (isinstance(expr, Terminal) or literals):
-        raise UnsupportedSchemaError(f"{what} must differ, and telling them apart needs them to be strings only, "
-                                     f"with length bounds over {_CHUNK} characters only beside a pattern", pointer)
+        raise UnsupportedSchemaError(f"{what} must differ, and telling them apart needs them to be strings of one "
+                                     "terminal (not a choice of string schemas)", pointer)
     return Capture(expr), terminal_for(expr).size(_MAX_COUNTED_TEXTS)

@@ -137,3 +137,14 @@ def test_uniqueness_needs_one_string_terminal():
     with pytest.raises(SchemaError, match="uniqueItems"):
         compile_json_schema({"type": "array", "items": {"type": ["string", "integer"]}, "uniqueItems": True},
                             byte_level_bpe())
+
+
+@pytest.mark.parametrize("schema, repeated, fresh", [
+    ({"type": "object", "minProperties": 2, "propertyNames": {"maxLength": 64}}, '{"a":0,"a":0}', '{"a":0,"b":0}'),
+    ({"type": "array", "items": {"type": "string", "maxLength": 100}, "uniqueItems": True}, '["a","a"]', '["a","b"]'),
+])
+def test_long_length_bounds_are_one_captured_terminal(schema, repeated, fresh):
+    """Past 32 characters a length bound counts in chunks, several terminals; a captured text is one."""
+    tok = byte_level_bpe()
+    grammar = compile_json_schema(schema, tok, whitespace="compact")
+    assert accepts(grammar, tok, fresh) and not accepts(grammar, tok, repeated)
