@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import weakref
 from typing import Callable, Iterator
 
@@ -91,6 +92,8 @@ class Completions:
         self.automaton = automaton
         self.stacks = stacks
         self._fresh: dict[tuple[int, tuple[bytes, ...]], list[bytes]] = {}
+        # per captured terminal: its strings listed so far, shortest first, and the search that lists more
+        self._listed: dict[int, tuple[list[bytes], Iterator[bytes]]] = {}
         self._rests: dict[tuple[int, bytes, tuple[bytes, ...]], bytes | None] = {}
         self._terminal_dfas = dict(automaton.terminals)
         self._terminal_starts = [first for first, _ in automaton.terminals]
@@ -110,9 +113,20 @@ class Completions:
         key = (frame.start, written)
         hit = self._fresh.get(key)
         if hit is None:
-            taken = set(written)
-            texts = (t for t in accepted_in_order(self._terminal_dfas[frame.capture], 0) if t not in taken)
-            hit = self._fresh[key] = [t for _, t in zip(range(frame.members.most_needed), texts)]
+            listed, more = self._listed.setdefault(
+                frame.capture, ([], accepted_in_order(self._terminal_dfas[frame.capture], 0)))
+            taken, hit = set(written), []
+            for i in itertools.count():
+                if len(hit) == frame.members.most_needed:
+                    break
+                if i == len(listed):
+                    text = next(more, None)
+                    if text is None:
+                        break
+                    listed.append(text)
+                if listed[i] not in taken:
+                    hit.append(listed[i])
+            self._fresh[key] = hit
         return hit
 
     def _captured_rest(self, state: int, stack: int) -> bytes | None:

@@ -34,6 +34,9 @@ class BudgetExceeded(Exception):
 _DFA_UIDS = itertools.count()
 
 
+COUNT_CAP = 1 << 40  # string counts of an automaton stop here (DFA.counts): more than any object or array holds
+
+
 @dataclass(eq=False)
 class DFA:
     """A deterministic automaton over bytes (plus optional call edges); start state 0."""
@@ -76,50 +79,46 @@ class DFA:
 
     @property
     def finite(self) -> np.ndarray:
-        """Per state, whether it accepts finitely many strings from there (cached): no cycle is reachable.
-        Kahn's peeling over distinct successors, from the states with none."""
-        cached = self.__dict__.get("_finite")
+        """Per state, whether it accepts finitely many strings from there: no cycle is reachable (cached)."""
+        return self._counted()[0]
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Per state, how many strings it accepts from there, clipped to COUNT_CAP (infinitely many: COUNT_CAP)."""
+        return self._counted()[1]
+
+    def size(self, limit: int) -> int | None:
+        """How many strings it accepts, None when more than `limit` (or infinitely many)."""
+        count = int(self.counts[0])
+        return count if self.finite[0] and count <= limit else None
+
+    def _counted(self) -> tuple[np.ndarray, np.ndarray]:
+        """(finite, counts), by Kahn's peeling over distinct successors from the states with none: a state is
+        counted once all its successors are (cached)."""
+        cached = self.__dict__.get("_counted_states")
         if cached is None:
+            n = self.num_states
             src, byte = np.nonzero(self.trans >= 0)
-            pairs = np.unique(src.astype(np.int64) * self.num_states + self.trans[src, byte])
-            src_of, dst_of = np.divmod(pairs, self.num_states)
-            left = np.bincount(src_of, minlength=self.num_states)      # successors not yet known finite
+            pairs = np.unique(src.astype(np.int64) * n + self.trans[src, byte])
+            src_of, dst_of = np.divmod(pairs, n)
+            left = np.bincount(src_of, minlength=n)      # successors not counted yet
             order = np.argsort(dst_of, kind="stable")
-            starts = np.searchsorted(dst_of[order], np.arange(self.num_states + 1))
+            starts = np.searchsorted(dst_of[order], np.arange(n + 1))
             preds = src_of[order]
-            cached = np.zeros(self.num_states, bool)
+            finite = np.zeros(n, bool)
+            counts = np.full(n, COUNT_CAP, np.int64)
             todo = np.flatnonzero(left == 0).tolist()
             while todo:
                 q = todo.pop()
-                cached[q] = True
+                row = self.trans[q]
+                finite[q] = True
+                counts[q] = min(int(self.accept[q]) + int(counts[row[row >= 0]].sum()), COUNT_CAP)
                 for p in preds[starts[q]:starts[q + 1]].tolist():
                     left[p] -= 1
                     if left[p] == 0:
                         todo.append(p)
-            self.__dict__["_finite"] = cached
+            cached = self.__dict__["_counted_states"] = (finite, counts)
         return cached
-
-    def size(self, limit: int) -> int | None:
-        """How many strings it accepts, None when more than `limit` (or infinitely many)."""
-        count = np.zeros(self.num_states, np.int64)
-        state_of = np.full(self.num_states, 0, np.int8)  # 0 unseen, 1 on the path, 2 counted
-        todo = [(0, iter(np.unique(self.trans[0][self.trans[0] >= 0]).tolist()))]
-        state_of[0] = 1
-        while todo:     # depth first on an explicit stack; a target reached again on the path is a cycle
-            q, targets = todo[-1]
-            r = next(targets, None)
-            if r is None:
-                todo.pop()
-                row = self.trans[q]
-                count[q] = min(int(self.accept[q]) + int(np.bincount(row[row >= 0], minlength=1).dot(
-                    count[:max(row.max() + 1, 1)])), limit + 1)
-                state_of[q] = 2
-            elif state_of[r] == 1:
-                return None
-            elif state_of[r] == 0:
-                state_of[r] = 1
-                todo.append((r, iter(np.unique(self.trans[r][self.trans[r] >= 0]).tolist())))
-        return int(count[0]) if count[0] <= limit else None
 
     def edge_table(self) -> np.ndarray:
         """Its transitions as int32 rows (state, lo byte, hi byte, target), one per maximal byte range

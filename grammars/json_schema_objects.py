@@ -6,8 +6,8 @@ rule's guarded edges keep each member to at most once, in schema order unless pr
 required ones, `dependentRequired` and `min/maxProperties` checked before it closes.  Every declared (or
 required) key is a member; keys not declared anywhere ("extras", allowed by
 `additionalProperties`/`patternProperties`) are split into classes by which `patternProperties` they match, so
-each class has one value schema.  Where extras count towards a minProperties of 2 or more, their keys are
-captured (`ir.Capture`): a repeated key would be one property, not two.
+each class has one value schema.  Where extras count towards a minProperties two or more above the required
+members, their keys are captured (`ir.Capture`): a repeated key would be one property, not two.
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ class _ObjectBuilder:
             key = string_terminal(self.ctx, name_parts, declared, tuple((r, at[r]) for r in chosen),
                                   tuple((r, at[r]) for r in regexes if r not in chosen
                                         and (not chosen or tuple(sorted((*chosen, r), key=regexes.index))
-                                             in overlapping)), whole=self.min_props >= 2)
+                                             in overlapping)), whole=self._repeats_count())
             classes.append((key, value_expr))
-        if self.min_props >= 2 and classes:
+        if self._repeats_count() and classes:
             pointer = next((p.at("minProperties") for p in self.parts if p.has("minProperties")), self.pointer)
             if len(classes) > 1:
                 raise UnsupportedSchemaError("minProperties counting keys of more than one patternProperties class "
@@ -146,6 +146,12 @@ class _ObjectBuilder:
             key, self.max_extras = distinct_strings(self.ctx, classes[0][0], "the keys of minProperties", pointer)
             classes = [(key, classes[0][1])]
         return choice([seq(key, self.ctx.punct.colon, value) for key, value in classes])
+
+    def _repeats_count(self) -> bool:
+        """Whether a repeated extra key could pass for two properties where the instance needs them: with r required
+        members an object holding any extra has at least r + 1 distinct keys, so only minProperties >= r + 2 can
+        count a repeat."""
+        return self.min_props - len(self.required) >= 2
 
     def _overlapping(self, regexes: list[str], regex_of: dict[str, PatternRegexes]) -> list[tuple[str, ...]]:
         """The sets of patterns (in `regexes` order) that some key matches all of, the empty set first.  Level

@@ -25,6 +25,7 @@ from .vocab import Vocabulary, as_vocabulary
 
 State = tuple  # of sorted, distinct (automaton state, stack id)
 _MASK_CACHE_LIMIT = 1 << 14
+_IDS_CACHE_LIMIT = 1 << 8  # id lists take up to 8 bytes a token (800 KB on cl100k), masks 1 bit
 
 
 class CompiledGrammar:
@@ -93,12 +94,10 @@ class CompiledGrammar:
         trans, first, stacks = self.automaton.trans, self.automaton.first_terminal, self.stacks
         for b in data:
             ready, _ = self.closure(state)   # only terminal states are ready: they alone consume bytes
-            if stacks.captures:
-                byte = bytes((b,))
-                state = tuple(sorted({(int(trans[g - first, b]), stacks.extend(s, byte))
-                                      for g, s in ready if trans[g - first, b] >= 0}))
-            else:
-                state = tuple(sorted({(int(trans[g - first, b]), s) for g, s in ready if trans[g - first, b] >= 0}))
+            moved = {(int(trans[g - first, b]), s) for g, s in ready if trans[g - first, b] >= 0}
+            if stacks.captures:     # a captured text records the byte
+                moved = {(g, stacks.extend(s, bytes((b,)))) for g, s in moved}
+            state = tuple(sorted(moved))
             if not state:
                 return None
         return state
@@ -169,14 +168,15 @@ class CompiledGrammar:
         bits = self._mask_cache.get(state)
         if bits is None:
             bits = np.zeros(self.vocabulary.mask_words, np.uint32)
+            mark = len(self.stacks.parent)
             for g, s in state:
                 self.masks.add_mask(bits, g, s, self.stacks)
+            self.stacks.release(mark)     # before closure(), whose cached answer keeps the stacks it makes
             if self.closure(state)[1]:
                 for eos in self.vocabulary.eos_ids:
                     bits[eos >> 5] |= np.uint32(1 << (eos & 31))
             if len(self._mask_cache) >= _MASK_CACHE_LIMIT:
                 self._mask_cache.clear()
-                self._ids_cache.clear()
             self._mask_cache[state] = bits
         return bits
 
@@ -185,6 +185,8 @@ class CompiledGrammar:
         ids = self._ids_cache.get(state)
         if ids is None:
             bits = np.unpackbits(self.mask(state).view(np.uint8), bitorder="little")
+            if len(self._ids_cache) >= _IDS_CACHE_LIMIT:
+                self._ids_cache.clear()
             ids = self._ids_cache[state] = np.flatnonzero(bits[: self.vocabulary.size])
             ids.flags.writeable = False
         return ids

@@ -70,6 +70,13 @@ class StackArena:
             return callee, stack
         return callee, self._id(stack, ret, None)
 
+    def release(self, mark: int) -> None:
+        """Forget the stacks made since there were `mark` of them: a mask walk makes stacks for what tokens would
+        write (a captured text ended inside a token), which no parser state holds afterwards."""
+        for sid in range(mark, len(self.parent)):
+            del self._ids[(self.parent[sid], self.ret[sid], self.tag[sid])]
+        del self.parent[mark:], self.ret[mark:], self.tag[mark:]
+
     def extend(self, stack: int, data: bytes) -> int:
         """The stack once `data` is written: the same, unless its top frame records a captured text."""
         text = self.tag[stack]

@@ -309,7 +309,7 @@ class TokenMasks:
         t, text = self.vocabulary.trie, stacks.tag[s]
         written = [w[len(text):] for w in stacks.written(s) if w.startswith(text)]
         first, dfa = self.terminal_of(g)
-        cuts = written + _dead_ends(dfa, g - first, text, written)
+        cuts = written + _dead_ends(dfa, g - first, written)
         for node in nodes.tolist():
             one = np.array([node], np.int32)
             found = self.walk(g, one, one.tobytes())
@@ -359,12 +359,12 @@ class TokenMasks:
         return self.vocabulary.token_bytes[t.tok_ids[t.tok_ptr[node]]][:t.depth[node]]
 
 
-def _dead_ends(dfa: DFA, state: int, text: bytes, rests: list[bytes]) -> list[bytes]:
-    """The shortest continuations of `text` (in `dfa`, from `state`), each short of one of `rests` (the ends of
-    the texts written that start with `text`), after which every completion is one of them: where the strings
-    left are few."""
-    finite = dfa.finite & dfa.has_out
-    if not finite.any():    # from every state but the ends, infinitely many strings are left
+def _dead_ends(dfa: DFA, state: int, rests: list[bytes]) -> list[bytes]:
+    """The shortest continuations (in `dfa`, from `state`), each short of one of `rests` (the ends of the texts
+    written, sorted), after which every completion is one of them: where as many strings are left as were
+    written (every written text is one of the terminal's strings, so the counts tell)."""
+    finite, counts = dfa.finite, dfa.counts
+    if not (finite & dfa.has_out).any():    # from every state but the ends, infinitely many strings are left
         return []
     cuts = []
     for rest in rests:
@@ -373,39 +373,10 @@ def _dead_ends(dfa: DFA, state: int, text: bytes, rests: list[bytes]) -> list[by
             q = int(dfa.trans[q, rest[i]])
             if q < 0:
                 break
-            if finite[q] and _all_written(dfa, q, rest[:i + 1], rests):
-                cuts.append(rest[:i + 1])
-                break
+            if finite[q] and counts[q] <= len(rests):
+                done = rest[:i + 1]     # texts starting with it: a run of the sorted rests (UTF-8 never holds 0xff)
+                if counts[q] <= bisect.bisect_left(rests, done + b"\xff") - bisect.bisect_left(rests, done):
+                    cuts.append(done)
+                    break
     return cuts
 
-
-def _all_written(dfa: DFA, state: int, done: bytes, written: list[bytes]) -> bool:
-    """Whether every string `dfa` accepts from `state` completes `done` into a text of `written`."""
-    rests = {w[len(done):] for w in written if w.startswith(done)}
-    found = _strings(dfa, state, len(rests))
-    return found is not None and all(r in rests for r in found)
-
-
-def _strings(dfa: DFA, state: int, limit: int) -> list[bytes] | None:
-    """The strings `dfa` accepts from `state`; None when they are more than `limit`, or infinitely many."""
-    found = [b""] if dfa.accept[state] else []
-    path, todo = {state}, [(state, b"", iter(np.flatnonzero(dfa.trans[state] >= 0).tolist()))]
-    while todo:     # depth first, on an explicit stack: a long length bound is a long path
-        q, prefix, out = todo[-1]
-        byte = next(out, None)
-        if byte is None:
-            todo.pop()
-            path.discard(q)
-            continue
-        r = int(dfa.trans[q, byte])
-        if r in path:
-            return None     # a cycle: infinitely many
-        text = prefix + bytes((byte,))
-        if dfa.accept[r]:
-            found.append(text)
-            if len(found) > limit:
-                return None
-        if dfa.has_out[r]:
-            path.add(r)
-            todo.append((r, text, iter(np.flatnonzero(dfa.trans[r] >= 0).tolist())))
-    return found
