@@ -19,8 +19,9 @@ a frame where the text it writes is recorded.
 
 from __future__ import annotations
 
+import bisect
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -110,10 +111,23 @@ class Automaton:
     call_guard: np.ndarray | None = None  # int32, per call edge: index into `guards`, -1 for none
     guards: tuple[tuple[int, int, int], ...] = ()  # (frame, object_members kind, member)
     frames: tuple[ObjectFrame, ...] = ()
+    # the first states of `terminals`, a tuple: once it survives a collection the collector stops walking it
+    _terminal_starts: tuple[int, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._terminal_starts = tuple(first for first, _ in self.terminals)
 
     @property
     def num_states(self) -> int:
         return len(self.accept)
+
+    def terminal_of(self, state: int) -> tuple[int, DFA] | None:
+        """(first global state, DFA) of the terminal rule holding `state`, None for a structural state."""
+        k = bisect.bisect_right(self._terminal_starts, state) - 1
+        if k < 0:
+            return None
+        first, dfa = self.terminals[k]
+        return (first, dfa) if state - first < dfa.num_states else None
 
     def byte_row(self, state: int) -> np.ndarray:
         """The byte transitions of a terminal state (int32 [256], global targets, -1: none)."""
@@ -414,6 +428,16 @@ class _Compiler:
 
     def terminal_label(self, expr: ir.Expr) -> str:
         """The pseudo-rule name under which a terminal is called (one per distinct DFA)."""
+        return self._label(self._terminal_dfa(expr), expr, self._labels, "terminal")
+
+    def capture_label(self, expr: ir.Capture) -> str:
+        """The pseudo-rule name of a captured terminal: a copy of the terminal's DFA, under a label of its own, so
+        that only the calls into the copy record their text."""
+        if not _is_terminal(expr.item):
+            raise GrammarError(f"only a terminal can be captured, not {expr.item!r}")
+        return self._label(self._terminal_dfa(expr.item), expr.item, self.capture_labels, "capture")
+
+    def _terminal_dfa(self, expr: ir.Expr) -> DFA:
         # the grammar's own memo first: past MEMO_SIZE terminals the shared one would hand an expression back
         # as a new DFA object, and so a second label, counted twice against the budget
         dfa = self._dfas.get(expr)
@@ -426,10 +450,16 @@ class _Compiler:
                 raise
             what, pointer = origin
             raise UnsupportedSchemaError(f"{what} cannot be enforced exactly within {exc.budget}", pointer) from None
-        label = self._labels.get(dfa)
+        return dfa
+
+    def _label(self, dfa: DFA, expr: ir.Expr, labels: dict[DFA, str], kind: str) -> str:
+        """The label of `dfa` in `labels` (the plain terminals, or the captured copies), made on first use: its
+        states join the global table and count against the grammar's terminal budget."""
+        label = labels.get(dfa)
         if label is None:
             self._terminal_states += dfa.num_states
-            self._terminal_work += max(dfa.built_states, dfa.num_states)
+            if dfa not in self._labels and dfa not in self.capture_labels:   # built once, whatever its copies
+                self._terminal_work += max(dfa.built_states, dfa.num_states)
             if self._terminal_states > MAX_TERMINAL_STATES or self._terminal_work > MAX_TERMINAL_WORK:
                 origin = _origin(expr)
                 message = (f"the grammar's terminals need more than {MAX_TERMINAL_STATES} automaton states together"
@@ -438,19 +468,7 @@ class _Compiler:
                 if origin is None:
                     raise GrammarError(message)
                 raise UnsupportedSchemaError(f"{message} (the last: {origin[0]})", origin[1])
-            label = self._labels[dfa] = f"<terminal {len(self._labels)}>"
-            self.terminal_rules[label] = dfa
-        return label
-
-    def capture_label(self, expr: ir.Capture) -> str:
-        """The pseudo-rule name of a captured terminal: a copy of the terminal's DFA, under a label of its own, so
-        that only the calls into the copy record their text."""
-        if not _is_terminal(expr.item):
-            raise GrammarError(f"only a terminal can be captured, not {expr.item!r}")
-        dfa = self.terminal_rules[self.terminal_label(expr.item)]
-        label = self.capture_labels.get(dfa)
-        if label is None:
-            label = self.capture_labels[dfa] = f"<capture {len(self.capture_labels)}>"
+            label = labels[dfa] = f"<{kind} {len(labels)}>"
             self.terminal_rules[label] = dfa
         return label
 

@@ -15,7 +15,6 @@ completion inside such a key takes the shortest way to a text its object has not
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import weakref
@@ -95,8 +94,6 @@ class Completions:
         # per captured terminal: its strings listed so far, shortest first, and the search that lists more
         self._listed: dict[int, tuple[list[bytes], Iterator[bytes]]] = {}
         self._rests: dict[tuple[int, bytes, tuple[bytes, ...]], bytes | None] = {}
-        self._terminal_dfas = dict(automaton.terminals)
-        self._terminal_starts = [first for first, _ in automaton.terminals]
         self.distance = _distances(automaton, self.fresh_keys)
         self._stack_costs: dict[int, int] = {0: 0}
         # object members states -> (frame, where), start states -> frame, the cheapest plan per (frame, tag, where)
@@ -114,7 +111,7 @@ class Completions:
         hit = self._fresh.get(key)
         if hit is None:
             listed, more = self._listed.setdefault(
-                frame.capture, ([], accepted_in_order(self._terminal_dfas[frame.capture], 0)))
+                frame.capture, ([], accepted_in_order(self.automaton.terminal_of(frame.capture)[1], 0)))
             taken, hit = set(written), []
             for i in itertools.count():
                 if len(hit) == frame.members.most_needed:
@@ -134,7 +131,7 @@ class Completions:
         text, written = self.stacks.tag[stack], self.stacks.written(stack)
         key = (state, text, written)
         if key not in self._rests:
-            first, dfa = self.automaton.terminals[bisect.bisect_right(self._terminal_starts, state) - 1]
+            first, dfa = self.automaton.terminal_of(state)
             taken = set(written)
             self._rests[key] = next((rest for rest in accepted_in_order(dfa, state - first)
                                      if text + rest not in taken), None)

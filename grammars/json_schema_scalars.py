@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .automaton import terminal_for
-from .ir import Capture, Expr, Language, Lit, Ref, Seq, Choice, Terminal
+from .ir import Capture, Choice, Expr, Language, Lit, Ref, Seq, Terminal
 from .json_numbers import (DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most, common_multiple,
                            digit_cap, multiples_of)
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying

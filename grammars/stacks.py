@@ -86,9 +86,16 @@ class StackArena:
 
     def written(self, stack: int) -> tuple[bytes, ...]:
         """The captured texts of the object frame nearest the top of `stack`."""
-        while stack and type(self.tag[stack]) is not tuple:
-            stack = self.parent[stack]
-        return self.tag[stack][2] if stack else ()
+        frame = self._object_below(stack)[1]
+        return self.tag[frame][2] if frame else ()
+
+    def _object_below(self, frame: int) -> tuple[list[int], int]:
+        """(the frames from `frame` down to the nearest object frame, that frame or 0 where there is none)."""
+        chain = []
+        while frame and type(self.tag[frame]) is not tuple:
+            chain.append(frame)
+            frame = self.parent[frame]
+        return chain, frame
 
     def pop(self, stack: int, text: bytes | None = None) -> tuple[int, int] | None:
         """The configuration (return state, stack) after returning from the top frame; from a captured terminal,
@@ -98,10 +105,7 @@ class StackArena:
             text = self.tag[stack]
         if type(text) is not bytes:
             return self.ret[stack], self.parent[stack]
-        chain, frame = [], self.parent[stack]
-        while frame and type(self.tag[frame]) is not tuple:   # the frames between the capture and its object
-            chain.append(frame)
-            frame = self.parent[frame]
+        chain, frame = self._object_below(self.parent[stack])   # and the frames between the capture and it
         if not frame:   # no object around it (a completion of the terminal on its own)
             return self.ret[stack], self.parent[stack]
         seen, extras, written = self.tag[frame]

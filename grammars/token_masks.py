@@ -190,30 +190,22 @@ class TokenMasks:
         self.a = automaton
         self.vocabulary = vocabulary
         self._walks: dict[tuple[int, bytes], Walk] = {}
-        self._terminal_starts = tuple(first for first, _ in automaton.terminals)  # tuples: see StackArena
         self._shared = _SHARED_WALKS.setdefault(vocabulary, {})
         self._call_ptr = tuple(automaton.call_ptr.tolist())
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
         # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
-        starts = set(np.flatnonzero(automaton.framed == CAPTURE_FRAME).tolist())
-        captured = [dfa for first, dfa in automaton.terminals if first in starts] if starts else []
-        exact = any((dfa.finite & dfa.has_out).any() for dfa in captured)
-        self._follow_height = 0 if exact else 1 + min((int(terminal_distances(dfa)[0]) for dfa in captured), default=0)
-
-    def terminal_of(self, state: int) -> tuple[int, DFA] | None:
-        """(first global state, DFA) of the terminal rule holding `state`, None for a structural state."""
-        k = bisect.bisect_right(self._terminal_starts, state) - 1
-        if k < 0:
-            return None
-        first, dfa = self.a.terminals[k]
-        return (first, dfa) if state - first < dfa.num_states else None
+        captured = [automaton.terminal_of(int(first))[1] for first in np.flatnonzero(automaton.framed == CAPTURE_FRAME)]
+        # captured terminals whose strings can run out from some state on (then a prefix may be a dead end)
+        self._runs_out = {dfa.uid for dfa in captured if (dfa.finite & dfa.has_out).any()}
+        self._follow_height = 0 if self._runs_out else 1 + min((int(terminal_distances(dfa)[0]) for dfa in captured),
+                                                              default=0)
 
     def walk(self, state: int, nodes: np.ndarray, nodes_key: bytes) -> Walk:
         """Tokens below the trie `nodes` consumable from terminal state `state`, and pop points (cached)."""
         key = (state, nodes_key)
         hit = self._walks.get(key)
         if hit is None:
-            first, dfa = self.terminal_of(state)
+            first, dfa = self.a.terminal_of(state)
             hit = self._walks[key] = self._shared_walk(dfa, state - first, nodes, nodes_key)
         return hit
 
@@ -282,7 +274,7 @@ class TokenMasks:
             nexts = []
             if type(stacks.tag[s]) is bytes:
                 self._add_captured(bits, g, s, nodes, stacks)
-            elif self.terminal_of(g) is not None:
+            elif self.a.terminal_of(g) is not None:
                 found = self.walk(g, nodes, nodes_key)
                 add_walk(found, bits)
                 pops, pops_key = found[2], found[3]
@@ -308,14 +300,15 @@ class TokenMasks:
         written since differs per node)."""
         t, text = self.vocabulary.trie, stacks.tag[s]
         written = [w[len(text):] for w in stacks.written(s) if w.startswith(text)]
-        first, dfa = self.terminal_of(g)
-        cuts = written + _dead_ends(dfa, g - first, written)
+        first, dfa = self.a.terminal_of(g)
+        cuts = written + (_dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else [])
+        heights = _heights(self.vocabulary)
         for node in nodes.tolist():
             one = np.array([node], np.int32)
             found = self.walk(g, one, one.tobytes())
             own = np.zeros_like(bits)
             add_walk(found, own)
-            pops, heights = found[2], _heights(self.vocabulary)
+            pops = found[2]
             depth = int(t.depth[node])
             follow = []
             short = pops[(heights[pops] > 0) & (heights[pops] < self._follow_height)]
@@ -364,8 +357,6 @@ def _dead_ends(dfa: DFA, state: int, rests: list[bytes]) -> list[bytes]:
     written, sorted), after which every completion is one of them: where as many strings are left as were
     written (every written text is one of the terminal's strings, so the counts tell)."""
     finite, counts = dfa.finite, dfa.counts
-    if not (finite & dfa.has_out).any():    # from every state but the ends, infinitely many strings are left
-        return []
     cuts = []
     for rest in rests:
         q = state
