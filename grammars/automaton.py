@@ -29,7 +29,7 @@ import numpy as np
 from . import ir
 from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
-from .object_members import CLAIM, CLOSE, EXTRA, SEPARATOR, MemberSet
+from .object_members import CLAIM, CLOSE, EMPTY_TAG, EXTRA, FIRST, SEPARATOR, MemberSet
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
@@ -503,6 +503,12 @@ class _Compiler:
         calls = [((labels.open, _FIRST),), items, ((labels.separator, _NEXT), (labels.close, _END)), items, ()]
         return CallDFA([False, False, False, False, True], calls)
 
+    def member_set(self, name: str, live: int, productive: set[str]) -> MemberSet:
+        """The object rules of members rule `name`, where only the members in `live` (bits) and the extras
+        if their rule is in `productive` can be written."""
+        extras = self.members_rules[name].extras
+        return MemberSet(self.rules[name], live, all(label in productive for label in extras))
+
     def guards(self, name: str) -> dict[tuple[int, str], tuple[int, int]]:
         """(state, label) -> (object_members kind, member) for the guarded calls of a members rule."""
         labels = self.members_rules[name]
@@ -515,10 +521,11 @@ class _Compiler:
         return out
 
 
-def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[CallDFA, set[str]], bool]) -> set[str]:
+def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[str, set[str]], bool],
+               joined: Callable[[str], None] = lambda name: None) -> set[str]:
     """The least set holding `seed` and every rule for which `holds(rule, set)`, where `holds` only grows
     with the set: a rule is checked again only when one of the rules it calls joins (a chain of a thousand
-    rules is one pass, not a thousand)."""
+    rules is one pass, not a thousand); `joined` hears of each rule that joins."""
     callers: dict[object, set[str]] = {}
     for name, rule in rules.items():
         for calls in rule.calls:
@@ -528,16 +535,42 @@ def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[CallD
     todo = list(rules)
     while todo:
         name = todo.pop()
-        if name not in found and holds(rules[name], found):
+        if name not in found and holds(name, found):
             found.add(name)
+            joined(name)
             todo.extend(callers.get(name, ()))
     return found
 
 
+def _productive(rules: dict[str, CallDFA], terminals: set[str], compiler: _Compiler) -> set[str]:
+    """The rules and terminals that match some text; `terminals`: those matching something (terminal DFAs
+    are already trimmed).  A members rule matches where its object can be completed with the parts that do
+    (its call DFA alone would let a member whose value admits no text count towards `required` or `min`)."""
+    live = dict.fromkeys(compiler.members_rules, 0)  # per members rule: bits of its members found to match
+    owners: dict[str, list[tuple[str, int]]] = {}
+    for name, labels in compiler.members_rules.items():
+        for k, label in enumerate(labels.members):
+            owners.setdefault(label, []).append((name, 1 << k))
+
+    def joined(label: str) -> None:
+        for name, bit in owners.get(label, ()):
+            live[name] |= bit
+
+    def ends(name: str, found: set[str]) -> bool:
+        if name not in live:
+            return _ends(rules[name], found)
+        # the required members first: cheap, and an object of a thousand is asked a thousand times
+        if any(not live[name] >> k & 1 for k in compiler.rules[name].required):
+            return False
+        return compiler.member_set(name, live[name], found).feasible(EMPTY_TAG, FIRST) and _ends(rules[name], found)
+
+    for label in terminals:
+        joined(label)
+    return _least_set(rules, terminals, ends, joined)
+
+
 def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[str, CallDFA]:
-    """Drop the calls that cannot lead to the end of their rule; `productive`: terminals matching
-    something (terminal DFAs are already trimmed)."""
-    productive = _least_set(rules, productive, _ends)
+    """Drop the calls that cannot lead to the end of their rule (`productive`: see `_productive`)."""
     if start not in productive:
         raise EmptyLanguageError("the grammar matches no string at all")
     out = {}
@@ -568,7 +601,7 @@ def _live(rule: CallDFA, productive: set[str]) -> list[bool]:
 
 def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str]) -> None:
     """Refuse rules that can call themselves before consuming a byte."""
-    nullable = _least_set(rules, nullable_terminals, _ends)
+    nullable = _least_set(rules, nullable_terminals, lambda name, found: _ends(rules[name], found))
     first_calls = {}
     for name, rule in rules.items():
         seen, todo, callees = {0}, [0], set()
@@ -612,7 +645,10 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     except RecursionError:
         raise GrammarError("grammar nested too deeply to compile") from None
     terminals = compiler.terminal_rules
-    rules = _trim(rules, {lab for lab, dfa in terminals.items() if dfa.accept.any()}, grammar.start)
+    productive = _productive(rules, {lab for lab, dfa in terminals.items() if dfa.accept.any()}, compiler)
+    rules = _trim(rules, productive, grammar.start)
+    live = {name: sum(1 << k for k, label in enumerate(labels.members) if label in productive)
+            for name, labels in compiler.members_rules.items()}
     _check_left_recursion(rules, {lab for lab, dfa in terminals.items() if dfa.accept[0]})
     # structural states first (they consume no bytes), then each terminal DFA
     offsets, total = {}, 0
@@ -634,7 +670,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         guarded = {}
         if name in compiler.members_rules:
             guarded = compiler.guards(name)
-            frames.append(_object_frame(compiler, name, offsets))
+            frames.append(_object_frame(compiler, name, offsets, compiler.member_set(name, live[name], productive)))
             framed[offsets[name]] = MEMBERS_FRAME
         for state, calls in enumerate(rule.calls):
             for lab, t in calls:
@@ -684,7 +720,7 @@ def _terminal_table(first: int, tables: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int]) -> ObjectFrame:
+def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int], members: MemberSet) -> ObjectFrame:
     labels = compiler.members_rules[name]
     body = compiler.rules[name]
     captures = compiler.leading_captures(body.extra) if body.extra is not None else set()
@@ -692,7 +728,7 @@ def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int]) -> Ob
         raise GrammarError(f"the extras of members rule {name!r} begin with {len(captures)} captured terminals, "
                            "not one")
     first = offsets[name]
-    return ObjectFrame(MemberSet(compiler.rules[name]), first + _START, first + _FIRST, first + _AFTER,
+    return ObjectFrame(members, first + _START, first + _FIRST, first + _AFTER,
                        first + _NEXT, open=offsets[labels.open], items=tuple(offsets[m] for m in labels.members),
                        separator=offsets[labels.separator], close=offsets[labels.close],
                        extra=offsets[labels.extras[0]] if labels.extras else -1,

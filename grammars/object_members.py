@@ -36,14 +36,17 @@ def _bits(indices) -> int:
 class MemberSet:
     """The rules of one `ir.Members` object over tags."""
 
-    def __init__(self, spec: ir.Members):
+    def __init__(self, spec: ir.Members, live: int | None = None, extra_live: bool = True):
+        """`live`: bits of the members that can be written at all (default all); `extra_live`: whether an extra
+        can (a member whose value admits no text, known only once the automaton is built, must not count
+        towards `min` or `required`)."""
         self.size = len(spec.members)
-        self.all = (1 << self.size) - 1
+        self.all = (1 << self.size) - 1 if live is None else live
         self.required = _bits(spec.required)
         self.needs = {t: _bits(d) for t, d in spec.dependents}
         self.triggers = _bits(self.needs)
         self.optional_triggers = [t for t in self.needs if not self.required >> t & 1]
-        self.extra = spec.extra is not None
+        self.extra = spec.extra is not None and extra_live
         self.ordered = spec.ordered
         self.min, self.max = spec.min, spec.max
         self.max_extras = spec.max_extras

@@ -803,6 +803,35 @@ def test_unsatisfiable_schema_names_the_reason():
         json_schema_to_grammar({"type": "string", "minLength": 5, "maxLength": 2})
 
 
+_NO_TEXT = {"type": "string", "maxLength": 0, "pattern": "^x$"}   # empty only once the automaton is built
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "minProperties": 2, "properties": {"a": _NO_TEXT, "b": {}}, "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "object", "properties": {"x": _NO_TEXT}, "required": ["x"]}},
+     "minProperties": 1, "additionalProperties": False},
+    {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}},
+     "$ref": "#/$defs/n"},
+], ids=["min-properties", "required-in-member", "required-recursion"])
+def test_objects_needing_a_member_that_admits_no_text_are_unsatisfiable(schema):
+    with pytest.raises(SchemaError, match="unsatisfiable"):
+        compile_json_schema(schema, byte_level_bpe())
+
+
+def test_a_member_that_admits_no_text_does_not_count_towards_min_properties():
+    """Its key must never be offered, and the object must still be completed by the others (a member counted
+    as available left `{"b":0,` with no way on)."""
+    tok = byte_level_bpe()
+    schema = {"type": "object", "minProperties": 2, "properties": {"a": _NO_TEXT, "b": {}, "c": {"type": "integer"}},
+              "additionalProperties": False}
+    grammar = compile_json_schema(schema, tok, whitespace="compact")
+    assert accepts(grammar, tok, '{"b":0,"c":1}')
+    assert grammar.step(grammar.initial, b'{"b":0,"a"') is None
+    assert grammar.completion(grammar.step(grammar.initial, b'{"b":0')) == b',"c":0}'
+    assert accepts(compile_json_schema({"anyOf": [{"properties": {"a": _NO_TEXT}, "required": ["a"]}, {}]}, tok), tok,
+                   '"x"')
+
+
 # ---- limits ---------------------------------------------------------------------------------------
 
 def nest(levels: int, wrap, leaf=None):
