@@ -759,50 +759,49 @@ def _sparse_product(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def _product_pairs(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
-    """Breadth-first numbering of the state pairs reachable in a product; pair (x, y) sits at
-    index[x * (nb + 1) + y + 1] (y = -1: b is dead, a difference goes on in a alone).  Returns the
-    pair count, or -1 past max_states."""
+    """Breadth-first numbering of the state pairs reachable in a product, their transition rows filled on the
+    way; pair (x, y) sits at index[x * (nb + 1) + y + 1] (y = -1: b is dead, a difference goes on in a alone).
+    Returns (trans, qa, qb, n): pair i is (qa[i], qb[i]), n = -1 past max_states."""
     nb1 = tb.shape[0] + 1
     index = np.full(ta.shape[0] * nb1, -1, np.int32)
-    cap = min(ta.shape[0] * nb1, max_states + 1)
+    cap = min(ta.shape[0] * nb1, max_states + 1, 1 << 16)   # rows grow past this (pages are only touched when written)
     qa = np.empty(cap, np.int32)
     qb = np.empty(cap, np.int32)
+    trans = np.empty((cap, 256), np.int32)
     index[1] = 0
     qa[0] = 0
     qb[0] = 0
     n, i = 1, 0
     while i < n:
         sa, sb = qa[i], qb[i]
-        i += 1
         for c in range(256):
             x = ta[sa, c]
-            if x < 0:
-                continue
             y = tb[sb, c] if sb >= 0 else -1
-            if keep_b and y < 0:
+            if x < 0 or (keep_b and y < 0):
+                trans[i, c] = -1
                 continue
             k = x * nb1 + y + 1
-            if index[k] < 0:
+            j = index[k]
+            if j < 0:
                 if n >= max_states:
-                    return index, qa, qb, -1
-                index[k] = n
+                    return trans, qa, qb, -1
+                qa, qb, trans = _grown(qa, n + 1), _grown(qb, n + 1), _grown(trans, n + 1)
+                j = n
+                index[k] = j
                 qa[n] = x
                 qb[n] = y
                 n += 1
-    return index, qa, qb, n
+            trans[i, c] = j
+        i += 1
+    return trans, qa, qb, n
 
 
 def _dense_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The product's transition rows and each state's pair (qa[i], qb[i]), through `_product_pairs`' flat index."""
-    index, qa, qb, n = _product_pairs(a.trans, b.trans, keep_b, max_states)
+    trans, qa, qb, n = _product_pairs(a.trans, b.trans, keep_b, max_states)
     if n < 0:
         raise BudgetExceeded(max_states, "automaton states")
-    qa, qb = qa[:n], qb[:n]
-    tb = np.concatenate([b.trans, np.full((1, 256), -1, np.int32)])  # row -1: b is dead
-    x, y = a.trans[qa], tb[qb]
-    live = (x >= 0) & (y >= 0) if keep_b else x >= 0
-    codes = np.where(live, x.astype(np.int64) * (b.num_states + 1) + y + 1, 0)
-    return np.where(live, index[codes], -1).astype(np.int32), qa, qb
+    return trans[:n], qa[:n], qb[:n]   # a view: the rows past n were never written, so they hold no memory
 
 
 def load_kernels(sample: DFA) -> None:

@@ -16,8 +16,8 @@ from .json_numbers import (DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, a
                            digit_cap, multiples_of)
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
-from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, capped_length, chars_regex, format_pattern, pattern_regexes,
-                           regex_escape, string_regex)
+from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, Length, capped_length, chars_regex, format_pattern,
+                           pattern_regexes, regex_escape, string_regex)
 from .regex import MAX_DFA_STATES
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
@@ -198,6 +198,8 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         # the length count alone outgrows one terminal's budget: say so now, not after building most of it
         raise UnsupportedSchemaError(f"{origin[0]} cannot be enforced exactly within {MAX_DFA_STATES} automaton "
                                      "states", origin[1])
+    if also:   # the pattern's automaton against the length's, laid out directly (json_strings.Length)
+        return Terminal(also[0], also[1:] + (Length(lo, hi),), exclude, origin)
     return Terminal(string_regex(lo, hi), also, exclude, origin)
 
 

@@ -14,13 +14,13 @@ import pytest
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars import json_schema_scalars
 from leapgen.grammars.automaton import compile_automaton
-from leapgen.grammars.fsm import MEMO_SIZE
+from leapgen.grammars.fsm import MEMO_SIZE, product
 from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
-from leapgen.grammars.json_strings import FORMATS, format_regex, pattern_regex, string_regex
-from leapgen.grammars.regex import dfa_fullmatch
+from leapgen.grammars.json_strings import FORMATS, format_regex, length_dfa, pattern_regex, string_regex
+from leapgen.grammars.regex import dfa_fullmatch, regex_dfa
 from tokenizers_util import accepts, byte_level_bpe
 
 
@@ -186,6 +186,17 @@ def test_string_length_counts_decoded_characters_with_canonical_escapes():
         assert rx.fullmatch(json.dumps(s, ensure_ascii=False)), s
     for text in ['"a"', '"abcd"', r'"\u0041b"', r'"a\/"', r'"\u000a"']:  # too short/long or not canonical
         assert not rx.fullmatch(text), text
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 0), (0, 1), (2, 5), (5, 40), (0, None), (3, None)])
+def test_length_automaton_laid_out_directly_is_the_regex_s(lo, hi):
+    """json_strings.Length builds the automaton of string_regex(lo, hi) without the regex compiler: the same
+    language (neither minus the other accepts anything), and where bounded the same minimal automaton."""
+    direct, compiled = length_dfa(lo, hi), regex_dfa(string_regex(lo, hi))
+    assert not product(direct, compiled, False, 10**5).accept.any()
+    assert not product(compiled, direct, False, 10**5).accept.any()
+    if hi is not None:
+        assert direct.num_states == compiled.num_states
 
 
 def test_formats_only_admit_what_jsonschema_accepts():
