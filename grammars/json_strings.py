@@ -253,8 +253,81 @@ class _Translator:
                 return inner + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
             return inner + (f"{{{lo}}}" if lo == hi else "?" if (lo, hi) == (0, 1) else f"{{{lo},{hi}}}")
         if op is _c.AT:
-            raise self.unsupported("an anchor not at the start or end")
+            raise self.unsupported("an anchor not at the start or end" if av in _STARTS + _ENDS else "a word boundary")
         raise self.unsupported(f"{str(op).lower()} (lookaround, back-reference or atomic group)")
+
+    def ended(self, nodes) -> tuple[str | None, str | None, bool]:
+        """For nodes holding `$` inside: (the regex of their matches that pass no `$`, the regex of those that
+        pass one, so that nothing may follow but empty matches, whether they match the empty text); None: no
+        such match.  `(a|$)b` is `ab`, and `$` there ends the text only if `b` could be empty, which it cannot;
+        `(x(/|$))*` ends with a last `x` where the text ends."""
+        cont: str | None = ""
+        fin: str | None = None
+        empty = True
+        for op, av in nodes:
+            x_cont, x_fin, x_empty = self._ended_node(op, av)
+            fin = _either(_joined(cont, x_fin), fin if x_empty else None)
+            cont = _joined(cont, x_cont)
+            empty = empty and x_empty
+        return cont, fin, empty
+
+    def _ended_node(self, op, av) -> tuple[str | None, str | None, bool]:
+        if not _has_end_anchor([(op, av)]):
+            return self.node(op, av), None, _matches_empty(op, av)
+        if op is _c.AT:
+            return None, "", True
+        if op is _c.SUBPATTERN:
+            if av[1] or av[2]:
+                raise self.unsupported("inline flags")
+            return self.ended(av[3])
+        if op is _c.BRANCH:
+            parts = [self.ended(branch) for branch in av[1]]
+            conts, fins = [c for c, _, _ in parts if c is not None], [f for _, f, _ in parts if f is not None]
+            return _union(conts), _union(fins), any(e for _, _, e in parts)
+        lo, hi, body = av   # a repeat: some iterations, then one passing `$`, then only empty ones
+        x_cont, x_fin, x_empty = self.ended(body)
+        cont = _repeated(x_cont, lo, hi) if x_cont is not None else ("" if lo == 0 else None)
+        fin = None
+        if x_fin is not None and hi != 0:
+            fewest = 0 if x_empty else max(lo - 1, 0)
+            before = _repeated(x_cont, fewest, hi if hi is _c.MAXREPEAT else hi - 1) if x_cont is not None else (
+                "" if fewest == 0 else None)
+            fin = _joined(before, x_fin)
+        return cont, fin, lo == 0 or x_empty
+
+
+def _has_end_anchor(nodes) -> bool:
+    for op, av in nodes:
+        if op is _c.AT and av in _ENDS:
+            return True
+        if op is _c.SUBPATTERN and _has_end_anchor(av[3]):
+            return True
+        if op is _c.BRANCH and any(_has_end_anchor(branch) for branch in av[1]):
+            return True
+        if op in (_c.MAX_REPEAT, _c.MIN_REPEAT) and _has_end_anchor(av[2]):
+            return True
+    return False
+
+
+def _joined(a: str | None, b: str | None) -> str | None:
+    return None if a is None or b is None else a + b
+
+
+def _either(a: str | None, b: str | None) -> str | None:
+    return _union([x for x in (a, b) if x is not None])
+
+
+def _union(regexes: list[str]) -> str | None:
+    if not regexes:
+        return None
+    return regexes[0] if len(regexes) == 1 else "(?:" + "|".join(regexes) + ")"
+
+
+def _repeated(regex: str, lo: int, hi) -> str:
+    inner = "(?:" + regex + ")"
+    if hi is _c.MAXREPEAT:
+        return inner + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
+    return inner + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
 
 
 _STARTS = (_c.AT_BEGINNING, _c.AT_BEGINNING_STRING)
@@ -363,6 +436,12 @@ def _search_regex(tr: _Translator, nodes: list) -> str:
     # words' lengths, where `X*aX*|X*bX*|X*cX*` tracks which words were seen, 2^words times as many states
     anchored: dict[tuple[bool, bool], list[str]] = {}
     for start, end, alternative in _alternatives(nodes):
+        if _has_end_anchor(alternative):
+            cont, fin, _ = tr.ended(alternative)
+            for regex, ends in ((cont, end), (fin, True)):
+                if regex is not None:
+                    anchored.setdefault((start, ends), []).append(regex)
+            continue
         if not end:
             alternative = _searched_end(alternative)
         if not start:

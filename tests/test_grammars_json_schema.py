@@ -129,7 +129,10 @@ def check(schema, valid=(), invalid=(), **options):
                                      # ends any text may follow or precede: optional parts and extra repetitions
                                      # there are dropped
                                      r"[a-z]+:(//x*)?(\?y*)?", r"(ab)?c+d", r"x(yz|w?)", r"(a|bc?)+", "c{2,4}",
-                                     r"^(ab)?c+d", r"(ab)?c+d$", r"(a?|b)x(1|2?)", r"((a|b)c?){2,3}"])
+                                     r"^(ab)?c+d", r"(ab)?c+d$", r"(a?|b)x(1|2?)", r"((a|b)c?){2,3}",
+                                     # `$` inside: what passes it may only be followed by empty matches
+                                     r"^(\/?((\.{2})|([a-z0-9\-]*))($|\/))*$", r"^([^,]+(,|$)){3,}$",
+                                     r"^$[a-z_]*$", r"a($|b)", r"(a|$)b", r"(ab|$)+", r"(a$)?b", r"x(y$|z)*1?"])
 def test_pattern_is_search_over_decoded_text(pattern):
     rng = random.Random(0)
     alphabet = list("abcxyz15-\"\\\n\t\x01 éüfor")
@@ -173,6 +176,8 @@ def test_pattern_properties_with_leading_lookaheads_key_their_class():
     ({"type": "string", "pattern": "^(?<=a)b"}, "/pattern"),                     # a lookbehind
     ({"type": "string", "not": {"pattern": "^(?!a)"}}, "/not/pattern"),          # its complement is a union
     ({"type": "object", "patternProperties": {"^(?!x)": {}}}, "/patternProperties/^(?!x)"),
+    ({"type": "string", "pattern": "a(^b|c)"}, "/pattern"),                      # `^` inside
+    ({"type": "string", "pattern": r"\bword"}, "/pattern"),                     # a word boundary
 ])
 def test_other_lookarounds_are_refused_with_their_pointer(schema, where):
     with pytest.raises(UnsupportedSchemaError) as info:
