@@ -3,6 +3,7 @@ minContains/maxContains, and uniqueItems where the items come from a few enumera
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from .errors import UnsupportedSchemaError
@@ -49,11 +50,11 @@ def build_array(ctx: SchemaContext, parts: list[Part]) -> Expr:
     if hi is not None:
         prefixes = prefixes[:hi]
     contains = _contains(parts)
-    if contains is not None:
-        match, least, most = contains
+    if contains:
         if unique:
-            raise UnsupportedSchemaError("contains cannot be enforced together with uniqueItems", match.pointer)
-        return _containing(ctx, prefixes, rest, lo, hi, match, least, most, pointer)
+            raise UnsupportedSchemaError("contains cannot be enforced together with uniqueItems",
+                                         contains[0][0].pointer)
+        return _containing(ctx, prefixes, rest, lo, hi, contains, pointer)
     if unique and (hi is None or hi > 1):
         if hi is None and ctx.options.max_items is not None:  # a few enumerated items: capping costs little
             hi = max(ctx.options.max_items, lo)
@@ -95,9 +96,13 @@ def sequence(ctx: SchemaContext, positions: list[Expr], tail_item: Expr, lo: int
     return choice(alternatives)
 
 
-def _contains(parts: list[Part]) -> tuple[Part, int, int | None] | None:
-    """The array's `contains` subschema, how many items must match it (minContains, default 1) and how many
-    may (maxContains, None: any); None when it constrains nothing (no contains, or minContains 0 alone)."""
+Contains = tuple[Part, int, "int | None"]   # the contains subschema, minContains (default 1), maxContains
+_MAX_CONTAINS = 3   # contains counted together on one array: each item is written in 2^k ways
+
+
+def _contains(parts: list[Part]) -> list[Contains]:
+    """Each `contains` that constrains the array: its subschema, how many items must match it (minContains,
+    default 1) and how many may (maxContains, None: any); none where minContains 0 stands alone."""
     found = []
     for p in parts:
         if p.has("contains"):
@@ -105,80 +110,106 @@ def _contains(parts: list[Part]) -> tuple[Part, int, int | None] | None:
             least = 1 if least is None else least
             if least or most is not None:
                 found.append((p.sub(p.get("contains"), "contains"), least, most))
-    if len(found) > 1:
-        raise UnsupportedSchemaError("two contains on one array cannot be counted together", found[1][0].pointer)
-    return found[0] if found else None
+    if len(found) > _MAX_CONTAINS:
+        raise UnsupportedSchemaError(f"more than {_MAX_CONTAINS} contains on one array cannot be counted together",
+                                     found[_MAX_CONTAINS][0].pointer)
+    return found
 
 
 def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part], lo: int, hi: int | None,
-                match: Part, least: int, most: int | None, pointer: str) -> Expr:
-    """Arrays of lo..hi items of which at least `least` and at most `most` also match `match`.
+                contains: list[Contains], pointer: str) -> Expr:
+    """Arrays of lo..hi items of which, per contains, at least `least` and at most `most` also match it.
 
-    Without `most`, each item is written either as it is or as one that also matches (an item may be both:
-    the automaton keeps both readings); with it, as one that matches or one that does not (the compiler's
-    exact negation of `match`, refused where it has none).  Rules count the items (exactly up to the
-    prefixItems, minItems or maxItems that matter, then only as "enough") together with the matches (up to
-    `least`, or exactly up to `most`)."""
+    Each item is written in one way per choice, for every contains, of counting it as a match or not.  Without
+    `most` an item not counted may be anything (it may match as well: the automaton keeps both readings); with
+    it, it is one that does not match (the compiler's exact negation of the contains schema, refused where it
+    has none).  Rules count the items (exactly up to the prefixItems, minItems or maxItems that matter, then
+    only as "enough") together with each contains' matches (up to `least`, or exactly up to `most`)."""
     pu = ctx.punct
     n = len(prefixes)
     cap = hi if hi is not None else max(lo, n, 1)
-    top = least if most is None else most
-    if least > top:
-        return ctx.never(f"minContains {least} is above maxContains {most}", match.pointer)
-    if (cap + 1) * (top + 1) > _MAX_CONTAINS_RULES:
-        raise UnsupportedSchemaError(f"contains counting up to {top} matches over up to {cap} counted items would "
-                                     f"need more than {_MAX_CONTAINS_RULES} rules", match.pointer)
-    other = None
-    if most is not None:
-        other = match.derived({"not": match.schema}, "not contains")
+    tops = []
+    for match, least, most in contains:
+        if most is not None and least > most:
+            return ctx.never(f"minContains {least} is above maxContains {most}", match.pointer)
+        tops.append(least if most is None else most)
+    rules = cap + 1
+    for top in tops:
+        rules *= top + 1
+    if rules > _MAX_CONTAINS_RULES:
+        raise UnsupportedSchemaError(f"contains counting up to {' and '.join(map(str, tops))} matches over up to "
+                                     f"{cap} counted items would need more than {_MAX_CONTAINS_RULES} rules",
+                                     contains[0][0].pointer)
+    others = [None if most is None else match.derived({"not": match.schema}, "not contains")
+              for match, _, most in contains]
+    # per way of writing an item, which contains count it as a match; the first counts it for every one, so
+    # that an error of the item or a contains schema names that schema, not its negation
+    counting = sorted(itertools.product((0, 1), repeat=len(contains)), reverse=True)
     tail_needed = hi is None or cap > n
 
-    def variants(ps: list[Part], hint: str) -> tuple[Expr, Expr]:
-        """(an item that may or may not match / that does not match, an item that matches)."""
-        matching = ctx.nested([*ps, match])      # first: an error of the item or contains schema names itself
-        try:
-            either = ctx.nested(ps if other is None else [*ps, other])
-        except UnsupportedSchemaError as exc:
-            if other is None:
-                raise
-            raise UnsupportedSchemaError(f"maxContains needs the negation of contains, which cannot be enforced "
-                                         f"exactly: {exc}", match.pointer) from None
-        return (ctx.share(either, pointer + hint), ctx.share(matching, pointer + hint + "_match")) if hint else (
-            either, matching)
+    def ways(ps: list[Part], hint: str) -> list[Expr]:
+        """The item written in each way of `counting`."""
+        out = []
+        for counted in counting:
+            schemas = [match if c else other for (match, _, _), other, c in zip(contains, others, counted)
+                       if c or other is not None]
+            try:
+                item = ctx.nested([*ps, *schemas])
+            except UnsupportedSchemaError as exc:
+                if all(counted) or all(other is None for other in others):
+                    raise
+                raise UnsupportedSchemaError(f"maxContains needs the negation of contains, which cannot be "
+                                             f"enforced exactly: {exc}", contains[0][0].pointer) from None
+            name = "" if not any(counted) else "_match" + ("" if len(contains) == 1 else
+                                                           "".join(str(c) for c in counted))
+            out.append(ctx.share(item, pointer + hint + name) if hint else item)
+        return out
 
-    positions = [variants(ps, "") for ps in prefixes]
-    tail = variants(rest, "_item") if tail_needed else (NEVER, NEVER)
-    memo: dict[tuple[int, int], Expr] = {}
+    positions = [ways(ps, "") for ps in prefixes]
+    tail = ways(rest, "_item") if tail_needed else [NEVER] * len(counting)
+    none = len(counting) - 1   # the way that counts the item for no contains
+    leasts = [least for _, least, _ in contains]
+    memo: dict[tuple[int, tuple[int, ...]], Expr] = {}
 
-    def after(c: int, m: int) -> Expr:
-        """What may follow once c items (m of them matching) are out."""
-        if (c, m) in memo:
-            return memo[c, m]
+    def counted(items: list[Expr], ms: tuple[int, ...], c: int) -> list[Expr]:
+        """Each way the next item may be written with `ms` matches so far, then what may follow (c items out)."""
+        out = []
+        for way, adds in enumerate(counting):
+            if any(adds):
+                more = tuple(m + a for m, a in zip(ms, adds))
+                if all(m <= top for m, top in zip(more, tops)):
+                    out.append(seq(items[way], after(c, more)))
+        return out
+
+    def after(c: int, ms: tuple[int, ...]) -> Expr:
+        """What may follow once c items (ms[k] of them matching contains k) are out."""
+        if (c, ms) in memo:
+            return memo[c, ms]
+        enough = all(m >= least for m, least in zip(ms, leasts))
         if hi is None and c == cap:          # enough items counted: only the matches are
-            ends = [EMPTY] if m >= least else []
-            if m < top:
-                ends.append(seq(pu.comma, tail[1], after(c, m + 1)))
-            body = seq(repeat(seq(pu.comma, tail[0])), choice(ends))
+            ends = ([EMPTY] if enough else []) + [seq(pu.comma, alt) for alt in counted(tail, ms, c)]
+            body = seq(repeat(seq(pu.comma, tail[none])), choice(ends))
         else:
-            alts = [EMPTY] if c >= lo and m >= least else []
+            alts = [EMPTY] if c >= lo and enough else []
             if hi is None or c < hi:
-                either, matching = positions[c] if c < n else tail
-                alts.append(seq(pu.comma, either, after(c + 1, m)))
-                if m < top:
-                    alts.append(seq(pu.comma, matching, after(c + 1, m + 1)))
+                items = positions[c] if c < n else tail
+                alts.append(seq(pu.comma, items[none], after(c + 1, ms)))
+                alts += [seq(pu.comma, alt) for alt in counted(items, ms, c + 1)]
             body = choice(alts)
         body = ctx.share(body, f"{pointer}_contains")
-        memo[c, m] = body
+        memo[c, ms] = body
         return body
 
     first = positions[0] if n else tail
-    alternatives = [pu.arr_empty] if lo == 0 and least == 0 else []
+    zeros = (0,) * len(contains)
+    alternatives = [pu.arr_empty] if lo == 0 and not any(leasts) else []
     if hi != 0:
-        starts = [seq(first[0], after(1, 0))] + ([seq(first[1], after(1, 1))] if top > 0 else [])
+        starts = [seq(first[none], after(1, zeros))] + counted(first, zeros, 1)
         alternatives.append(seq(pu.arr_open, choice(starts), pu.arr_close))
     body = choice(alternatives)
     if body == NEVER:
-        return ctx.never(f"no array of {lo}..{hi} items has {least} matching contains", match.pointer)
+        wanted = " and ".join(str(least) for least in leasts)
+        return ctx.never(f"no array of {lo}..{hi} items has {wanted} matching contains", contains[0][0].pointer)
     return body
 
 

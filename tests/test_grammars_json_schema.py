@@ -436,6 +436,13 @@ def test_unique_items_over_many_values_claim_each_once_in_linear_states():
     {"contains": {"type": "string"}, "minContains": 0, "maxContains": 2, "minItems": 1},
     {"contains": {"enum": [0, None]}, "minContains": 2, "maxContains": 3, "maxItems": 3},
     {"contains": {"const": 0}, "minContains": 3, "maxContains": 2},
+    # several contains on one array, counted together; an item may count for more than one
+    {"allOf": [{"contains": {"const": 0}}, {"contains": {"const": 5}}]},
+    {"allOf": [{"contains": {"type": "integer"}}, {"contains": {"maximum": 0}}]},
+    {"allOf": [{"contains": {"type": "integer"}, "maxContains": 1}, {"contains": {"type": "string"}}]},
+    {"allOf": [{"contains": {"type": "null"}, "minContains": 2}, {"contains": {"const": 5}, "maxContains": 1},
+               {"contains": {"const": "a"}}], "maxItems": 4},
+    {"allOf": [{"not": {"items": {"type": "integer"}}}, {"not": {"items": {"type": ["string", "null"]}}}]},
 ])
 def test_contains_counts_matching_items_exactly(schema):
     values = [0, 5, "a", None]
