@@ -43,7 +43,7 @@ CUSTOM_FORMATS = {"uuid": st.uuids().map(str),
 # Keys that need escaping in JSON, and non-ASCII ones, next to plain names.
 NAMES = ["a", "b", "id", "name", "x y", "é", 'q"t', "tab\t"]
 PATTERNS = ["^[a-z]+$", "^[A-Z]{2}-[0-9]{3,}$", "ab", "^x", "z$", "[0-9]", "^(foo|bar)$", "^[a-f0-9]{2,6}$",
-            r"^\d{3}$", "^[^a-z]*$", r"^a\.b", "^$", "^(ab)*$", "q|^w", "^(a*b|c)$"]
+            r"^\d{3}$", "^[^a-z]*$", r"^a\.b", "^$", "^(ab)*$", "q|^w", "^(a*b|c)$", "^([a-z]+(,|$))+$", "x(y$|z)"]
 FORMATS = ["date", "email", "ipv4", "uuid"]
 SCALARS = [None, True, False, 0, 1, -7, 2.5, -0.125, 10 ** 12, "", "a", "b c", "é", 'q"', "\n", "null", "1"]
 CONSTS = SCALARS + [{"k": [1, "x"]}, [1, 2], {}, []]
@@ -184,6 +184,8 @@ def array_schemas(draw, inner: st.SearchStrategy) -> dict:
         most = draw(maybe(st.integers(0, 2).map(lambda extra: (least or 0) + extra), absent_weight=3))
         if most is not None:
             schema["maxContains"] = most
+        if draw(st.integers(0, 2)) == 0:   # a second one, counted together with the first
+            schema["allOf"] = [{"contains": draw(inner)}]
     return schema
 
 
