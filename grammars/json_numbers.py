@@ -26,6 +26,8 @@ INTEGER = r"-?(?:0|[1-9][0-9]*)"
 INTEGER_VALUE = INTEGER + r"(?:\.0+)?"
 NUMBER = INTEGER + r"(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 DECIMAL = INTEGER + r"(?:\.[0-9]+)?"
+#: Each number spelled one way: no exponent, no zeros ending a fraction, no -0; equal texts are then equal values.
+CANONICAL = r"(?:0|-?[1-9][0-9]*)(?:\.[0-9]*[1-9])?|-0\.[0-9]*[1-9]"
 
 
 def _alt(parts: list[str]) -> str:

@@ -11,7 +11,7 @@ from .ir import Expr, Members, Ref
 from .json_schema_context import (STRING_KEYS, VALIDATION, Branches, Part, SchemaContext, count_of, enum_values,
                                   expect, narrow_types, satisfying)
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
-from .json_schema_scalars import distinct_strings, string_terminal
+from .json_schema_scalars import distinct_texts, string_terminal
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
 # `contains` counts items and matches together: one rule per (items written, matches so far) pair.
@@ -224,13 +224,16 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
     values = _finite_values(ctx, rest)
     pu = ctx.punct
     if values is None or len(values) > _MAX_UNIQUE_VALUES:
-        strings = all(isinstance(v, str) for v in values) if values is not None else _only_strings(ctx, rest)
-        if not strings:
-            raise UnsupportedSchemaError(
-                "uniqueItems is enforced only on strings and enumerable items (enum, const, booleans, null)"
-                if values is None else f"uniqueItems is enforced only on strings and at most {_MAX_UNIQUE_VALUES} "
-                f"enumerable item values, not {len(values)}", pointer)
-        item, count = distinct_strings(ctx, _string_items(ctx, rest), "uniqueItems: the items", pointer)
+        if values is not None and not all(isinstance(v, str) for v in values):
+            raise UnsupportedSchemaError(f"uniqueItems is enforced only on strings, numbers and at most "
+                                         f"{_MAX_UNIQUE_VALUES} enumerable item values, not {len(values)}", pointer)
+        item = _distinct_items(ctx, rest) if values is None else ctx.nested(rest)
+        if item is None:
+            raise UnsupportedSchemaError("uniqueItems is enforced only on strings, numbers and enumerable items "
+                                         "(enum, const, booleans, null)", pointer)
+        if item == NEVER:
+            return pu.arr_empty if lo == 0 else ctx.never("no item satisfies the items schema", pointer)
+        item, count = distinct_texts(ctx, item, "uniqueItems: the items", pointer)
         hi = count if hi is None else (hi if count is None else min(hi, count))
         members = Members(pu.arr_open, (), pu.comma, pu.arr_close, extra=item, min=lo, max=hi, max_extras=count)
     else:
@@ -244,24 +247,21 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
     return choice(alternatives) if alternatives else ctx.never("no unique array fits the bounds", pointer)
 
 
-def _string_items(ctx: SchemaContext, parts: list[Part]) -> Expr:
-    """Items that are strings: one terminal where only string keywords constrain them (long length bounds
-    too, which elsewhere count in chunks), else as the compiler builds them."""
-    expanded = ctx.expand(parts)
-    plain = expanded is not None and all(not p.has(k) or k in STRING_KEYS or k == "type" or k not in VALIDATION
-                                         for p in expanded[0] for k in p.schema)
-    return string_terminal(ctx, expanded[0], [], whole=True) if plain else ctx.nested(parts)
-
-
-def _only_strings(ctx: SchemaContext, parts: list[Part]) -> bool:
-    """Whether the conjunction admits strings and nothing else."""
+def _distinct_items(ctx: SchemaContext, parts: list[Part]) -> Expr | None:
+    """Items whose texts can tell their values apart: strings (one terminal where only string keywords constrain
+    them, long length bounds too, which elsewhere count in chunks) or numbers, as the compiler builds them; None
+    for items of other or several types."""
     expanded = ctx.expand(parts)
     if expanded is None:
-        return False
+        return None
     branches = Branches()
     for p in expanded[0]:
         narrow_types(p, branches)
-    return branches.types == {"string"}
+    if branches.types == {"string"}:
+        plain = all(not p.has(k) or k in STRING_KEYS or k == "type" or k not in VALIDATION
+                    for p in expanded[0] for k in p.schema)
+        return string_terminal(ctx, expanded[0], [], whole=True) if plain else ctx.nested(parts)
+    return ctx.nested(parts) if branches.types == {"number"} else None
 
 
 def _finite_values(ctx: SchemaContext, parts: list[Part]) -> list[Any] | None:

@@ -19,7 +19,7 @@ from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values, expect
 from .json_schema_ir import NEVER, choice, json_text, seq
-from .json_schema_scalars import distinct_strings, string_terminal
+from .json_schema_scalars import distinct_texts, string_terminal
 from .json_strings import PatternRegexes, pattern_regexes
 from .object_members import EMPTY_TAG, FIRST, MemberSet
 from .regex import terminal_dfa
@@ -143,7 +143,7 @@ class _ObjectBuilder:
             if len(classes) > 1:
                 raise UnsupportedSchemaError("minProperties counting keys of more than one patternProperties class "
                                              "cannot tell repeated keys apart", pointer)
-            key, self.max_extras = distinct_strings(self.ctx, classes[0][0], "the keys of minProperties", pointer)
+            key, self.max_extras = distinct_texts(self.ctx, classes[0][0], "the keys of minProperties", pointer)
             classes = [(key, classes[0][1])]
         return choice([seq(key, self.ctx.punct.colon, value) for key, value in classes])
 

@@ -12,8 +12,8 @@ from typing import Any
 from .errors import SchemaError, UnsupportedSchemaError
 from .automaton import terminal_for
 from .ir import Capture, Choice, Expr, Language, Lit, Ref, Seq, Terminal
-from .json_numbers import (DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most, common_multiple,
-                           digit_cap, multiples_of)
+from .json_numbers import (CANONICAL, DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most,
+                           common_multiple, digit_cap, multiples_of)
 from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
 from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, Length, capped_length, chars_regex, format_pattern,
@@ -297,10 +297,12 @@ def _at_most(ctx: SchemaContext, n: int) -> Expr:
                    seq(repeat(_units(ctx, level), top, top), _at_most(ctx, n - top * _CHUNK ** level))])
 
 
-def distinct_strings(ctx: SchemaContext, expr: Expr, what: str, pointer: str) -> tuple[Capture, int | None]:
-    """The string terminal `expr` captured, so that the extras of an object (`what`: its keys) or the items of an
-    array never write the same string twice; and how many strings it has, where they can run out (None: more
-    than _MAX_COUNTED_TEXTS).  Refused where the strings are not one terminal (an anyOf of string schemas)."""
+def distinct_texts(ctx: SchemaContext, expr: Expr, what: str, pointer: str) -> tuple[Capture, int | None]:
+    """The string or number terminal `expr` captured, so that the extras of an object (`what`: its keys) or the
+    items of an array never write the same text twice; and how many texts it has, where they can run out (None:
+    more than _MAX_COUNTED_TEXTS).  Numbers are spelled canonically there (json_numbers.CANONICAL: `1` and `1.0`
+    are one value, so only `1` is written), which makes equal texts equal values, as they are for strings.
+    Refused where the texts are not one terminal (an anyOf of string schemas)."""
     seen = set()
     while isinstance(expr, (Ref, Seq, Choice)):
         if isinstance(expr, Ref):
@@ -314,6 +316,11 @@ def distinct_strings(ctx: SchemaContext, expr: Expr, what: str, pointer: str) ->
             break
     literals = isinstance(expr, Choice) and all(isinstance(item, Lit) for item in expr.items)
     if not (isinstance(expr, Terminal) or literals):
-        raise UnsupportedSchemaError(f"{what} must differ, and telling them apart needs them to be strings of one "
-                                     "terminal (not a choice of string schemas)", pointer)
+        raise UnsupportedSchemaError(f"{what} must differ, and telling them apart needs them to be strings or "
+                                     "numbers of one terminal (not a choice of schemas)", pointer)
+    if isinstance(expr, Terminal) and expr.pattern in _NUMBER_PATTERNS:
+        expr = Terminal(CANONICAL, (expr.pattern, *expr.also), expr.excluding, expr.origin)
     return Capture(expr), terminal_for(expr).size(_MAX_COUNTED_TEXTS)
+
+
+_NUMBER_PATTERNS = {INTEGER, INTEGER_VALUE, DECIMAL, NUMBER}   # what `number` writes numbers with

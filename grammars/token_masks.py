@@ -301,7 +301,11 @@ class TokenMasks:
         t, text = self.vocabulary.trie, stacks.tag[s]
         written = [w[len(text):] for w in stacks.written(s) if w.startswith(text)]
         first, dfa = self.a.terminal_of(g)
-        cuts = written + (_dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else [])
+        # a written text the terminal cannot go on from (a string, its quote closed) cuts every token that writes
+        # it; one it can (a number: 10 after 1) only cuts the readings that end the text there
+        ended = [w for w in written if not dfa.has_out[_state_after(dfa, g - first, w)]]
+        going_on = [w for w in written if dfa.has_out[_state_after(dfa, g - first, w)]]
+        cuts = ended + (_dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else [])
         heights = _heights(self.vocabulary)
         for node in nodes.tolist():
             one = np.array([node], np.int32)
@@ -312,6 +316,9 @@ class TokenMasks:
             depth = int(t.depth[node])
             follow = []
             short = pops[(heights[pops] > 0) & (heights[pops] < self._follow_height)]
+            if len(short) and going_on:
+                repeated = [self._descend(node, w) for w in going_on if len(w) <= int(heights[node])]
+                short = short[~np.isin(short, repeated)]
             if len(short):      # too little left to write another text: the texts of the object do not matter
                 follow.append((stacks.ret[s], stacks.parent[s], short, short.tobytes()))
             for pop in pops[heights[pops] >= max(self._follow_height, 1)].tolist():
@@ -350,6 +357,12 @@ class TokenMasks:
         """The bytes from the trie's root to `node`: the start of any token below it."""
         t = self.vocabulary.trie
         return self.vocabulary.token_bytes[t.tok_ids[t.tok_ptr[node]]][:t.depth[node]]
+
+
+def _state_after(dfa: DFA, state: int, data: bytes) -> int:
+    for byte in data:
+        state = int(dfa.trans[state, byte])
+    return state
 
 
 def _dead_ends(dfa: DFA, state: int, rests: list[bytes]) -> list[bytes]:

@@ -20,7 +20,7 @@ from leapgen.grammars.vocab import Vocabulary, build_trie
 from tokenizers_util import accepts, byte_level_bpe, cl100k
 
 _SPANNING = ['""', '"",""', '":0,"', '":', ',"', '"a"', 'a":0,"a"', '"a":0', '"b', 'ab', '"}', '"]', '","',
-             '"a","a"', '"","', '0,"']
+             '"a","a"', '"","', '0,"', '1,1', '1,2', ',1]', '10', '.5', '[1,', '0]']
 
 
 def small_vocabulary() -> Vocabulary:
@@ -75,7 +75,11 @@ def oracle_walk(grammar, schema, rng: random.Random, steps: int) -> str:
     {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 3},
     {"type": "array", "items": {"type": "string", "pattern": "^a*$"}, "uniqueItems": True, "minItems": 2},
     {"type": "array", "items": {"type": "string", "maxLength": 1, "pattern": "^[ab]*$"}, "uniqueItems": True},
-], ids=["min2", "min3-declared", "max3", "finite-keys", "unique-strings", "unique-pattern", "unique-finite"])
+    {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 2},
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "number", "multipleOf": 0.5, "not": {"const": 1}}, "uniqueItems": True},
+], ids=["min2", "min3-declared", "max3", "finite-keys", "unique-strings", "unique-pattern", "unique-finite",
+        "unique-integers", "unique-integer-range", "unique-numbers"])
 def test_masks_refuse_repeated_texts_exactly(schema):
     vocab = small_vocabulary()
     grammar = compile_json_schema(schema, vocab, whitespace="compact")

@@ -419,9 +419,13 @@ def test_unique_items_over_many_values_claim_each_once_in_linear_states():
     check({"items": {"enum": list(range(300))}, "uniqueItems": True, "maxItems": 0}, valid=[[]], invalid=[[1]])
     with pytest.raises(UnsupportedSchemaError, match="at most 256 enumerable item values, not 300"):
         json_schema_to_grammar({"items": {"enum": list(range(300))}, "uniqueItems": True})
-    with pytest.raises(UnsupportedSchemaError, match="only on strings and enumerable items") as error:
-        json_schema_to_grammar({"items": {"type": "integer"}, "uniqueItems": True})
+    with pytest.raises(UnsupportedSchemaError, match="only on strings, numbers and enumerable items") as error:
+        json_schema_to_grammar({"items": {"type": "object"}, "uniqueItems": True})
     assert error.value.pointer == "/uniqueItems"
+    # numbers are written canonically there (1, never 1.0 or 1e0), so equal texts are equal values
+    check({"items": {"type": "integer", "not": {"enum": [0]}}, "uniqueItems": True}, valid=[[1, 2], [-3, 3, 10]],
+          invalid=[[1, 1], [2, 1, 2], [0], [1, 1.0]])
+    check({"items": {"type": "number"}, "uniqueItems": True}, valid=[[1.5, 0.25, -0.25]], invalid=[[0.5, 0.5]])
     many = [f"s{i}" for i in range(300)]     # more strings than members can be: their texts are recorded instead
     check({"items": {"enum": many}, "uniqueItems": True, "minItems": 2}, valid=[["s0", "s299"]],
           invalid=[["s0", "s0"], ["s0"], ["s0", "t"]])
