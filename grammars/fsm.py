@@ -804,6 +804,62 @@ def _dense_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndar
     return trans[:n], qa[:n], qb[:n]   # a view: the rows past n were never written, so they hold no memory
 
 
+def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None, max_states: int) -> DFA:
+    """The minimal DFA of the strings of `a` and `b` along which `b` takes its transitions marked in `counts`
+    (bool [b states, 256]) between `lo` and `hi` times (None: no upper bound): the product unrolled over the
+    count, a copy per count reached (past `lo` an unbounded count stops mattering), only the pairs reachable."""
+    trans, qa, qb = _dense_pairs(a, b, True, max_states)
+    weight = counts[qb[:, None], np.arange(256)] & (trans >= 0)
+    top = hi if hi is not None else lo
+    if len(trans) * (top + 1) > _DENSE_PAIRS:    # the pairs' flat index alone would take over 32 MiB
+        raise BudgetExceeded(max_states, "automaton states")
+    rows, pairs, tally, n = _counted_pairs(trans, weight, top, hi is None, max_states)
+    if n < 0:
+        raise BudgetExceeded(max_states, "automaton states")
+    pairs = pairs[:n]
+    accept = a.accept[qa[pairs]] & b.accept[qb[pairs]] & (tally[:n] >= lo)
+    return minimize(DFA(rows[:n], accept))
+
+
+@numba.njit(cache=True)
+def _counted_pairs(trans, weight, top, saturate, max_states):  # pragma: no cover - compiled
+    """Breadth-first numbering of the (state, count) pairs reachable from (0, 0), their rows filled on the way;
+    a marked transition adds one to the count, which may not pass `top` (with `saturate`, stays there).
+    Returns (rows, state and count per pair, n), n = -1 past max_states."""
+    width = top + 1
+    index = np.full(trans.shape[0] * width, -1, np.int32)
+    cap = min(max_states + 1, 1 << 12)
+    state = np.empty(cap, np.int32)
+    count = np.empty(cap, np.int32)
+    rows = np.empty((cap, 256), np.int32)
+    index[0] = 0
+    state[0] = 0
+    count[0] = 0
+    n, i = 1, 0
+    while i < n:
+        q, k = state[i], count[i]
+        for c in range(256):
+            t = trans[q, c]
+            kk = k + 1 if weight[q, c] else k
+            if t < 0 or (kk > top and not saturate):
+                rows[i, c] = -1
+                continue
+            key = t * width + min(kk, top)
+            j = index[key]
+            if j < 0:
+                if n >= max_states:
+                    return rows, state, count, -1
+                state, count, rows = _grown(state, n + 1), _grown(count, n + 1), _grown(rows, n + 1)
+                j = n
+                index[key] = j
+                state[n] = t
+                count[n] = min(kk, top)
+                n += 1
+            rows[i, c] = j
+        i += 1
+    return rows, state, count, n
+
+
 def load_kernels(sample: DFA) -> None:
     """Load the compiled product kernels, with `sample` (any DFA) as their input: numba reads each from its
     disk cache on first call, and the sparse one only runs for products of millions of pairs, so without this

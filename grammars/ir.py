@@ -29,6 +29,11 @@ class Language(Protocol):
 
     def dfa(self) -> "DFA": ...
 
+    def intersect(self, dfa: "DFA", max_states: int) -> "DFA":
+        """The minimal DFA of `dfa`'s strings that are in this set too (raises fsm.BudgetExceeded past
+        `max_states`): a set may know a cheaper way than the product with its whole automaton."""
+        ...
+
 
 @dataclass(frozen=True)
 class Terminal:

@@ -18,7 +18,7 @@ from fractions import Fraction
 import numpy as np
 
 from .errors import UnsupportedSchemaError
-from .fsm import DFA, minimize
+from .fsm import DFA, minimize, product
 from .regex import MAX_DFA_STATES
 
 INTEGER = r"-?(?:0|[1-9][0-9]*)"
@@ -167,6 +167,9 @@ class Multiples:
 
     def dfa(self) -> DFA:
         return _multiples_dfa(self.step)
+
+    def intersect(self, dfa: DFA, max_states: int) -> DFA:
+        return product(dfa, self.dfa(), True, max_states)
 
 
 def _scaled(step: Decimal) -> tuple[int, int]:

@@ -194,12 +194,12 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
             return _chunked_string(ctx, lo, hi)
         if hi is not None and hi > short:
             return choice([Terminal(string_regex(lo, short), (), exclude), _chunked_string(ctx, short + 1, hi)])
+    if also:   # the length counted along the pattern's automaton (json_strings.Length): an ASCII pattern costs
+        return Terminal(also[0], also[1:] + (Length(lo, hi),), exclude, origin)   # a state or two per character
     if max(lo, hi or 0) * _STATES_PER_CHARACTER > MAX_DFA_STATES:
         # the length count alone outgrows one terminal's budget: say so now, not after building most of it
         raise UnsupportedSchemaError(f"{origin[0]} cannot be enforced exactly within {MAX_DFA_STATES} automaton "
                                      "states", origin[1])
-    if also:   # the pattern's automaton against the length's, laid out directly (json_strings.Length)
-        return Terminal(also[0], also[1:] + (Length(lo, hi),), exclude, origin)
     return Terminal(string_regex(lo, hi), also, exclude, origin)
 
 

@@ -351,7 +351,8 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
     built = dfa.num_states
     try:
         for other in also:
-            dfa = product(dfa, _language_dfa(other), True, MAX_DFA_STATES)
+            dfa = (product(dfa, regex_dfa(other), True, MAX_DFA_STATES) if isinstance(other, str) else
+                   other.intersect(dfa, MAX_DFA_STATES))
             built += dfa.num_states
         # Languages one at a time: the union of residue automata multiplies their states, while the running
         # difference stays within what the other keywords allow (a bounded range)
@@ -374,10 +375,6 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
     if dfa.built_states == 0:   # a fresh product (a shared regex DFA keeps its own count)
         dfa.built_states = built
     return dfa
-
-
-def _language_dfa(language: str | Language) -> DFA:
-    return regex_dfa(language) if isinstance(language, str) else language.dfa()
 
 
 #: The characters a regex escapes to mean themselves.

@@ -19,7 +19,8 @@ from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq,
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
-from leapgen.grammars.json_strings import FORMATS, format_regex, length_dfa, pattern_regex, string_regex
+from leapgen.grammars.json_strings import (FORMATS, Length, format_regex, length_dfa, pattern_regex, pattern_regexes,
+                                          string_regex)
 from leapgen.grammars.regex import dfa_fullmatch, regex_dfa
 from tokenizers_util import accepts, byte_level_bpe
 
@@ -204,6 +205,18 @@ def test_length_automaton_laid_out_directly_is_the_regex_s(lo, hi):
         assert direct.num_states == compiled.num_states
 
 
+@pytest.mark.parametrize("pattern", [r"^\S+@\S+$", r"^[a-z][-a-z0-9.+]*$", "ab", "^(a|é)+$", "x$", "[\u00e9\n]"])
+def test_lengths_counted_along_a_pattern_are_the_product_with_the_length_automaton(pattern):
+    """Length.intersect unrolls the pattern's automaton over the count; the product with length_dfa is the
+    reference: the same language and the same minimal automaton."""
+    regex = regex_dfa(pattern_regexes(pattern, "").regex)
+    for lo, hi in [(0, 0), (0, 3), (2, 5), (1, None), (3, None), (0, None), (5, 40)]:
+        counted, reference = Length(lo, hi).intersect(regex, 10**5), product(regex, length_dfa(lo, hi), True, 10**5)
+        assert not product(counted, reference, False, 10**5).accept.any(), (lo, hi)
+        assert not product(reference, counted, False, 10**5).accept.any(), (lo, hi)
+        assert counted.num_states == reference.num_states, (lo, hi)
+
+
 def test_formats_only_admit_what_jsonschema_accepts():
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
     good = {"date": "2024-02-29", "time": "23:59:59.5+01:00", "date-time": "2020-01-01T00:00:00Z",
@@ -354,12 +367,24 @@ def test_long_keys_beside_declared_ones_count_in_chunks():
     check(schema, valid=[{"id": "x", "k" * 1500: 1}], invalid=[{"k" * 2001: 1}, {"id": "x", "k": "s"}])
 
 
-def test_a_long_length_bound_with_a_format_is_refused_at_once_with_its_pointer():
+def test_a_long_length_bound_with_a_format_is_refused_with_its_pointer():
+    """The count along the format's automaton stops at the budget (fsm.counted_product), so the refusal costs
+    20,000 states, not the whole product."""
     schema = {"properties": {"site": {"type": "string", "format": "uri-reference", "maxLength": 2000}}}
     with pytest.raises(UnsupportedSchemaError, match="maxLength 2000 with format 'uri-reference' cannot be enforced "
                                                      "exactly within") as error:
-        json_schema_to_grammar(schema)
+        compile_json_schema(schema, byte_level_bpe())
     assert error.value.pointer == "/properties/site"
+
+
+def test_a_long_length_bound_beside_an_ascii_pattern_counts_along_the_pattern():
+    """About a state per character: maxLength 2048 with a pattern over ASCII compiles (the product with the
+    length's own automaton would need 28,000 states)."""
+    schema = {"type": "string", "pattern": "^[a-z][-a-z0-9.+]*$", "maxLength": 2048}
+    tok = byte_level_bpe()
+    grammar = compile_json_schema(schema, tok)
+    assert accepts(grammar, tok, json.dumps("a" * 2048)) and not accepts(grammar, tok, json.dumps("a" * 2049))
+    assert not accepts(grammar, tok, json.dumps("1a"))
 
 
 @pytest.mark.parametrize("subschema, named, pointer", [
