@@ -303,8 +303,9 @@ class TokenMasks:
         first, dfa = self.a.terminal_of(g)
         # a written text the terminal cannot go on from (a string, its quote closed) cuts every token that writes
         # it; one it can (a number: 10 after 1) only cuts the readings that end the text there
-        ended = [w for w in written if not dfa.has_out[_state_after(dfa, g - first, w)]]
-        going_on = [w for w in written if dfa.has_out[_state_after(dfa, g - first, w)]]
+        goes_on = [bool(dfa.has_out[_state_after(dfa, g - first, w)]) for w in written]
+        ended = [w for w, more in zip(written, goes_on) if not more]
+        going_on = [w for w, more in zip(written, goes_on) if more]
         cuts = ended + (_dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else [])
         heights = _heights(self.vocabulary)
         for node in nodes.tolist():
