@@ -39,14 +39,21 @@ DEFAULT_SCHEMA = {
 
 
 def walk(grammar, rng: random.Random, max_tokens: int = 200) -> str:
-    """A random path through the masks until EOS is allowed."""
-    matcher, vocab, out = grammar.matcher(), grammar.vocabulary, []
-    for step in range(max_tokens):
+    """A random path through the masks until EOS is allowed; the matcher's token budget closes the text in
+    time (a long number or string may otherwise eat every token).  Under a budget the mask stays the grammar's
+    until closing begins, so a sampled token is checked (`is_token_allowed`) and drawn again if it would leave
+    no room to close."""
+    matcher, vocab, out = grammar.matcher(max_tokens), grammar.vocabulary, []
+    for step in range(max_tokens + 1):
         allowed = [int(i) for i in matcher.allowed_token_ids()]
         if any(i in vocab.eos_ids for i in allowed):
             break
         closing = [i for i in allowed if any(c in vocab.token_bytes[i] for c in b'"}]')]
-        token = rng.choice(closing if closing and rng.random() < step / 60 else allowed)
+        pool = closing if closing and rng.random() < step / 60 else allowed
+        token = rng.choice(pool)
+        while not matcher.is_token_allowed(token):
+            pool = [i for i in (pool if len(pool) > 1 else allowed) if i != token]
+            token = rng.choice(pool)
         matcher.advance(token)
         out.append(vocab.token_bytes[token])
     return b"".join(out).decode("utf-8", errors="replace")
