@@ -156,10 +156,12 @@ def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part]
             try:
                 item = ctx.nested([*ps, *schemas])
             except UnsupportedSchemaError as exc:
-                if all(counted) or all(other is None for other in others):
+                negated = [match for (match, _, _), other, c in zip(contains, others, counted)
+                           if other is not None and not c]
+                if all(counted) or not negated:
                     raise
                 raise UnsupportedSchemaError(f"maxContains needs the negation of contains, which cannot be "
-                                             f"enforced exactly: {exc}", contains[0][0].pointer) from None
+                                             f"enforced exactly: {exc}", negated[0].pointer) from None
             name = "" if not any(counted) else "_match" + ("" if len(contains) == 1 else
                                                            "".join(str(c) for c in counted))
             out.append(ctx.share(item, pointer + hint + name) if hint else item)

@@ -836,6 +836,8 @@ def test_compact_layout_has_no_whitespace():
     ({"properties": {"a": {"type": "wat"}}}, SchemaError, "/properties/a/type"),
     ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, SchemaError, "/properties/a/$ref"),
     ({"items": {"contains": {"format": "email"}, "maxContains": 1}}, UnsupportedSchemaError, "/items/contains"),
+    ({"allOf": [{"contains": {"type": "integer"}}, {"contains": {"format": "email"}, "maxContains": 1}]},
+     UnsupportedSchemaError, "/allOf/1/contains"),
     ({"contains": {"type": "string"}, "uniqueItems": True}, UnsupportedSchemaError, "/contains"),
     ({"$ref": "http://example.com/other.json"}, UnsupportedSchemaError, "/$ref"),
     ({"oneOf": [{"type": "integer"}, {"format": "email"}]}, UnsupportedSchemaError, "/oneOf"),
