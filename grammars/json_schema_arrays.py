@@ -7,11 +7,11 @@ import itertools
 from typing import Any
 
 from .errors import UnsupportedSchemaError
-from .ir import Expr, Members, Ref
-from .json_schema_context import (STRING_KEYS, VALIDATION, Branches, Part, SchemaContext, count_of, enum_values,
-                                  expect, narrow_types, satisfying)
+from .ir import Expr, Lit, Members, Ref
+from .json_schema_context import (STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext, count_of,
+                                  enum_values, expect, narrow_types, satisfying)
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
-from .json_schema_scalars import distinct_texts, string_terminal
+from .json_schema_scalars import distinct_texts, number, string_terminal
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
 # `contains` counts items and matches together: one rule per (items written, matches so far) pair.
@@ -250,20 +250,30 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
 
 
 def _distinct_items(ctx: SchemaContext, parts: list[Part]) -> Expr | None:
-    """Items whose texts can tell their values apart: strings (one terminal where only string keywords constrain
-    them, long length bounds too, which elsewhere count in chunks) or numbers, as the compiler builds them; None
-    for items of other or several types."""
+    """Items whose texts can tell their values apart: scalars, strings among them one terminal where only type,
+    string and number keywords constrain the items (long length bounds too, which elsewhere count in chunks),
+    else as the compiler builds them; None where objects or arrays may be items."""
     expanded = ctx.expand(parts)
     if expanded is None:
         return None
     branches = Branches()
     for p in expanded[0]:
         narrow_types(p, branches)
-    if branches.types == {"string"}:
-        plain = all(not p.has(k) or k in STRING_KEYS or k == "type" or k not in VALIDATION
-                    for p in expanded[0] for k in p.schema)
-        return string_terminal(ctx, expanded[0], [], whole=True) if plain else ctx.nested(parts)
-    return ctx.nested(parts) if branches.types == {"number"} else None
+    if not branches.types or not branches.types <= {"string", "number", "null", "boolean"}:
+        # no `type` says which: the compiled items tell (an anyOf of scalars is one terminal's choices)
+        return ctx.nested(parts) if len(branches.types) == len(TYPES) else None
+    plain = all(not p.has(k) or k in STRING_KEYS or k in _NUMBER_KEYS or k == "type" or k not in VALIDATION
+                for p in expanded[0] for k in p.schema)
+    if not plain or "string" not in branches.types:
+        return ctx.nested(parts)
+    options = [string_terminal(ctx, expanded[0], [], whole=True)]
+    if "number" in branches.types:
+        options.append(number(ctx, expanded[0], branches.integer_only, []))
+    options += [Lit("null")] * ("null" in branches.types) + [Lit("true"), Lit("false")] * ("boolean" in branches.types)
+    return choice(options)
+
+
+_NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 
 
 def _finite_values(ctx: SchemaContext, parts: list[Part]) -> list[Any] | None:

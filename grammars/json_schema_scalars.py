@@ -6,11 +6,13 @@ regex intersection.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .automaton import terminal_for
+from .fsm import DFA, product, union
 from .ir import Capture, Choice, Expr, Language, Lit, Ref, Seq, Terminal
 from .json_numbers import (CANONICAL, DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most,
                            common_multiple, digit_cap, multiples_of)
@@ -298,29 +300,58 @@ def _at_most(ctx: SchemaContext, n: int) -> Expr:
 
 
 def distinct_texts(ctx: SchemaContext, expr: Expr, what: str, pointer: str) -> tuple[Capture, int | None]:
-    """The string or number terminal `expr` captured, so that the extras of an object (`what`: its keys) or the
-    items of an array never write the same text twice; and how many texts it has, where they can run out (None:
-    more than _MAX_COUNTED_TEXTS).  Numbers are spelled canonically there (json_numbers.CANONICAL: `1` and `1.0`
-    are one value, so only `1` is written), which makes equal texts equal values, as they are for strings.
-    Refused where the texts are not one terminal (an anyOf of string schemas)."""
-    seen = set()
-    while isinstance(expr, (Ref, Seq, Choice)):
-        if isinstance(expr, Ref):
-            if expr.name in seen:
-                break
-            seen.add(expr.name)
-            expr = ctx.rules[expr.name]
-        elif len(expr.items) == 1:
-            expr = expr.items[0]
-        else:
-            break
-    literals = isinstance(expr, Choice) and all(isinstance(item, Lit) for item in expr.items)
-    if not (isinstance(expr, Terminal) or literals):
-        raise UnsupportedSchemaError(f"{what} must differ, and telling them apart needs them to be strings or "
-                                     "numbers of one terminal (not a choice of schemas)", pointer)
-    if isinstance(expr, Terminal) and expr.pattern in _NUMBER_PATTERNS:
-        expr = Terminal(CANONICAL, (expr.pattern, *expr.also), expr.excluding, expr.origin)
-    return Capture(expr), terminal_for(expr).size(_MAX_COUNTED_TEXTS)
+    """The scalar items `expr` (strings, numbers, literals, or a choice of them) as one captured terminal, so
+    that the extras of an object (`what`: its keys) or the items of an array never write the same text twice;
+    and how many texts it has, where they can run out (None: more than _MAX_COUNTED_TEXTS).  Numbers are
+    spelled canonically there (json_numbers.CANONICAL: `1` and `1.0` are one value, so only `1` is written),
+    which makes equal texts equal values, as they are for strings.  Refused where the items are not scalars of
+    one terminal each (an anyOf of string schemas with patterns of their own)."""
+    options = _terminal_options(ctx, expr, set())
+    if options is None:
+        raise UnsupportedSchemaError(f"{what} must differ, and telling them apart needs them to be strings, "
+                                     "numbers or literals of one terminal each", pointer)
+    options = [Terminal(CANONICAL, (o.pattern, *o.also), o.excluding, o.origin)
+               if isinstance(o, Terminal) and o.pattern in _NUMBER_PATTERNS else o for o in options]
+    if len(options) == 1 and isinstance(options[0], Terminal):
+        text: Expr = options[0]
+    elif all(isinstance(o, Lit) for o in options):
+        text = Choice(tuple(options))
+    else:    # a string or null: one automaton for them all, so that the frame records every text
+        text = Terminal(_ANY_TEXT, (Either(tuple(options)),))
+    return Capture(text), terminal_for(text).size(_MAX_COUNTED_TEXTS)
 
 
+def _terminal_options(ctx: SchemaContext, expr: Expr, seen: set[str]) -> list[Lit | Terminal] | None:
+    """The literals and terminals `expr` chooses between, through rule references; None where it is more."""
+    if isinstance(expr, Ref):
+        if expr.name in seen:
+            return None
+        return _terminal_options(ctx, ctx.rules[expr.name], seen | {expr.name})
+    if isinstance(expr, Seq) and len(expr.items) == 1:
+        return _terminal_options(ctx, expr.items[0], seen)
+    if isinstance(expr, Choice):
+        out: list[Lit | Terminal] = []
+        for item in expr.items:
+            options = _terminal_options(ctx, item, seen)
+            if options is None:
+                return None
+            out += options
+        return out
+    return [expr] if isinstance(expr, (Lit, Terminal)) else None
+
+
+@dataclass(frozen=True)
+class Either:
+    """The texts of any of several literals and terminals, as one Language (see `distinct_texts`)."""
+
+    options: tuple[Lit | Terminal, ...]
+
+    def dfa(self) -> DFA:
+        return union([terminal_for(option) for option in self.options], MAX_DFA_STATES)
+
+    def intersect(self, dfa: DFA, max_states: int) -> DFA:
+        return product(dfa, self.dfa(), True, max_states)
+
+
+_ANY_TEXT = "(?s:.*)"
 _NUMBER_PATTERNS = {INTEGER, INTEGER_VALUE, DECIMAL, NUMBER}   # what `number` writes numbers with

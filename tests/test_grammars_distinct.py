@@ -78,8 +78,10 @@ def oracle_walk(grammar, schema, rng: random.Random, steps: int) -> str:
     {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 2},
     {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2}, "uniqueItems": True},
     {"type": "array", "items": {"type": "number", "multipleOf": 0.5, "not": {"const": 1}}, "uniqueItems": True},
+    {"type": "array", "items": {"type": ["integer", "string", "null"], "maximum": 12, "maxLength": 1},
+     "uniqueItems": True, "minItems": 2},
 ], ids=["min2", "min3-declared", "max3", "finite-keys", "unique-strings", "unique-pattern", "unique-finite",
-        "unique-integers", "unique-integer-range", "unique-numbers"])
+        "unique-integers", "unique-integer-range", "unique-numbers", "unique-scalars"])
 def test_masks_refuse_repeated_texts_exactly(schema):
     vocab = small_vocabulary()
     grammar = compile_json_schema(schema, vocab, whitespace="compact")
@@ -137,10 +139,26 @@ def test_budgets_close_with_texts_not_written(schema):
             assert len(set(json.loads(text))) == len(json.loads(text)), text
 
 
-def test_uniqueness_needs_one_string_terminal():
-    with pytest.raises(SchemaError, match="uniqueItems"):
-        compile_json_schema({"type": "array", "items": {"type": ["string", "integer"]}, "uniqueItems": True},
+def test_uniqueness_needs_scalar_items():
+    with pytest.raises(SchemaError, match="uniqueItems is enforced only on strings, numbers") as error:
+        compile_json_schema({"type": "array", "items": {"type": ["string", "object"]}, "uniqueItems": True},
                             byte_level_bpe())
+    assert error.value.pointer == "/uniqueItems"
+
+
+@pytest.mark.parametrize("schema, repeated, fresh", [
+    ({"items": {"type": ["string", "null"], "minLength": 1, "maxLength": 40}}, '["a",null,null]', '["a",null,"b"]'),
+    ({"items": {"type": ["integer", "string"]}}, '[1,"1",1]', '[1,"1",2]'),
+    ({"items": {"type": ["number", "boolean"], "minimum": 0}}, '[true,0.5,true]', '[true,0.5,false]'),
+    ({"items": {"anyOf": [{"type": "string", "pattern": "^a"}, {"type": "integer", "maximum": 3}]}}, '["ab",3,"ab"]',
+     '["ab",3,"a"]'),
+])
+def test_scalars_of_several_types_are_one_captured_terminal(schema, repeated, fresh):
+    """A string or null (the winget manifests' tags), a number or string: one automaton for all of them, so the
+    array's frame records every text written."""
+    tok = byte_level_bpe()
+    grammar = compile_json_schema({"type": "array", "uniqueItems": True, **schema}, tok, whitespace="compact")
+    assert accepts(grammar, tok, fresh) and not accepts(grammar, tok, repeated)
 
 
 @pytest.mark.parametrize("schema, repeated, fresh", [
