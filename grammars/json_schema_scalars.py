@@ -310,9 +310,9 @@ def distinct_texts(ctx: SchemaContext, expr: Expr, what: str, pointer: str) -> t
     if options is None:
         raise UnsupportedSchemaError(f"{what} must differ, and telling them apart needs them to be strings, "
                                      "numbers or literals of one terminal each", pointer)
-    options = [Terminal(CANONICAL, (o.pattern, *o.also), o.excluding, o.origin)
-               if isinstance(o, Terminal) and o.pattern in _NUMBER_PATTERNS else o for o in options]
-    if len(options) == 1 and isinstance(options[0], Terminal):
+    options = list(dict.fromkeys(Terminal(CANONICAL, (o.pattern, *o.also), o.excluding, o.origin)
+                                 if isinstance(o, Terminal) and o.pattern in _NUMBER_PATTERNS else o for o in options))
+    if len(options) == 1:
         text: Expr = options[0]
     elif all(isinstance(o, Lit) for o in options):
         text = Choice(tuple(options))

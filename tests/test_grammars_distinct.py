@@ -152,6 +152,7 @@ def test_uniqueness_needs_scalar_items():
     ({"items": {"type": ["number", "boolean"], "minimum": 0}}, '[true,0.5,true]', '[true,0.5,false]'),
     ({"items": {"anyOf": [{"type": "string", "pattern": "^a"}, {"type": "integer", "maximum": 3}]}}, '["ab",3,"ab"]',
      '["ab",3,"a"]'),
+    ({"items": {"anyOf": [{"const": None}, {"enum": [None]}]}}, '[null,null]', '[null]'),   # one literal, twice
 ])
 def test_scalars_of_several_types_are_one_captured_terminal(schema, repeated, fresh):
     """A string or null (the winget manifests' tags), a number or string: one automaton for all of them, so the
