@@ -862,10 +862,11 @@ def _counted_pairs(trans, weight, top, saturate, max_states):  # pragma: no cove
 
 def load_kernels(sample: DFA) -> None:
     """Load the compiled product kernels, with `sample` (any DFA) as their input: numba reads each from its
-    disk cache on first call, and the sparse one only runs for products of millions of pairs, so without this
-    it loads inside whichever compile first needs one."""
+    disk cache on first call, and the sparse one only runs for products of millions of pairs (the counted one
+    for length bounds beside a pattern), so without this it loads inside whichever compile first needs one."""
     product(sample, sample, True, 1 << 10)
     _sparse_pairs(sample, sample, False, 1 << 10)
+    counted_product(sample, sample, np.zeros(sample.trans.shape, bool), 0, 1, 1 << 10)
 
 
 def union(dfas: list[DFA], max_states: int) -> DFA:
