@@ -785,7 +785,8 @@ def _product_pairs(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
             if j < 0:
                 if n >= max_states:
                     return trans, qa, qb, -1
-                qa, qb, trans = _grown(qa, n + 1), _grown(qb, n + 1), _grown(trans, n + 1)
+                if n == len(qa):
+                    qa, qb, trans = _grown(qa, n + 1), _grown(qb, n + 1), _grown(trans, n + 1)
                 j = n
                 index[k] = j
                 qa[n] = x
@@ -828,7 +829,7 @@ def _counted_pairs(trans, weight, top, saturate, max_states):  # pragma: no cove
     Returns (rows, state and count per pair, n), n = -1 past max_states."""
     width = top + 1
     index = np.full(trans.shape[0] * width, -1, np.int32)
-    cap = min(max_states + 1, 1 << 12)
+    cap = min(trans.shape[0] * width, max_states + 1, 1 << 16)   # as in _product_pairs
     state = np.empty(cap, np.int32)
     count = np.empty(cap, np.int32)
     rows = np.empty((cap, 256), np.int32)
@@ -838,22 +839,24 @@ def _counted_pairs(trans, weight, top, saturate, max_states):  # pragma: no cove
     n, i = 1, 0
     while i < n:
         q, k = state[i], count[i]
+        more = k + 1 if k < top else (top if saturate else -1)   # the count after a marked transition
         for c in range(256):
             t = trans[q, c]
-            kk = k + 1 if weight[q, c] else k
-            if t < 0 or (kk > top and not saturate):
+            kk = more if weight[q, c] else k
+            if t < 0 or kk < 0:
                 rows[i, c] = -1
                 continue
-            key = t * width + min(kk, top)
+            key = t * width + kk
             j = index[key]
             if j < 0:
                 if n >= max_states:
                     return rows, state, count, -1
-                state, count, rows = _grown(state, n + 1), _grown(count, n + 1), _grown(rows, n + 1)
+                if n == len(state):
+                    state, count, rows = _grown(state, n + 1), _grown(count, n + 1), _grown(rows, n + 1)
                 j = n
                 index[key] = j
                 state[n] = t
-                count[n] = min(kk, top)
+                count[n] = kk
                 n += 1
             rows[i, c] = j
         i += 1
