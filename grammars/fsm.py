@@ -758,25 +758,29 @@ def _sparse_product(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _product_pairs(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
+def _product_pairs(ta, tb, symbols, keep_b, max_states):  # pragma: no cover - compiled
     """Breadth-first numbering of the state pairs reachable in a product, their transition rows filled on the
-    way; pair (x, y) sits at index[x * (nb + 1) + y + 1] (y = -1: b is dead, a difference goes on in a alone).
-    Returns (trans, qa, qb, n): pair i is (qa[i], qb[i]), n = -1 past max_states."""
+    way; on byte c from pair (x, y), a goes by c and b by `symbols[x, c]` (one row: the same for every x; the
+    byte itself for a plain product).  Pair (x, y) sits at index[x * (nb + 1) + y + 1] (y = -1: b is dead, a
+    difference goes on in a alone).  Returns (trans, qa, qb, n): pair i is (qa[i], qb[i]), n = -1 past
+    max_states."""
     nb1 = tb.shape[0] + 1
     index = np.full(ta.shape[0] * nb1, -1, np.int32)
     cap = min(ta.shape[0] * nb1, max_states + 1, 1 << 16)   # rows grow past this (pages are only touched when written)
     qa = np.empty(cap, np.int32)
     qb = np.empty(cap, np.int32)
     trans = np.empty((cap, 256), np.int32)
+    per_state = symbols.shape[0] > 1
     index[1] = 0
     qa[0] = 0
     qb[0] = 0
     n, i = 1, 0
     while i < n:
         sa, sb = qa[i], qb[i]
+        row = sa if per_state else 0
         for c in range(256):
             x = ta[sa, c]
-            y = tb[sb, c] if sb >= 0 else -1
+            y = tb[sb, symbols[row, c]] if sb >= 0 else -1
             if x < 0 or (keep_b and y < 0):
                 trans[i, c] = -1
                 continue
@@ -797,9 +801,12 @@ def _product_pairs(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
     return trans, qa, qb, n
 
 
+_BYTES = np.arange(256, dtype=np.int32)[None, :]
+
+
 def _dense_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The product's transition rows and each state's pair (qa[i], qb[i]), through `_product_pairs`' flat index."""
-    trans, qa, qb, n = _product_pairs(a.trans, b.trans, keep_b, max_states)
+    trans, qa, qb, n = _product_pairs(a.trans, b.trans, _BYTES, keep_b, max_states)
     if n < 0:
         raise BudgetExceeded(max_states, "automaton states")
     return trans[:n], qa[:n], qb[:n]   # a view: the rows past n were never written, so they hold no memory
@@ -808,59 +815,24 @@ def _dense_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndar
 def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None, max_states: int) -> DFA:
     """The minimal DFA of the strings of `a` and `b` along which `b` takes its transitions marked in `counts`
     (bool [b states, 256]) between `lo` and `hi` times (None: no upper bound): the product unrolled over the
-    count, a copy per count reached (past `lo` an unbounded count stops mattering), only the pairs reachable."""
+    count, a copy per count reached (past `lo` an unbounded count stops mattering), only the pairs reachable.
+    The unrolling is itself a product, with a counter whose two moves are the product's unmarked and marked
+    transitions."""
     trans, qa, qb = _dense_pairs(a, b, True, max_states)
-    weight = counts[qb[:, None], np.arange(256)] & (trans >= 0)
+    marked = (counts[qb[:, None], np.arange(256)] & (trans >= 0)).astype(np.int32)
     top = hi if hi is not None else lo
-    if len(trans) * (top + 1) > _DENSE_PAIRS:    # the pairs' flat index alone would take over 32 MiB
+    if len(trans) * (top + 2) > _DENSE_PAIRS:    # the pairs' flat index alone would take over 32 MiB
         raise BudgetExceeded(max_states, "automaton states")
-    rows, pairs, tally, n = _counted_pairs(trans, weight, top, hi is None, max_states)
+    counter = np.empty((top + 1, 2), np.int32)   # count k: unmarked stays, marked goes on (or stops at the top)
+    counter[:, 0] = np.arange(top + 1)
+    counter[:, 1] = np.arange(1, top + 2)
+    counter[top, 1] = top if hi is None else -1
+    rows, pairs, tally, n = _product_pairs(trans, counter, marked, True, max_states)
     if n < 0:
         raise BudgetExceeded(max_states, "automaton states")
     pairs = pairs[:n]
     accept = a.accept[qa[pairs]] & b.accept[qb[pairs]] & (tally[:n] >= lo)
     return minimize(DFA(rows[:n], accept))
-
-
-@numba.njit(cache=True)
-def _counted_pairs(trans, weight, top, saturate, max_states):  # pragma: no cover - compiled
-    """Breadth-first numbering of the (state, count) pairs reachable from (0, 0), their rows filled on the way;
-    a marked transition adds one to the count, which may not pass `top` (with `saturate`, stays there).
-    Returns (rows, state and count per pair, n), n = -1 past max_states."""
-    width = top + 1
-    index = np.full(trans.shape[0] * width, -1, np.int32)
-    cap = min(trans.shape[0] * width, max_states + 1, 1 << 16)   # as in _product_pairs
-    state = np.empty(cap, np.int32)
-    count = np.empty(cap, np.int32)
-    rows = np.empty((cap, 256), np.int32)
-    index[0] = 0
-    state[0] = 0
-    count[0] = 0
-    n, i = 1, 0
-    while i < n:
-        q, k = state[i], count[i]
-        more = k + 1 if k < top else (top if saturate else -1)   # the count after a marked transition
-        for c in range(256):
-            t = trans[q, c]
-            kk = more if weight[q, c] else k
-            if t < 0 or kk < 0:
-                rows[i, c] = -1
-                continue
-            key = t * width + kk
-            j = index[key]
-            if j < 0:
-                if n >= max_states:
-                    return rows, state, count, -1
-                if n == len(state):
-                    state, count, rows = _grown(state, n + 1), _grown(count, n + 1), _grown(rows, n + 1)
-                j = n
-                index[key] = j
-                state[n] = t
-                count[n] = kk
-                n += 1
-            rows[i, c] = j
-        i += 1
-    return rows, state, count, n
 
 
 def load_kernels(sample: DFA) -> None:
