@@ -542,10 +542,12 @@ def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[str, 
     return found
 
 
-def _productive(rules: dict[str, CallDFA], terminals: set[str], compiler: _Compiler) -> set[str]:
-    """The rules and terminals that match some text; `terminals`: those matching something (terminal DFAs
-    are already trimmed).  A members rule matches where its object can be completed with the parts that do
-    (its call DFA alone would let a member whose value admits no text count towards `required` or `min`)."""
+def _productive(rules: dict[str, CallDFA], terminals: set[str],
+                compiler: _Compiler) -> tuple[set[str], dict[str, int]]:
+    """The rules and terminals that match some text, and per members rule the bits of its members that do;
+    `terminals`: those matching something (terminal DFAs are already trimmed).  A members rule matches where
+    its object can be completed with the parts that do (its call DFA alone would let a member whose value
+    admits no text count towards `required` or `min`)."""
     live = dict.fromkeys(compiler.members_rules, 0)  # per members rule: bits of its members found to match
     owners: dict[str, list[tuple[str, int]]] = {}
     for name, labels in compiler.members_rules.items():
@@ -566,7 +568,7 @@ def _productive(rules: dict[str, CallDFA], terminals: set[str], compiler: _Compi
 
     for label in terminals:
         joined(label)
-    return _least_set(rules, terminals, ends, joined)
+    return _least_set(rules, terminals, ends, joined), live
 
 
 def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[str, CallDFA]:
@@ -645,10 +647,8 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     except RecursionError:
         raise GrammarError("grammar nested too deeply to compile") from None
     terminals = compiler.terminal_rules
-    productive = _productive(rules, {lab for lab, dfa in terminals.items() if dfa.accept.any()}, compiler)
+    productive, live = _productive(rules, {lab for lab, dfa in terminals.items() if dfa.accept.any()}, compiler)
     rules = _trim(rules, productive, grammar.start)
-    live = {name: sum(1 << k for k, label in enumerate(labels.members) if label in productive)
-            for name, labels in compiler.members_rules.items()}
     _check_left_recursion(rules, {lab for lab, dfa in terminals.items() if dfa.accept[0]})
     # structural states first (they consume no bytes), then each terminal DFA
     offsets, total = {}, 0

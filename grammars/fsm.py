@@ -77,6 +77,14 @@ class DFA:
             cache[state] = remap[self.trans[old]].tobytes() + self.accept[old].tobytes()
         return cache[state]
 
+    def after(self, state: int, data: bytes) -> int:
+        """The state `data` leads to from `state`, -1 where it leaves the automaton."""
+        for byte in data:
+            state = int(self.trans[state, byte])
+            if state < 0:
+                return -1
+        return state
+
     @property
     def finite(self) -> np.ndarray:
         """Per state, whether it accepts finitely many strings from there: no cycle is reachable (cached)."""

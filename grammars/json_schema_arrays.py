@@ -8,8 +8,8 @@ from typing import Any
 
 from .errors import UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
-from .json_schema_context import (STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext, count_of,
-                                  enum_values, expect, narrow_types, satisfying)
+from .json_schema_context import (NUMBER_KEYS, STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext,
+                                  count_of, enum_values, expect, narrow_types, satisfying)
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
 from .json_schema_scalars import distinct_texts, number, string_terminal
 
@@ -262,7 +262,7 @@ def _distinct_items(ctx: SchemaContext, parts: list[Part]) -> Expr | None:
     if not branches.types or not branches.types <= {"string", "number", "null", "boolean"}:
         # no `type` says which: the compiled items tell (an anyOf of scalars is one terminal's choices)
         return ctx.nested(parts) if len(branches.types) == len(TYPES) else None
-    plain = all(not p.has(k) or k in STRING_KEYS or k in _NUMBER_KEYS or k == "type" or k not in VALIDATION
+    plain = all(not p.has(k) or k in STRING_KEYS or k in NUMBER_KEYS or k == "type" or k not in VALIDATION
                 for p in expanded[0] for k in p.schema)
     if not plain or "string" not in branches.types:
         return ctx.nested(parts)
@@ -271,9 +271,6 @@ def _distinct_items(ctx: SchemaContext, parts: list[Part]) -> Expr | None:
         options.append(number(ctx, expanded[0], branches.integer_only, []))
     options += [Lit("null")] * ("null" in branches.types) + [Lit("true"), Lit("false")] * ("boolean" in branches.types)
     return choice(options)
-
-
-_NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 
 
 def _finite_values(ctx: SchemaContext, parts: list[Part]) -> list[Any] | None:

@@ -28,6 +28,7 @@ VALIDATION = {"type", "enum", "const", "properties", "required", "additionalProp
               "minContains", "maxContains", *UNSUPPORTED}
 _CONSTRAINING = (VALIDATION | {"$ref"}) - {"enum", "const"}
 STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
+NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 # A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
 # outgrow the automaton's budget for one terminal.
 MAX_LENGTH_CAP = 1000

@@ -123,6 +123,12 @@ class Length:
     min: int
     max: int | None
 
+    @property
+    def num_states(self) -> int:
+        """The states of `dfa()`, without building it: a character's inner states per position, the quotes'."""
+        positions = self.max if self.max is not None else self.min + 1
+        return 2 + positions * _char_width() + (self.max is not None)
+
     def dfa(self) -> DFA:
         return length_dfa(self.min, self.max)
 
@@ -145,7 +151,7 @@ def length_dfa(min_length: int, max_length: int | None) -> DFA:
     char = regex_dfa(CHAR)
     (end,) = np.flatnonzero(char.accept)
     inner = np.flatnonzero(~char.accept)   # state 0 (the start) first
-    width = len(inner)
+    width = _char_width()
     renumber = np.full(char.num_states, -1, np.int32)
     renumber[inner] = np.arange(width, dtype=np.int32)
     rows = char.trans[inner]
@@ -172,6 +178,11 @@ def length_dfa(min_length: int, max_length: int | None) -> DFA:
     accept = np.zeros(last + 1, bool)
     accept[last] = True
     return DFA(trans, accept)
+
+
+def _char_width() -> int:
+    """The states inside one character of a JSON string, its start included (its end is the next one's start)."""
+    return int((~regex_dfa(CHAR).accept).sum())
 
 
 def string_regex(min_length: int = 0, max_length: int | None = None) -> str:
@@ -258,10 +269,7 @@ class _Translator:
             return "(?:" + self.seq(body) + ")"
         if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
             lo, hi, body = av
-            inner = "(?:" + self.seq(body) + ")"
-            if hi is _c.MAXREPEAT:
-                return inner + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
-            return inner + (f"{{{lo}}}" if lo == hi else "?" if (lo, hi) == (0, 1) else f"{{{lo},{hi}}}")
+            return _repeated(self.seq(body), lo, hi)
         if op is _c.AT:
             raise self.unsupported("an anchor not at the start or end" if av in _STARTS + _ENDS else "a word boundary")
         raise self.unsupported(f"{str(op).lower()} (lookaround, back-reference or atomic group)")
@@ -334,10 +342,11 @@ def _union(regexes: list[str]) -> str | None:
 
 
 def _repeated(regex: str, lo: int, hi) -> str:
+    """`regex` repeated lo..hi times (hi _c.MAXREPEAT: unbounded)."""
     inner = "(?:" + regex + ")"
     if hi is _c.MAXREPEAT:
         return inner + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
-    return inner + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
+    return inner + (f"{{{lo}}}" if lo == hi else "?" if (lo, hi) == (0, 1) else f"{{{lo},{hi}}}")
 
 
 _STARTS = (_c.AT_BEGINNING, _c.AT_BEGINNING_STRING)
@@ -640,7 +649,7 @@ def capped_length(cap: int, min_length: int, patterns: list[str], also: tuple[st
     length = max([cap, min_length] + [lo for lo, _ in ranges])  # never below the shortest instance
     if not patterns:
         return length
-    work = (length + 1) * length_dfa(min_length, length).num_states
+    work = (length + 1) * Length(min_length, length).num_states
     for regex in also:
         work *= regex_dfa(regex).num_states
     if work > _MAX_CAP_WORK:

@@ -460,9 +460,5 @@ def literals_dfa(texts: tuple[str, ...]) -> DFA:
 
 def dfa_fullmatch(dfa: DFA, data: bytes) -> bool:
     """Whether `dfa` accepts exactly `data`."""
-    s = 0
-    for b in data:
-        s = int(dfa.trans[s, b])
-        if s < 0:
-            return False
-    return bool(dfa.accept[s])
+    state = dfa.after(0, data)
+    return state >= 0 and bool(dfa.accept[state])

@@ -303,7 +303,7 @@ class TokenMasks:
         first, dfa = self.a.terminal_of(g)
         # a written text the terminal cannot go on from (a string, its quote closed) cuts every token that writes
         # it; one it can (a number: 10 after 1) only cuts the readings that end the text there
-        goes_on = [bool(dfa.has_out[_state_after(dfa, g - first, w)]) for w in written]
+        goes_on = [bool(dfa.has_out[dfa.after(g - first, w)]) for w in written]
         ended = [w for w, more in zip(written, goes_on) if not more]
         going_on = [w for w, more in zip(written, goes_on) if more]
         cuts = ended + (_dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else [])
@@ -358,12 +358,6 @@ class TokenMasks:
         """The bytes from the trie's root to `node`: the start of any token below it."""
         t = self.vocabulary.trie
         return self.vocabulary.token_bytes[t.tok_ids[t.tok_ptr[node]]][:t.depth[node]]
-
-
-def _state_after(dfa: DFA, state: int, data: bytes) -> int:
-    for byte in data:
-        state = int(dfa.trans[state, byte])
-    return state
 
 
 def _dead_ends(dfa: DFA, state: int, rests: list[bytes]) -> list[bytes]:
