@@ -766,24 +766,36 @@ def _sparse_product(ta, tb, keep_b, max_states):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _product_pairs(ta, tb, symbols, keep_b, max_states):  # pragma: no cover - compiled
+def _product_pairs(ta, tb, symbols, keep_b, max_states, rows):  # pragma: no cover - compiled
     """Breadth-first numbering of the state pairs reachable in a product, their transition rows filled on the
     way; on byte c from pair (x, y), a goes by c and b by `symbols[x, c]` (one row: the same for every x; the
     byte itself for a plain product).  Pair (x, y) sits at index[x * (nb + 1) + y + 1] (y = -1: b is dead, a
-    difference goes on in a alone).  Returns (trans, qa, qb, n): pair i is (qa[i], qb[i]), n = -1 past
-    max_states."""
-    nb1 = tb.shape[0] + 1
-    index = np.full(ta.shape[0] * nb1, -1, np.int32)
-    cap = min(ta.shape[0] * nb1, max_states + 1, 1 << 16)   # rows grow past this (pages are only touched when written)
+    difference goes on in a alone).  Room for `rows` rows at first, doubled as needed (pages are only touched
+    when written).  Returns (trans, qa, qb, n): pair i is (qa[i], qb[i]), n = -1 past max_states."""
+    index = np.full(ta.shape[0] * (tb.shape[0] + 1), -1, np.int32)
+    cap = min(ta.shape[0] * (tb.shape[0] + 1), max_states, rows) + 256
     qa = np.empty(cap, np.int32)
     qb = np.empty(cap, np.int32)
     trans = np.empty((cap, 256), np.int32)
-    per_state = symbols.shape[0] > 1
     index[1] = 0
     qa[0] = 0
     qb[0] = 0
     n, i = 1, 0
-    while i < n:
+    while True:
+        i, n = _pair_rows(ta, tb, symbols, keep_b, max_states, index, qa, qb, trans, i, n)
+        if n < 0 or i == n:
+            return trans, qa, qb, n
+        # growing out here keeps the arrays fixed inside the row loop, which numba then runs ~15x faster
+        qa, qb, trans = _grown(qa, 2 * len(qa)), _grown(qb, 2 * len(qb)), _grown(trans, 2 * len(trans))
+
+
+@numba.njit(cache=True)
+def _pair_rows(ta, tb, symbols, keep_b, max_states, index, qa, qb, trans, i, n):  # pragma: no cover - compiled
+    """Fill the rows of `_product_pairs` from row i, n pairs numbered, while a row's new pairs (256 at most) fit
+    in the arrays.  Returns (i, n): i == n when done, n = -1 past max_states."""
+    nb1 = tb.shape[0] + 1
+    per_state = symbols.shape[0] > 1
+    while i < n and n + 256 <= len(qa):
         sa, sb = qa[i], qb[i]
         row = sa if per_state else 0
         for c in range(256):
@@ -796,9 +808,7 @@ def _product_pairs(ta, tb, symbols, keep_b, max_states):  # pragma: no cover - c
             j = index[k]
             if j < 0:
                 if n >= max_states:
-                    return trans, qa, qb, -1
-                if n == len(qa):
-                    qa, qb, trans = _grown(qa, n + 1), _grown(qb, n + 1), _grown(trans, n + 1)
+                    return i, -1
                 j = n
                 index[k] = j
                 qa[n] = x
@@ -806,15 +816,16 @@ def _product_pairs(ta, tb, symbols, keep_b, max_states):  # pragma: no cover - c
                 n += 1
             trans[i, c] = j
         i += 1
-    return trans, qa, qb, n
+    return i, n
 
 
 _BYTES = np.arange(256, dtype=np.int32)[None, :]
+_FIRST_ROWS = 1 << 16
 
 
 def _dense_pairs(a: DFA, b: DFA, keep_b: bool, max_states: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The product's transition rows and each state's pair (qa[i], qb[i]), through `_product_pairs`' flat index."""
-    trans, qa, qb, n = _product_pairs(a.trans, b.trans, _BYTES, keep_b, max_states)
+    trans, qa, qb, n = _product_pairs(a.trans, b.trans, _BYTES, keep_b, max_states, _FIRST_ROWS)
     if n < 0:
         raise BudgetExceeded(max_states, "automaton states")
     return trans[:n], qa[:n], qb[:n]   # a view: the rows past n were never written, so they hold no memory
@@ -835,7 +846,7 @@ def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None,
     counter[:, 0] = np.arange(top + 1)
     counter[:, 1] = np.arange(1, top + 2)
     counter[top, 1] = top if hi is None else -1
-    rows, pairs, tally, n = _product_pairs(trans, counter, marked, True, max_states)
+    rows, pairs, tally, n = _product_pairs(trans, counter, marked, True, max_states, _FIRST_ROWS)
     if n < 0:
         raise BudgetExceeded(max_states, "automaton states")
     pairs = pairs[:n]

@@ -87,13 +87,23 @@ def test_products_through_the_hash_table_equal_the_flat_indexed_ones(monkeypatch
         for keep_b in (True, False):
             monkeypatch.setattr(fsm, "_DENSE_PAIRS", 1 << 23)
             flat = fsm.product(a, b, keep_b, 10_000)
+            monkeypatch.setattr(fsm, "_FIRST_ROWS", 1)             # the rows grow while the pairs are numbered
+            grown = fsm.product(a, b, keep_b, 10_000)
+            monkeypatch.setattr(fsm, "_FIRST_ROWS", 1 << 16)
             monkeypatch.setattr(fsm, "_DENSE_PAIRS", 0)
             hashed = fsm.product(a, b, keep_b, 10_000)
-            assert np.array_equal(flat.trans, hashed.trans) and np.array_equal(flat.accept, hashed.accept)
+            for other in (grown, hashed):
+                assert np.array_equal(flat.trans, other.trans) and np.array_equal(flat.accept, other.accept)
             for data in _strings(rng, 10):
                 in_b = _nfa_accepts(edges_b, eps_b, data)
                 expected = _nfa_accepts(edges_a, eps_a, data) and (in_b if keep_b else not in_b)
                 assert dfa_fullmatch(hashed, data) == expected
+    # counting bytes mod 17 and mod 19: 323 pairs, past the 257 rows the kernel starts with here, so it grows
+    monkeypatch.setattr(fsm, "_FIRST_ROWS", 1)
+    mod17, mod19 = (DFA(np.repeat(((np.arange(m) + 1) % m)[:, None], 256, 1).astype(np.int32), np.arange(m) == 0)
+                    for m in (17, 19))
+    both = fsm.product(mod17, mod19, True, 10_000)
+    assert both.num_states == 323 and dfa_fullmatch(both, bytes(323)) and not dfa_fullmatch(both, bytes(17))
     chain = DFA(np.ones((2, 256), np.int32), np.array([False, True]))      # pairs (0, 0) then (1, 1)
     assert fsm.product(chain, chain, True, 2).num_states == 2
     with pytest.raises(BudgetExceeded):               # the state budget holds on the hashed path too
