@@ -68,7 +68,8 @@ class SchemaCompiler:
         self.refs = RefResolver(self.root, "id" if self.draft4 else "$id")
         self.punct = punctuation(options.whitespace, options.max_indent)
         self.rules: dict[str, Expr] = {}
-        self._memo: dict[frozenset, str] = {}
+        self._memo: dict[frozenset, str] = {}     # conjunctions through a $ref: their rules' names
+        self._conjunctions: dict[frozenset, Expr] = {}  # the others: their expressions
         self._active: dict[frozenset, int] = {}
         self._depth = 0
         self._nesting = 0
@@ -189,9 +190,14 @@ class SchemaCompiler:
         parts, via_ref = expanded
         if not parts:
             return self._any_value()
-        if not via_ref:
-            return self._compile_parts(parts)
         key = frozenset(p.key for p in parts)   # expand dropped repeats: the set names the conjunction
+        if not via_ref:
+            # the same conjunction comes back where combinators distribute (a oneOf's negations meet each
+            # branch again): its expression is shared, not rebuilt
+            hit = self._conjunctions.get(key)
+            if hit is None:
+                hit = self._conjunctions[key] = self._compile_parts(parts)
+            return hit
         if key in self._memo:
             return Ref(self._memo[key])
         if key in self._active:

@@ -199,7 +199,7 @@ class _ObjectBuilder:
         """The string-keyword view of propertyNames conjuncts (keys are always strings)."""
         expanded = self.ctx.expand(names)
         if expanded is None:
-            return [self.parts[0].sub({"maxLength": 0, "minLength": 1}, "propertyNames")]
+            return [self.parts[0].derived({"maxLength": 0, "minLength": 1}, "no key", "propertyNames")]
         out = []
         for part in expanded[0]:
             other = {k for k in part.schema if k not in STRING_KEYS} - {"type", "$ref", "allOf"}
@@ -209,7 +209,7 @@ class _ObjectBuilder:
                                              part.pointer)
             types = part.get("type")
             if types is not None and "string" not in (types if isinstance(types, list) else [types]):
-                return [part.sub({"maxLength": 0, "minLength": 1})]  # no key can satisfy it
+                return [part.derived({"maxLength": 0, "minLength": 1}, "no key")]  # no key can satisfy it
             out.append(part)
         return out
 
