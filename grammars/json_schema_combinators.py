@@ -95,9 +95,19 @@ def _negation_groups(keys: set[str]) -> list[set[str]] | None:
     return groups + [{k} for k in sorted(left)]
 
 
-def _negation_size(schema: Any, resolve: Resolver, depth: int = 0) -> int | None:
+def _negation_size(schema: Any, resolve: Resolver, depth: int = 0, memo: dict | None = None) -> int | None:
     """How many alternatives `not schema` compiles to (see `negate` and `rewritten_negation`), None when it
-    is not one of the shapes negated exactly; `resolve` gives the conjuncts a $ref stands for."""
+    is not one of the shapes negated exactly; `resolve` gives the conjuncts a $ref stands for.  Each (schema,
+    depth) is sized once: a recursive schema's $refs lead back to the same subschemas many times over (200,000
+    calls for one oneOf of Github_hard's o39210)."""
+    memo = {} if memo is None else memo
+    key = (id(schema), depth)
+    if key not in memo:   # the schema is kept with its size, so that its id stays its own
+        memo[key] = (schema, _size_of_negation(schema, resolve, depth, memo))
+    return memo[key][1]
+
+
+def _size_of_negation(schema: Any, resolve: Resolver, depth: int, memo: dict) -> int | None:
     if not isinstance(schema, dict):
         return 1 if isinstance(schema, bool) else None
     keys = _constraining(schema)
@@ -105,7 +115,7 @@ def _negation_size(schema: Any, resolve: Resolver, depth: int = 0) -> int | None
         conjuncts = resolve(schema) if depth < _MAX_REF_DEPTH else None
         if conjuncts is None:
             return None
-        sizes = [_negation_size(conjunct, resolve, depth + 1) for conjunct in conjuncts]
+        sizes = [_negation_size(conjunct, resolve, depth + 1, memo) for conjunct in conjuncts]
         return None if None in sizes else max(sum(sizes), 1)
     bounds = _negated_bounds(schema)
     if bounds is not None:
@@ -113,11 +123,11 @@ def _negation_size(schema: Any, resolve: Resolver, depth: int = 0) -> int | None
     if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}, {"multipleOf"}, {"not"}):
         return 1
     if keys == {"items"} and not isinstance(schema["items"], list):
-        return None if _negation_size(schema["items"], resolve, depth) is None else 1
+        return None if _negation_size(schema["items"], resolve, depth, memo) is None else 1
     # (a oneOf counts as an anyOf: it negates only where its branches exclude each other, see rewritten_negation)
     combined = schema[next(iter(keys))] if keys in ({"anyOf"}, {"allOf"}, {"oneOf"}) else None
     if isinstance(combined, list) and combined:
-        sizes = [_negation_size(branch, resolve, depth) for branch in combined]
+        sizes = [_negation_size(branch, resolve, depth, memo) for branch in combined]
         if None in sizes:
             return None
         if keys == {"allOf"}:
@@ -132,13 +142,13 @@ def _negation_size(schema: Any, resolve: Resolver, depth: int = 0) -> int | None
         other = schema.get("additionalProperties", True)
         if other is not True and other != {}:
             failing.append(other)
-        if not failing or any(_negation_size(sub, resolve, depth) is None for sub in failing):
+        if not failing or any(_negation_size(sub, resolve, depth, memo) is None for sub in failing):
             return None
         return len(failing)
     groups = _negation_groups(keys) if len(keys) > 1 else None
     if not groups or len(groups) < 2:
         return None
-    sizes = [_negation_size({k: schema[k] for k in group}, resolve, depth) for group in groups]
+    sizes = [_negation_size({k: schema[k] for k in group}, resolve, depth, memo) for group in groups]
     return None if None in sizes else sum(sizes)
 
 
@@ -458,7 +468,15 @@ def _resolver(ctx: SchemaContext, at: Part) -> Resolver:
     """The conjuncts a schema holding a $ref stands for (allOf and $refs flattened, each without the keywords
     that were), where every one of them reads its own $refs under the base of `at`, so that they compile as
     schemas written there; None otherwise."""
+    resolved: dict[int, tuple[dict, list[Any] | None]] = {}
+
     def resolve(schema: dict) -> list[Any] | None:
+        # the same conjunct objects each time a schema is resolved again, so that sizes memoised by id hold
+        if id(schema) not in resolved:
+            resolved[id(schema)] = (schema, expand(schema))
+        return resolved[id(schema)][1]
+
+    def expand(schema: dict) -> list[Any] | None:
         try:
             expanded = ctx.expand([Part(schema, at.pointer, at.base)])
         except SchemaError:

@@ -164,8 +164,8 @@ class SchemaCompiler:
             keyword = next((k for k in UNSUPPORTED if k in present), None)
             if keyword is not None:
                 raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
-            if not _CONSTRAINTS.isdisjoint(present):
-                out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}, part.variant))  # expanded once
+            if not _CONSTRAINTS.isdisjoint(present):   # the part with its allOf and $ref expanded, once
+                out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}, part.variant))
             stack.extend(reversed(pending))
         return out, via_ref
 

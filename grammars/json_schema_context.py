@@ -72,7 +72,8 @@ class JsonSchemaOptions:
 
     def __post_init__(self) -> None:
         if self.property_order not in ("schema", "any"):
-            raise ValueError(f"JSON schema option property_order must be 'schema' or 'any', not {self.property_order!r}")
+            raise ValueError("JSON schema option property_order must be 'schema' or 'any', not "
+                             f"{self.property_order!r}")
         _check_cap("max_string_length", self.max_string_length, MAX_LENGTH_CAP)
         _check_cap("max_items", self.max_items, None)
         _check_cap("max_number_digits", self.max_number_digits, MAX_LENGTH_CAP)
