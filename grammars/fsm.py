@@ -230,7 +230,7 @@ def _reachable_in_order(trans, start, limit):  # pragma: no cover - compiled
     while head < count:
         s = order[head]
         head += 1
-        for b in range(256):
+        for b in range(trans.shape[1]):
             t = trans[s, b]
             if t >= 0 and not seen[t]:
                 if count > limit:
@@ -490,33 +490,41 @@ def minimize(dfa: DFA) -> DFA:
 
 @numba.njit(cache=True)
 def _minimal(trans, accept):  # pragma: no cover - compiled
-    """Hopcroft's partition refinement over the byte classes the DFA distinguishes, on the DFA completed
-    with a sink state (dead and missing transitions); then the quotient's states reachable from the start."""
+    """Hopcroft's partition refinement on the DFA completed with a sink state (dead and missing transitions);
+    then the quotient's states reachable from the start.  All of it runs over the byte classes the DFA
+    distinguishes (a few dozen columns where the table has 256), widened to bytes only in the result."""
     n = trans.shape[0]
-    live = _live_states(trans, accept)
+    classes, class_of = _byte_classes(trans)
+    k = len(classes)
+    narrow = np.empty((n, k), np.int32)
+    for s in range(n):
+        for j in range(k):
+            narrow[s, j] = trans[s, classes[j]]
+    live = _live_states(narrow, accept)
     if n == 0 or not live[0]:
         return np.full((1, 256), -1, np.int32), np.zeros(1, np.bool_)
-    full = np.empty((n + 1, 256), np.int32)
+    full = np.empty((n + 1, k), np.int32)
     for s in range(n):
-        for b in range(256):
-            t = trans[s, b]
-            full[s, b] = t if t >= 0 and live[t] else n
+        for j in range(k):
+            t = narrow[s, j]
+            full[s, j] = t if t >= 0 and live[t] else n
     full[n, :] = n
     done = np.empty(n + 1, np.bool_)
     done[:n] = accept & live
     done[n] = False
-    classes = _byte_classes(full)
-    block, count = _hopcroft(np.ascontiguousarray(full[:, classes]), done)
+    block, count = _hopcroft(full, done)
     reps = np.full(count, -1, np.int64)         # the first member of each block
     for s in range(n + 1):
         if reps[block[s]] < 0:
             reps[block[s]] = s
     sink = block[n]
-    quotient = np.empty((count, 256), np.int32)
+    quotient = np.empty((count, k), np.int32)
     for q in range(count):
-        for b in range(256):
-            t = block[full[reps[q], b]]
-            quotient[q, b] = -1 if t == sink else t
+        for j in range(k):
+            t = block[full[reps[q], j]]
+            quotient[q, j] = -1 if t == sink else t
+    # a class's targets are met first at its lowest byte, and the classes go by lowest byte: the breadth-first
+    # order over classes is the one over bytes
     order = _reachable_in_order(quotient, block[0], count)
     remap = np.full(count, -1, np.int32)
     for i in range(len(order)):
@@ -527,7 +535,7 @@ def _minimal(trans, accept):  # pragma: no cover - compiled
         q = order[i]
         final[i] = done[reps[q]]
         for b in range(256):
-            t = quotient[q, b]
+            t = quotient[q, class_of[b]]
             out[i, b] = -1 if t < 0 else remap[t]
     return out, final
 
@@ -535,10 +543,10 @@ def _minimal(trans, accept):  # pragma: no cover - compiled
 @numba.njit(cache=True)
 def _live_states(trans, accept):  # pragma: no cover - compiled
     """States from which an accepting state is reachable (backwards from the accepting ones)."""
-    n = trans.shape[0]
+    n, width = trans.shape
     ptr = np.zeros(n + 1, np.int64)                 # predecessors of t: preds[ptr[t]:ptr[t + 1]]
     for s in range(n):
-        for b in range(256):
+        for b in range(width):
             if trans[s, b] >= 0:
                 ptr[trans[s, b] + 1] += 1
     for t in range(n):
@@ -546,7 +554,7 @@ def _live_states(trans, accept):  # pragma: no cover - compiled
     fill = ptr[:-1].copy()
     preds = np.empty(ptr[n], np.int32)
     for s in range(n):
-        for b in range(256):
+        for b in range(width):
             t = trans[s, b]
             if t >= 0:
                 preds[fill[t]] = s
@@ -572,31 +580,60 @@ def _live_states(trans, accept):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def _byte_classes(trans):  # pragma: no cover - compiled
-    """One byte (the lowest) of each class of bytes that every state treats alike (equal columns of
-    `trans`), in increasing order: a column hash finds the candidates, an exact comparison confirms."""
+    """The classes of bytes that every state treats alike (equal columns of `trans`): the lowest byte of each,
+    in increasing order, and each byte's class.  Bytes with equal column hashes are taken as one class, which
+    one pass along the rows confirms (columns compared one by one would read the table across its rows, a
+    cache miss a state); on a hash collision the columns are compared exactly."""
     n = trans.shape[0]
-    hashes = np.zeros(256, np.uint64)
+    hashes = np.zeros(256, np.uint32)     # 32 bits: the multiplications vectorise across a row
     for s in range(n):
         for b in range(256):
-            hashes[b] = hashes[b] * np.uint64(1099511628211) + np.uint64(trans[s, b] + 1)
+            hashes[b] = hashes[b] * np.uint32(16777619) + np.uint32(trans[s, b] + 1)
     firsts = np.empty(256, np.int64)
+    class_of = np.empty(256, np.int64)
     count = 0
     for b in range(256):
-        known = False
+        known = -1
         for c in range(count):
-            r = firsts[c]
-            if hashes[r] == hashes[b]:
-                known = True
-                for s in range(n):
-                    if trans[s, r] != trans[s, b]:
-                        known = False
-                        break
-                if known:
-                    break
-        if not known:
+            if hashes[firsts[c]] == hashes[b]:
+                known = c
+                break
+        if known < 0:
             firsts[count] = b
+            known = count
             count += 1
-    return firsts[:count]
+        class_of[b] = known
+    rep = firsts[class_of]
+    for s in range(n):
+        for b in range(256):
+            if trans[s, b] != trans[s, rep[b]]:
+                return _exact_byte_classes(trans)
+    return firsts[:count], class_of
+
+
+@numba.njit(cache=True)
+def _exact_byte_classes(trans):  # pragma: no cover - compiled
+    """`_byte_classes` by comparing columns."""
+    n = trans.shape[0]
+    firsts = np.empty(256, np.int64)
+    class_of = np.empty(256, np.int64)
+    count = 0
+    for b in range(256):
+        known = -1
+        for c in range(count):
+            known = c
+            for s in range(n):
+                if trans[s, firsts[c]] != trans[s, b]:
+                    known = -1
+                    break
+            if known >= 0:
+                break
+        if known < 0:
+            firsts[count] = b
+            known = count
+            count += 1
+        class_of[b] = known
+    return firsts[:count], class_of
 
 
 @numba.njit(cache=True)
