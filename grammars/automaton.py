@@ -28,7 +28,8 @@ import numpy as np
 
 from . import ir
 from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, UnsupportedSchemaError
-from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
+from .fsm import (DFA, MEMO_SIZE, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize,
+                  shift_targets)
 from .object_members import CLAIM, CLOSE, EMPTY_TAG, EXTRA, FIRST, SEPARATOR, MemberSet
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
@@ -708,15 +709,12 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
 
 def _terminal_table(first: int, tables: list[np.ndarray]) -> np.ndarray:
     """Each terminal table in turn, its targets shifted to the global states where the table lands (one pass
-    over the whole: per-table numpy calls cost more than the copying); the first lands at `first`."""
+    over the whole: per-table calls cost more than the copying); the first lands at `first`."""
     if not tables:
         return np.full((0, 256), -1, np.int32)
     out = np.concatenate(tables)
     sizes = [len(table) for table in tables]
-    shift = np.repeat(np.cumsum([first] + sizes[:-1]), sizes).astype(np.int32)
-    missing = out < 0
-    out += shift[:, None]
-    out[missing] = -1
+    shift_targets(out, np.repeat(np.cumsum([first] + sizes[:-1]), sizes).astype(np.int32))
     return out
 
 

@@ -891,6 +891,16 @@ def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None,
     return minimize(DFA(rows[:n], accept))
 
 
+@numba.njit(cache=True)
+def shift_targets(trans, shift):  # pragma: no cover - compiled
+    """Add shift[i] to every live target (>= 0) of row i of `trans`, in place."""
+    for i in range(trans.shape[0]):
+        d = shift[i]
+        for c in range(trans.shape[1]):
+            if trans[i, c] >= 0:
+                trans[i, c] += d
+
+
 def load_kernels(sample: DFA) -> None:
     """Load the compiled product kernels, with `sample` (any DFA) as their input: numba reads each from its
     disk cache on first call, and the sparse one only runs for products of millions of pairs (the counted one
