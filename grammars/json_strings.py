@@ -45,15 +45,15 @@ def encode_char(ch: str) -> str:
 
 def regex_escape(text: str) -> str:
     """Escape literal text for the IR's regex syntax (controls as \\xNN, metacharacters with a backslash)."""
-    out = []
-    for ch in text:
-        if ch in REGEX_META:
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    return _ESCAPED.sub(_escape_match, text)
+
+
+_ESCAPED = re.compile("[" + re.escape("".join(sorted(REGEX_META))) + r"\x00-\x1f\x7f]")
+
+
+def _escape_match(match: re.Match) -> str:
+    ch = match.group()
+    return "\\" + ch if ch in REGEX_META else f"\\x{ord(ch):02x}"
 
 
 def _class_char(cp: int) -> str:
