@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
-from leapgen.grammars import json_schema_scalars
+from leapgen.grammars import json_schema_combinators, json_schema_scalars
 from leapgen.grammars.automaton import compile_automaton
 from leapgen.grammars.fsm import MEMO_SIZE, product
 from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq, Terminal
@@ -776,6 +776,22 @@ def test_overlapping_one_of_with_branches_that_do_not_negate_is_refused():
     assert info.value.pointer == "/oneOf"
     with pytest.raises(UnsupportedSchemaError, match=r"not with keywords \['format'\]"):
         json_schema_to_grammar({"$defs": {"s": {"format": "email"}}, "not": {"$ref": "#/$defs/s", "type": "string"}})
+
+
+def test_sizing_a_recursive_one_of_for_negation_visits_each_subschema_once_per_ref_depth(monkeypatch):
+    # each $ref level leads to `node` three ways, so sizing every path down to the $ref depth limit would take
+    # thousands of visits; the sizes are memoised per (subschema, depth), and the oneOf is refused as before
+    schema = {"$defs": {"node": {"anyOf": [{"type": "string", "maxLength": 3}, {"$ref": "#/$defs/node"},
+                                           {"$ref": "#/$defs/pair"}]},
+                        "pair": {"allOf": [{"$ref": "#/$defs/node"}, {"$ref": "#/$defs/node"}]}},
+              "oneOf": [{"$ref": "#/$defs/node"}, {"type": "string", "minLength": 2}]}
+    sized = []
+    size_of = json_schema_combinators._size_of_negation
+    monkeypatch.setattr(json_schema_combinators, "_size_of_negation",
+                        lambda schema, *rest: sized.append(schema) or size_of(schema, *rest))
+    with pytest.raises(UnsupportedSchemaError, match="oneOf branches 0 and 1 may both match"):
+        json_schema_to_grammar(schema)
+    assert 0 < len(sized) < 100
 
 
 def test_draft_04_integers_are_written_without_a_fraction():
