@@ -29,7 +29,7 @@ from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, Json
                                   expect, narrow_types)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
-from .json_schema_refs import RefResolver, escape_token, without_keywords
+from .json_schema_refs import Path, RefResolver, escape_token, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 
 MAX_SUBSCHEMA_DEPTH = 64  # the limits: see the module docstring
@@ -301,10 +301,11 @@ class SchemaCompiler:
 
 def _check_document_depth(document: Any) -> None:
     """Refuse a document nested deeper than MAX_DOCUMENT_DEPTH (without recursing itself)."""
-    stack = [(document, "", 1)] if isinstance(document, (dict, list)) else []
+    stack: list[tuple[Any, Path, int]] = [(document, (), 1)] if isinstance(document, (dict, list)) else []
     while stack:
-        value, pointer, depth = stack.pop()
+        value, path, depth = stack.pop()
         if depth > MAX_DOCUMENT_DEPTH:
-            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays", pointer)
+            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays",
+                                         pointer_of(path))
         items = value.items() if isinstance(value, dict) else enumerate(value)
-        stack += [(v, f"{pointer}/{escape_token(str(k))}", depth + 1) for k, v in items if isinstance(v, (dict, list))]
+        stack += [(v, (path, k), depth + 1) for k, v in items if isinstance(v, (dict, list))]

@@ -35,19 +35,35 @@ def escape_token(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
-def _children(schema: dict, pointer: str):
+# A place in the document as a linked list of reference tokens, (parent path, token), () at the root: a walk over
+# every subschema makes one tuple per step, and only the places it reports become JSON pointer text.
+Path = tuple
+
+
+def pointer_of(path: Path) -> str:
+    """The JSON pointer of a linked path."""
+    tokens = []
+    while path:
+        path, token = path
+        tokens.append(token)
+    return "".join("/" + escape_token(str(token)) for token in reversed(tokens))
+
+
+def _children(schema: dict, path: Path):
     for key in _SINGLE:
         if isinstance(schema.get(key), (dict, bool)):
-            yield schema[key], f"{pointer}/{key}"
+            yield schema[key], (path, key)
     for key in _LISTS:
         if isinstance(schema.get(key), list):
+            keyed = (path, key)
             for i, sub in enumerate(schema[key]):
-                yield sub, f"{pointer}/{key}/{i}"
+                yield sub, (keyed, i)
     for key in _MAPS:
         if isinstance(schema.get(key), dict):
+            keyed = (path, key)
             for name, sub in schema[key].items():
                 if isinstance(sub, (dict, bool)):
-                    yield sub, f"{pointer}/{key}/{escape_token(name)}"
+                    yield sub, (keyed, name)
 
 
 def without_keywords(schema: Any, keywords: frozenset[str]) -> Any:
@@ -84,7 +100,7 @@ class RefResolver:
         self._anchors: dict[str, Located] = {}
         self._resolved: dict[tuple[str, str], Located] = {}
         self.root_base = self._base_of(root, _ROOT_BASE)
-        self._index(root, "", self.root_base)
+        self._index(root, (), self.root_base)
 
     def _base_of(self, schema: Any, parent: str) -> str:
         ident = schema.get(self.id_keyword) if isinstance(schema, dict) else None
@@ -92,20 +108,21 @@ class RefResolver:
             return urldefrag(urljoin(parent, ident))[0]
         return parent
 
-    def _index(self, schema: Any, pointer: str, parent_base: str) -> None:
+    def _index(self, schema: Any, path: Path, parent_base: str) -> None:
         if not isinstance(schema, dict):
             return
-        base = self._base_of(schema, parent_base) if pointer else self.root_base
-        if pointer == "" or base != parent_base:
-            self._resources.setdefault(base, Located(schema, pointer, base))
-        for key in ("$anchor", "$dynamicAnchor"):
-            if isinstance(schema.get(key), str):
-                self._anchors.setdefault(f"{base}#{schema[key]}", Located(schema, pointer, base))
+        base = self._base_of(schema, parent_base) if path else self.root_base
+        if (not path or base != parent_base) and base not in self._resources:
+            self._resources[base] = Located(schema, pointer_of(path), base)
+        names = [f"{base}#{schema[key]}" for key in ("$anchor", "$dynamicAnchor") if isinstance(schema.get(key), str)]
         ident = schema.get(self.id_keyword)
         if isinstance(ident, str) and ident.startswith("#") and len(ident) > 1:  # draft-04/06/07 plain-name ids
-            self._anchors.setdefault(f"{base}{ident}", Located(schema, pointer, base))
-        for sub, sub_pointer in _children(schema, pointer):
-            self._index(sub, sub_pointer, base)
+            names.append(f"{base}{ident}")
+        for name in names:
+            if name not in self._anchors:
+                self._anchors[name] = Located(schema, pointer_of(path), base)
+        for sub, sub_path in _children(schema, path):
+            self._index(sub, sub_path, base)
 
     def base_for(self, schema: Any, parent_base: str) -> str:
         """The base URI in effect inside `schema` when its parent's base is `parent_base`."""
