@@ -490,10 +490,36 @@ class _Compiler:
     def rule_dfa(self, name: str) -> CallDFA:
         if name in self.members_rules:
             return self.members_dfa(name)
+        labels = self._chain(self.rules[name], [])
+        if labels is not None:      # most rules (an object member: key, colon, value): no subsets to construct
+            return CallDFA([False] * len(labels) + [True], [((label, k + 1),) for k, label in enumerate(labels)] + [()])
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()
         self.build(nfa, self.rules[name], src, dst)
         return determinize_calls(nfa, src, dst, MAX_RULE_STATES)
+
+    def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
+        """`labels` and then the labels `expr` calls one after the other, where it is a plain sequence of calls
+        (no choice or repetition, inlined references followed); None otherwise.  Labels are made in the order
+        `build` makes them, so a rule that turns out not to be a chain numbers its terminals as before."""
+        if isinstance(expr, ir.Seq):
+            for item in expr.items:
+                if self._chain(item, labels) is None:
+                    return None
+        elif isinstance(expr, ir.Lit) and not expr.text:
+            pass
+        elif isinstance(expr, (ir.Lit, ir.Terminal)) or (isinstance(expr, ir.Choice) and _is_terminal(expr)):
+            labels.append(self.terminal_label(expr))
+        elif isinstance(expr, ir.Capture):
+            labels.append(self.capture_label(expr))
+        elif isinstance(expr, ir.Ref):
+            if expr.name in self.called or expr.call:
+                labels.append(expr.name)
+            else:
+                return self._chain(self.rules[expr.name], labels)
+        else:
+            return None
+        return labels
 
     def members_dfa(self, name: str) -> CallDFA:
         """`open`, then members and extras, each guarded at run time, between separators, then `close`."""

@@ -13,8 +13,8 @@ import pytest
 
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars import json_schema_combinators, json_schema_scalars
-from leapgen.grammars.automaton import compile_automaton
-from leapgen.grammars.fsm import MEMO_SIZE, product
+from leapgen.grammars.automaton import _Compiler, compile_automaton
+from leapgen.grammars.fsm import MEMO_SIZE, NFA, determinize_calls, product
 from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
@@ -792,6 +792,28 @@ def test_sizing_a_recursive_one_of_for_negation_visits_each_subschema_once_per_r
     with pytest.raises(UnsupportedSchemaError, match="oneOf branches 0 and 1 may both match"):
         json_schema_to_grammar(schema)
     assert 0 < len(sized) < 100
+
+
+def test_rules_that_call_in_sequence_skip_subset_construction_and_get_the_same_automaton():
+    schema = {"type": "object", "required": ["id"],
+              "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}},
+                             "owner": {"$ref": "#/$defs/person"}, "note": {"type": ["string", "null"]}},
+              "$defs": {"person": {"type": "object", "properties": {"name": {"type": "string"},
+                                                                    "friend": {"$ref": "#/$defs/person"}}}}}
+    grammar = json_schema_to_grammar(schema)
+    compiler = _Compiler(grammar)
+    chains = 0
+    for name in sorted(compiler.called | {grammar.start}):
+        if name in compiler.members_rules:
+            continue
+        nfa = NFA()
+        src, dst = nfa.node(), nfa.node()
+        compiler.build(nfa, compiler.rules[name], src, dst)
+        constructed = determinize_calls(nfa, src, dst, 10_000)
+        rule = compiler.rule_dfa(name)
+        assert (rule.accept, [tuple(c) for c in rule.calls]) == (constructed.accept, constructed.calls), name
+        chains += compiler._chain(compiler.rules[name], []) is not None
+    assert chains >= 4
 
 
 def test_draft_04_integers_are_written_without_a_fraction():
