@@ -149,11 +149,6 @@ def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
     return out
 
 
-def _recursive_rules(rules: dict[str, ir.Expr]) -> set[str]:
-    """Rules lying on a reference cycle."""
-    return _cyclic({name: _refs(body, set()) for name, body in rules.items()})
-
-
 def _cyclic(graph: dict[str, set[str]]) -> set[str]:
     """Nodes lying on a cycle of `graph` (Tarjan's strongly connected components)."""
     index: dict[str, int] = {}
@@ -276,8 +271,8 @@ class _Compiler:
     def __init__(self, grammar: ir.Grammar):
         self.rules = dict(grammar.rules)
         self.start = grammar.start
-        self._check()
-        self.called = _recursive_rules(self.rules)
+        refs = self._check()
+        self.called = _cyclic(refs)    # rules lying on a reference cycle
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
         self._dfas: dict[ir.Expr, DFA] = {}
@@ -347,15 +342,18 @@ class _Compiler:
             for item in expr.items:
                 self._call_refs(item)
 
-    def _check(self) -> None:
+    def _check(self) -> dict[str, set[str]]:
+        """The rules each rule refers to, all of them defined (GrammarError otherwise)."""
         if not self.rules:
             raise GrammarError("the grammar has no rules")
         if self.start not in self.rules:
             raise GrammarError(f"the start rule {self.start!r} is not defined")
-        for name, body in self.rules.items():
-            for ref in _refs(body, set()):
+        refs = {name: _refs(body, set()) for name, body in self.rules.items()}
+        for name, names in refs.items():
+            for ref in names:
                 if ref not in self.rules:
                     raise GrammarError(f"rule {name!r} refers to undefined rule {ref!r}")
+        return refs
 
     def build(self, nfa: NFA, expr: ir.Expr, src: int, dst: int) -> None:
         """NFA fragment for `expr` between src and dst: terminals and recursive references become
@@ -604,20 +602,27 @@ def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[s
         raise EmptyLanguageError("the grammar matches no string at all")
     out = {}
     for name, rule in rules.items():
-        ok = _live(rule, productive)
+        ok, whole = _live(rule, productive)
+        if whole and all(ok):   # most rules: nothing to drop
+            out[name] = rule
+            continue
         calls = [tuple((lab, t) for lab, t in rule.calls[s] if lab in productive and ok[t])
                  for s in range(rule.num_states)]
         out[name] = CallDFA([acc and ok[s] for s, acc in enumerate(rule.accept)], calls)
     return out
 
 
-def _live(rule: CallDFA, productive: set[str]) -> list[bool]:
-    """States that can reach the end of their rule through calls of productive rules."""
+def _live(rule: CallDFA, productive: set[str]) -> tuple[list[bool], bool]:
+    """States that can reach the end of their rule through calls of productive rules; and whether every call
+    is of a productive rule."""
     preds: list[list[int]] = [[] for _ in range(rule.num_states)]
+    whole = True
     for s, calls in enumerate(rule.calls):
         for lab, t in calls:
             if lab in productive:
                 preds[t].append(s)
+            else:
+                whole = False
     live = list(rule.accept)
     todo = [s for s, acc in enumerate(live) if acc]
     while todo:
@@ -625,7 +630,7 @@ def _live(rule: CallDFA, productive: set[str]) -> list[bool]:
             if not live[p]:
                 live[p] = True
                 todo.append(p)
-    return live
+    return live, whole
 
 
 def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str]) -> None:
