@@ -16,7 +16,8 @@ from .fsm import DFA, product, union
 from .ir import Capture, Choice, Expr, Language, Lit, Ref, Seq, Terminal
 from .json_numbers import (CANONICAL, DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most,
                            common_multiple, digit_cap, multiples_of)
-from .json_schema_context import Part, SchemaContext, count_of, enum_values, expect, is_number, satisfying
+from .json_schema_context import (STRING_KEYS, Part, SchemaContext, count_of, enum_values, expect, is_number,
+                                  satisfying)
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
 from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, Length, capped_length, chars_regex, format_pattern,
                            pattern_regexes, regex_escape, string_regex)
@@ -148,6 +149,9 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     matching every pattern of `extra_patterns` (a class of property names) and none of `excluded_patterns`
     (`not: {pattern}`, the other classes of property names).  `whole`: one terminal even where long length
     bounds would count in chunks (a captured text is one terminal)."""
+    if not (excluded or extra_patterns or excluded_patterns or ctx.options.max_string_length is not None
+            or any(p.has(key) for p in parts for key in STRING_KEYS)):
+        return _ANY_STRING      # most strings: no keyword to read, and one terminal for all of them
     lo, hi = 0, None
     patterns = list(extra_patterns)
     # each keyword as (its name in an error, its pointer)
@@ -203,6 +207,9 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         raise UnsupportedSchemaError(f"{origin[0]} cannot be enforced exactly within {MAX_DFA_STATES} automaton "
                                      "states", origin[1])
     return Terminal(string_regex(lo, hi), also, exclude, origin)
+
+
+_ANY_STRING = Terminal(string_regex(0, None))
 
 
 def _excluded_regexes(patterns: Patterns) -> tuple[str, ...]:
