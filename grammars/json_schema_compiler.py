@@ -37,6 +37,7 @@ MAX_DOCUMENT_DEPTH = 2 * MAX_SUBSCHEMA_DEPTH + 1  # properties/anyOf spend two J
 MAX_SUBSCHEMAS = 20_000
 
 
+_UNSUPPORTED = frozenset(UNSUPPORTED)
 _CONSTRAINTS = VALIDATION - {"allOf"}   # what a conjunct constrains once its allOf and $ref are expanded
 # Validation keywords later drafts added, and the older drafts that do not define them.
 _LATER_KEYWORDS = (
@@ -141,13 +142,16 @@ class SchemaCompiler:
             if schema is False:
                 self.never("the schema is false", part.pointer)
                 return None
-            expect(isinstance(schema, dict), f"a schema must be an object or a boolean, not "
-                   f"{type(schema).__name__}", part.pointer)
+            if not isinstance(schema, dict):   # (the messages of this loop are only written on failure: a hot path)
+                raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}",
+                                  part.pointer)
             # A part's base is its parent's until its own id is applied, once: a relative id applied twice
             # would nest its path in itself
             ident = self.refs.id_keyword
-            base = part.base if ident in part.skip else self.refs.base_for(schema, part.base)
-            part = Part(schema, part.pointer, base, part.skip | {ident}, part.variant)
+            base = part.base
+            if ident not in part.skip:
+                base = self.refs.base_for(schema, part.base)
+                part = Part(schema, part.pointer, base, part.skip | {ident}, part.variant)
             pending: list[Part] = []
             if part.has("$ref"):
                 target = self.refs.resolve(schema["$ref"], base, part.pointer)
@@ -158,11 +162,12 @@ class SchemaCompiler:
                     continue
             if part.has("allOf"):
                 subs = schema["allOf"]
-                expect(isinstance(subs, list) and subs, "allOf must be a non-empty array", part.at("allOf"))
+                if not (isinstance(subs, list) and subs):
+                    raise SchemaError("allOf must be a non-empty array", part.at("allOf"))
                 pending += [part.sub(s, "allOf", i) for i, s in enumerate(subs)]
             present = schema.keys() - part.skip
-            keyword = next((k for k in UNSUPPORTED if k in present), None)
-            if keyword is not None:
+            if not _UNSUPPORTED.isdisjoint(present):
+                keyword = next(k for k in UNSUPPORTED if k in present)
                 raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
             if not _CONSTRAINTS.isdisjoint(present):   # the part with its allOf and $ref expanded, once
                 out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}, part.variant))

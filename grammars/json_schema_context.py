@@ -202,8 +202,8 @@ def count_of(part: Part, key: str) -> int | None:
     value = part.get(key)
     if value is None:
         return None
-    expect(is_number(value) and value >= 0 and value == int(value), f"{key} must be a non-negative integer",
-           part.at(key))
+    if not (is_number(value) and value >= 0 and value == int(value)):   # the message only on failure: a hot path
+        raise SchemaError(f"{key} must be a non-negative integer", part.at(key))
     return int(value)
 
 
@@ -232,7 +232,8 @@ def narrow_types(part: Part, branches: Branches) -> None:
     allowed: set = set()
     integer = False
     for name in names:
-        expect(name in TYPES or name == "integer", f"unknown type {name!r}", part.at("type"))
+        if name not in TYPES and name != "integer":
+            raise SchemaError(f"unknown type {name!r}", part.at("type"))
         allowed.add("number" if name == "integer" else name)
         integer = integer or name == "integer"
     if integer and "number" not in names:
