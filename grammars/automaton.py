@@ -490,6 +490,8 @@ class _Compiler:
             return self.members_dfa(name)
         labels = self._chain(self.rules[name], [])
         if labels is not None:      # most rules (an object member: key, colon, value): no subsets to construct
+            if len(labels) >= MAX_RULE_STATES:
+                raise BudgetExceeded(MAX_RULE_STATES, "automaton states")
             return CallDFA([False] * len(labels) + [True], [((label, k + 1),) for k, label in enumerate(labels)] + [()])
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()

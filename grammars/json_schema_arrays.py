@@ -140,7 +140,7 @@ def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part]
         raise UnsupportedSchemaError(f"contains counting up to {' and '.join(map(str, tops))} matches over up to "
                                      f"{cap} counted items would need more than {_MAX_CONTAINS_RULES} rules",
                                      contains[0][0].pointer)
-    others = [None if most is None else match.derived({"not": match.schema}, "not contains")
+    others = [None if most is None else match.derived({"not": match.schema}, "an item failing contains")
               for match, _, most in contains]
     # per way of writing an item, which contains count it as a match; the first counts it for every one, so
     # that an error of the item or a contains schema names that schema, not its negation

@@ -70,7 +70,7 @@ class SchemaCompiler:
         self.punct = punctuation(options.whitespace, options.max_indent)
         self.rules: dict[str, Expr] = {}
         self._memo: dict[frozenset, str] = {}     # conjunctions through a $ref: their rules' names
-        self._conjunctions: dict[frozenset, Expr] = {}  # the others: their expressions
+        self._conjunctions: dict[frozenset, list[tuple[dict, Expr]]] = {}  # the others: their expressions
         self._active: dict[frozenset, int] = {}
         self._depth = 0
         self._nesting = 0
@@ -198,11 +198,17 @@ class SchemaCompiler:
         key = frozenset(p.key for p in parts)   # expand dropped repeats: the set names the conjunction
         if not via_ref:
             # the same conjunction comes back where combinators distribute (a oneOf's negations meet each
-            # branch again): its expression is shared, not rebuilt
-            hit = self._conjunctions.get(key)
-            if hit is None:
-                hit = self._conjunctions[key] = self._compile_parts(parts)
-            return hit
+            # branch again): its expression is shared, not rebuilt.  A key names each part's schema by its place
+            # and the rewrite that made it; the schemas themselves confirm the match (a rewrite named like another
+            # at the same place would otherwise get that one's expression)
+            schemas = {p.key: p.schema for p in parts}
+            known = self._conjunctions.setdefault(key, [])
+            for seen, expr in known:
+                if seen == schemas:
+                    return expr
+            expr = self._compile_parts(parts)
+            known.append((schemas, expr))
+            return expr
         if key in self._memo:
             return Ref(self._memo[key])
         if key in self._active:

@@ -489,6 +489,23 @@ def test_contains_counts_matching_items_exactly(schema):
     assert not wrong, wrong
 
 
+def test_a_negated_contains_and_a_contains_inside_a_negation_stay_apart():
+    # counting a contains item twice over, its negation ("not contains" at /contains) and the negation of the
+    # contains inside it (split from the minItems beside it, also at /contains) are two conjunctions: compiled
+    # once each, not one memoised for the other (that accepted [[2], [2]] and refused [[1, 1], [2]])
+    schema = {"type": "array", "items": {"anyOf": [{"const": [1, 1]}, {"const": [2]}]},
+              "contains": {"not": {"contains": {"const": 1}, "minItems": 2}}, "maxContains": 1}
+    values = [[1, 1], [2], [1], []]
+    arrays = [[]]
+    for _ in range(3):
+        arrays += [a + [v] for a in arrays if len(a) == len(arrays[-1]) for v in values]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema)
+    wrong = [a for a in arrays if ir_accepts(grammar, json.dumps(a)) != validator.is_valid(a)]
+    assert not wrong, wrong
+    assert validator.is_valid([[1, 1], [2]]) and not validator.is_valid([[2], [2]])
+
+
 @pytest.mark.parametrize("schema", [
     {"not": {"properties": {"a": {"type": "integer"}, "b": False}}},
     {"not": {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}},
