@@ -583,19 +583,34 @@ def _byte_classes(trans):  # pragma: no cover - compiled
     """The classes of bytes that every state treats alike (equal columns of `trans`): the lowest byte of each,
     in increasing order, and each byte's class.  Bytes with equal column hashes are taken as one class, which
     one pass along the rows confirms (columns compared one by one would read the table across its rows, a
-    cache miss a state); on a hash collision the columns are compared exactly."""
+    cache miss a state); on a hash collision, columns with equal hashes are compared exactly."""
     n = trans.shape[0]
     hashes = np.zeros(256, np.uint32)     # 32 bits: the multiplications vectorise across a row
     for s in range(n):
         for b in range(256):
             hashes[b] = hashes[b] * np.uint32(16777619) + np.uint32(trans[s, b] + 1)
+    firsts, class_of, count = _grouped(trans, hashes, False)
+    rep = firsts[class_of]
+    for s in range(n):
+        for b in range(256):
+            if trans[s, b] != trans[s, rep[b]]:
+                firsts, class_of, count = _grouped(trans, hashes, True)
+                return firsts[:count], class_of
+    return firsts[:count], class_of
+
+
+@numba.njit(cache=True)
+def _grouped(trans, hashes, exact):  # pragma: no cover - compiled
+    """Byte b joins the first class whose lowest byte has its column hash (and, `exact`, its very column), else
+    starts one.  Returns (lowest bytes, each byte's class, class count)."""
     firsts = np.empty(256, np.int64)
     class_of = np.empty(256, np.int64)
     count = 0
     for b in range(256):
         known = -1
         for c in range(count):
-            if hashes[firsts[c]] == hashes[b]:
+            r = firsts[c]
+            if hashes[r] == hashes[b] and (not exact or _same_column(trans, r, b)):
                 known = c
                 break
         if known < 0:
@@ -603,37 +618,16 @@ def _byte_classes(trans):  # pragma: no cover - compiled
             known = count
             count += 1
         class_of[b] = known
-    rep = firsts[class_of]
-    for s in range(n):
-        for b in range(256):
-            if trans[s, b] != trans[s, rep[b]]:
-                return _exact_byte_classes(trans)
-    return firsts[:count], class_of
+    return firsts, class_of, count
 
 
 @numba.njit(cache=True)
-def _exact_byte_classes(trans):  # pragma: no cover - compiled
-    """`_byte_classes` by comparing columns."""
-    n = trans.shape[0]
-    firsts = np.empty(256, np.int64)
-    class_of = np.empty(256, np.int64)
-    count = 0
-    for b in range(256):
-        known = -1
-        for c in range(count):
-            known = c
-            for s in range(n):
-                if trans[s, firsts[c]] != trans[s, b]:
-                    known = -1
-                    break
-            if known >= 0:
-                break
-        if known < 0:
-            firsts[count] = b
-            known = count
-            count += 1
-        class_of[b] = known
-    return firsts[:count], class_of
+def _same_column(trans, a, b):  # pragma: no cover - compiled
+    """Whether columns a and b of `trans` are equal."""
+    for s in range(trans.shape[0]):
+        if trans[s, a] != trans[s, b]:
+            return False
+    return True
 
 
 @numba.njit(cache=True)
