@@ -585,7 +585,7 @@ def _byte_classes(trans):  # pragma: no cover - compiled
     one pass along the rows confirms (columns compared one by one would read the table across its rows, a
     cache miss a state); on a hash collision, columns with equal hashes are compared exactly."""
     n = trans.shape[0]
-    hashes = np.zeros(256, np.uint32)     # 32 bits: the multiplications vectorise across a row
+    hashes = np.zeros(256, np.uint32)
     for s in range(n):
         for b in range(256):
             hashes[b] = hashes[b] * np.uint32(16777619) + np.uint32(trans[s, b] + 1)
@@ -816,7 +816,8 @@ def _product_pairs(ta, tb, symbols, keep_b, max_states, rows):  # pragma: no cov
         i, n = _pair_rows(ta, tb, symbols, keep_b, max_states, index, qa, qb, trans, i, n)
         if n < 0 or i == n:
             return trans, qa, qb, n
-        # growing out here keeps the arrays fixed inside the row loop, which numba then runs ~15x faster
+        # growing out here keeps the arrays fixed inside the row loop: numba compiled the loop that could grow
+        # them 14x slower
         qa, qb, trans = _grown(qa, 2 * len(qa)), _grown(qb, 2 * len(qb)), _grown(trans, 2 * len(trans))
 
 
