@@ -898,11 +898,11 @@ def shift_targets(trans, shift):  # pragma: no cover - compiled
 
 def load_kernels(sample: DFA) -> None:
     """Load the compiled product kernels, with `sample` (any DFA) as their input: numba reads each from its
-    disk cache on first call, and the sparse one only runs for products of millions of pairs (the counted one
-    for length bounds beside a pattern), so without this it loads inside whichever compile first needs one."""
+    disk cache on first call, and the sparse one only runs for products of millions of pairs, so without this
+    it loads inside whichever compile first needs one.  (Counted products go through the plain kernel, with
+    the same argument types.)"""
     product(sample, sample, True, 1 << 10)
     _sparse_pairs(sample, sample, False, 1 << 10)
-    counted_product(sample, sample, np.zeros(sample.trans.shape, bool), 0, 1, 1 << 10)
 
 
 def union(dfas: list[DFA], max_states: int) -> DFA:
