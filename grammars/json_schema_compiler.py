@@ -29,7 +29,7 @@ from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, Json
                                   expect, narrow_types)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
-from .json_schema_refs import Path, RefResolver, escape_token, pointer_of, without_keywords
+from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 
 MAX_SUBSCHEMA_DEPTH = 64  # the limits: see the module docstring
@@ -100,7 +100,7 @@ class SchemaCompiler:
         cls = validator_for(self.root, default=jsonschema.Draft202012Validator)
         error = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(self.root))
         if error is not None:
-            pointer = "".join("/" + escape_token(str(t)) for t in error.absolute_path)
+            pointer = json_pointer(error.absolute_path)
             raise SchemaError(f"schema does not match its metaschema: {error.message}", pointer)
 
     def never(self, reason: str, pointer: str) -> Expr:

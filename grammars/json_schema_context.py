@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from .errors import SchemaError
 from .ir import Expr
 from .json_schema_ir import Punctuation, json_key
-from .json_schema_refs import escape_token
+from .json_schema_refs import json_pointer
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
 
@@ -120,7 +120,7 @@ class Part:
         return key not in self.skip and isinstance(self.schema, dict) and key in self.schema
 
     def at(self, *tokens: Any) -> str:
-        return self.pointer + "".join("/" + escape_token(str(t)) for t in tokens)
+        return self.pointer + json_pointer(tokens)
 
     def sub(self, schema: Any, *tokens: Any) -> "Part":
         return Part(schema, self.at(*tokens), self.base, frozenset(), self.variant)

@@ -7,7 +7,7 @@ the network, and a schema that needs one cannot be enforced as given.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 from urllib.parse import unquote, urldefrag, urljoin
 
 from .errors import SchemaError, UnsupportedSchemaError
@@ -40,13 +40,18 @@ def escape_token(name: str) -> str:
 Path = tuple
 
 
+def json_pointer(tokens: Iterable[Any]) -> str:
+    """The JSON pointer of reference tokens (keys and indexes), root first."""
+    return "".join("/" + escape_token(str(token)) for token in tokens)
+
+
 def pointer_of(path: Path) -> str:
     """The JSON pointer of a linked path."""
     tokens = []
     while path:
         path, token = path
         tokens.append(token)
-    return "".join("/" + escape_token(str(token)) for token in reversed(tokens))
+    return json_pointer(reversed(tokens))
 
 
 def _children(schema: dict, path: Path):
