@@ -274,11 +274,19 @@ def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: di
     failing its own, or a key the negated schema does not declare failing `additionalProperties`.  Which keys
     those may be is known only where the rest of the conjunction closes the object (its own
     `additionalProperties: false` and no patterns): then they are its declared keys the negated schema lacks.
-    None where the object stays open (the keys it may hold are unbounded)."""
+    Two conjunctions settle it without the keys: one that admits no object (every other type satisfies the
+    negated keywords), and one that requires a key the negated schema closes out (`additionalProperties:
+    false`), which every object of it holds.  None where the object stays open (the keys it may hold are
+    unbounded)."""
     declared = inner.get("properties", {})
     expect(isinstance(declared, dict), "properties must be an object", part.at("not", "properties"))
+    signature = _signature(ctx, rest)
+    if signature is not None and not _types_overlap(signature["types"], {"object"}):
+        return ctx.never("only an object fails properties", part.at("not"))
     failing = [(name, sub) for name, sub in declared.items() if sub is not True and sub != {}]
     other = inner.get("additionalProperties", True)
+    if other is False and signature is not None and signature["required"] - declared.keys():
+        return ctx.compile(rest + [part.derived({"type": "object"}, "a key closed out", "not")])
     if other is not True and other != {}:
         keys = _closed_keys(rest)
         if keys is None:

@@ -523,6 +523,27 @@ def test_negations_split_into_independent_keywords_and_properties(schema):
     assert not wrong, wrong
 
 
+_CLOSED = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+           "additionalProperties": False, "required": ["a"]}
+
+
+@pytest.mark.parametrize("schema", [
+    # an open object requiring a key the closed one does not declare: every object of it fails the closed one
+    {"oneOf": [{"properties": {"c": {"type": "string"}}, "required": ["c"]}, _CLOSED]},
+    # a branch that admits no object: none of its instances can fail the closed object's properties
+    {"oneOf": [{"type": "string"}, _CLOSED, {"type": "object", "properties": {"a": {"type": "string"}},
+                                              "additionalProperties": False, "required": ["a"]}]},
+    {"allOf": [{"type": ["string", "integer"]}, {"not": _CLOSED}]},
+])
+def test_negated_closed_objects_settled_by_the_rest_of_the_conjunction(schema):
+    values = [None, 1, "s", [], {}, {"a": 1}, {"a": "x"}, {"a": 1, "b": "x"}, {"a": 1, "c": "x"}, {"c": "x"},
+              {"c": 1}, {"b": "x", "c": "y"}, {"a": "x", "c": "y"}, {"a": 1, "b": 2}]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema, property_order="any")
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+
+
 def test_negations_that_would_split_inside_a_keyword_group_are_refused():
     # additionalProperties means "no keys besides the declared ones" only next to properties; which keys an open
     # object may hold besides them is unbounded
