@@ -111,6 +111,8 @@ def _size_of_negation(schema: Any, resolve: Resolver, depth: int, memo: dict) ->
     if not isinstance(schema, dict):
         return 1 if isinstance(schema, bool) else None
     keys = _constraining(schema)
+    if not keys:    # annotations only (`{"description": ...}`, a misspelt keyword): nothing fails it
+        return 1
     if "$ref" in keys:
         conjuncts = resolve(schema) if depth < _MAX_REF_DEPTH else None
         if conjuncts is None:
@@ -425,13 +427,13 @@ def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
     """`not` on the shapes that negate exactly: types, enum/const values, pattern, multipleOf, false/true."""
     inner = part.get("not")
     pointer = part.at("not")
-    if inner is True or inner == {}:
-        branches.types.clear()
-        return
     if inner is False:
         return
-    expect(isinstance(inner, dict), "not must be a schema", pointer)
-    keys = _constraining(inner)
+    expect(inner is True or isinstance(inner, dict), "not must be a schema", pointer)
+    keys = set() if inner is True else _constraining(inner)
+    if not keys:    # `true`, `{}` or annotations only: every instance satisfies it
+        branches.types.clear()
+        return
     if keys == {"type"}:
         negated = Branches()
         narrow_types(Part(inner, pointer, part.base), negated)

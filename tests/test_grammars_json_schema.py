@@ -544,6 +544,16 @@ def test_negated_closed_objects_settled_by_the_rest_of_the_conjunction(schema):
     assert not wrong, wrong
 
 
+def test_a_branch_of_annotations_only_matches_everything_so_one_of_excludes_the_other_branch():
+    # `_format` is no keyword: the branch is `{}`, so oneOf admits exactly what the other branch does not
+    schema = {"oneOf": [{"enum": ["", 1]}, {"_format": "email", "description": "any"}]}
+    values = ["", 1, "a", 2, None, [], {}]
+    grammar = json_schema_to_grammar(schema)
+    assert [ir_accepts(grammar, json.dumps(v)) for v in values] == [False, False, True, True, True, True, True]
+    with pytest.raises(SchemaError, match="unsatisfiable"):
+        json_schema_to_grammar({"not": {"description": "nothing fails this"}})
+
+
 def test_negations_that_would_split_inside_a_keyword_group_are_refused():
     # additionalProperties means "no keys besides the declared ones" only next to properties; which keys an open
     # object may hold besides them is unbounded
