@@ -504,8 +504,11 @@ def _resolver(ctx: SchemaContext, at: Part) -> Resolver:
 
 def _constraining(schema: dict) -> set[str]:
     """The keywords of a subschema that constrain instances ($ref included: a shape beside a $ref is not the
-    whole schema)."""
-    return {k for k in schema if k in VALIDATION or k == "$ref"}
+    whole schema).  `additionalItems` constrains only beside an array of `items`: elsewhere it is ignored."""
+    keys = {k for k in schema if k in VALIDATION or k == "$ref"}
+    if "additionalItems" in keys and not isinstance(schema.get("items"), list):
+        keys.discard("additionalItems")
+    return keys
 
 
 def _type_of(value: Any) -> str:

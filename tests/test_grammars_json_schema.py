@@ -554,6 +554,16 @@ def test_a_branch_of_annotations_only_matches_everything_so_one_of_excludes_the_
         json_schema_to_grammar({"not": {"description": "nothing fails this"}})
 
 
+def test_additional_items_beside_one_items_schema_is_ignored_under_not_too():
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#",
+              "not": {"items": {"type": "number"}, "additionalItems": {"type": "string"}}}
+    values = [[], [1], [1, "a"], ["a"], [None, 2], 1, "a"]
+    validator = jsonschema.Draft7Validator(schema)
+    grammar = json_schema_to_grammar(schema)
+    assert [ir_accepts(grammar, json.dumps(v)) for v in values] == [validator.is_valid(v) for v in values]
+    assert [validator.is_valid(v) for v in values] == [False, False, True, True, True, False, False]
+
+
 def test_negations_that_would_split_inside_a_keyword_group_are_refused():
     # additionalProperties means "no keys besides the declared ones" only next to properties; which keys an open
     # object may hold besides them is unbounded
