@@ -126,6 +126,15 @@ def _size_of_negation(schema: Any, resolve: Resolver, depth: int, memo: dict) ->
         return 1
     if keys == {"items"} and not isinstance(schema["items"], list):
         return None if _negation_size(schema["items"], resolve, depth, memo) is None else 1
+    if "contains" in keys and keys <= _CONTAINS:
+        counts = _negated_counts(schema)
+        if counts is None:
+            return None
+        # fewer matches than minContains needs the other items to fail contains
+        if any(most is not None for _, most in counts) and _negation_size(schema["contains"], resolve, depth,
+                                                                          memo) is None:
+            return None
+        return max(len(counts), 1)
     # (a oneOf counts as an anyOf: it negates only where its branches exclude each other, see rewritten_negation)
     combined = schema[next(iter(keys))] if keys in ({"anyOf"}, {"allOf"}, {"oneOf"}) else None
     if isinstance(combined, list) and combined:
@@ -185,6 +194,15 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
                       for i, conjunct in enumerate(conjuncts))
     if keys and keys <= {"properties", "additionalProperties"}:
         return _negated_members(ctx, rest, part, inner)
+    if "contains" in keys and keys <= _CONTAINS:
+        counts = _negated_counts(inner)
+        expect(counts is not None, "minContains and maxContains must be non-negative integers", part.at("not"))
+        if not counts:
+            return ctx.never("minContains 0 holds for every array", part.at("not"))
+        return choice(ctx.compile(rest + [part.derived(
+            {"type": "array", "contains": inner["contains"], "minContains": least,
+             **({} if most is None else {"maxContains": most})},
+            f"contains {least} to {most}", "not")]) for least, most in counts)
     if len(keys) > 1:
         groups = _negation_groups(keys)
         if groups is None or len(groups) < 2:
@@ -269,6 +287,25 @@ def _negated_bounds(schema: Any) -> list[dict] | None:
             opposite = flagged_opposite
         out.append({"type": "number", opposite: value})
     return out
+
+
+_CONTAINS = {"contains", "minContains", "maxContains"}
+
+
+def _negated_counts(schema: dict) -> list[tuple[int, int | None]] | None:
+    """`not: {contains, minContains, maxContains}`: an array whose matches are fewer than minContains (default
+    1) or more than maxContains, as (minContains, maxContains) of each way; None for malformed counts."""
+    counts = []
+    for key in ("minContains", "maxContains"):
+        value = schema.get(key)
+        if value is not None and not (is_number(value) and value >= 0 and value == int(value)):
+            return None
+    least, most = int(schema.get("minContains", 1)), schema.get("maxContains")
+    if least:
+        counts.append((0, least - 1))
+    if most is not None:
+        counts.append((int(most) + 1, None))
+    return counts
 
 
 def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: dict) -> Expr | None:

@@ -223,11 +223,18 @@ def all_of_schemas(draw, inner: st.SearchStrategy) -> dict:
     return {"allOf": draw(st.lists(inner, min_size=2, max_size=2))}
 
 
+@st.composite
+def negated_schemas(draw, inner: st.SearchStrategy) -> dict:
+    """A schema with a `not` beside it: the compiler must negate the inner one exactly (within what the outer
+    one admits) or refuse cleanly."""
+    return {**draw(inner), "not": draw(inner)}
+
+
 def composite_schemas(inner: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
         object_schemas(inner), object_schemas(inner), array_schemas(inner),
         st.lists(inner, min_size=2, max_size=3).map(lambda options: {"anyOf": options}),
-        one_of_schemas(inner), all_of_schemas(inner),
+        one_of_schemas(inner), all_of_schemas(inner), negated_schemas(inner),
     )
 
 

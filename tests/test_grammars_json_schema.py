@@ -564,6 +564,25 @@ def test_additional_items_beside_one_items_schema_is_ignored_under_not_too():
     assert [validator.is_valid(v) for v in values] == [False, False, True, True, True, False, False]
 
 
+@pytest.mark.parametrize("schema", [
+    {"not": {"contains": {"const": 1}}},                              # no item is 1
+    {"not": {"contains": {"const": 1}, "minContains": 2, "maxContains": 3}},   # fewer than 2 or more than 3
+    {"not": {"contains": {"const": 1}, "maxContains": 1}},            # at least two
+    {"type": "array", "prefixItems": [{"type": "integer"}], "not": {"contains": {"const": 1}}},
+    {"oneOf": [{"contains": {"const": 1}}, {"contains": {"const": 2}}]},
+    {"if": {"properties": {"a": {"contains": {"const": "x"}}}}, "then": {"required": ["b"]}},
+])
+def test_a_negated_contains_counts_the_matches_outside_its_bounds(schema):
+    values = [[], [1], [2], [1, 1], [1, 2, 1], [1, 1, 1], [1, 1, 1, 1], ["a"], [2, 1], [2, 2], 1, "x", {},
+              {"a": ["x"]}, {"a": ["x"], "b": 0}, {"a": ["y"]}, {"a": 1}]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema)
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+    with pytest.raises(SchemaError, match="minContains 0 holds for every array"):
+        json_schema_to_grammar({"type": "array", "not": {"contains": {"const": 1}, "minContains": 0}})
+
+
 def test_negations_that_would_split_inside_a_keyword_group_are_refused():
     # additionalProperties means "no keys besides the declared ones" only next to properties; which keys an open
     # object may hold besides them is unbounded
