@@ -95,29 +95,31 @@ def _negation_groups(keys: set[str]) -> list[set[str]] | None:
     return groups + [{k} for k in sorted(left)]
 
 
-def _negation_size(schema: Any, resolve: Resolver, depth: int = 0, memo: dict | None = None) -> int | None:
+def _negation_size(schema: Any, resolve: Resolver, memo: dict | None = None) -> int | None:
     """How many alternatives `not schema` compiles to (see `negate` and `rewritten_negation`), None when it
-    is not one of the shapes negated exactly; `resolve` gives the conjuncts a $ref stands for.  Each (schema,
-    depth) is sized once: a recursive schema's $refs lead back to the same subschemas many times over (200,000
-    calls for one oneOf of Github_hard's o39210)."""
+    is not one of the shapes negated exactly; `resolve` gives the conjuncts a $ref stands for.  Each schema is
+    sized once: a recursive schema's $refs lead back to the same subschemas many times over (200,000 calls for
+    one oneOf of Github_hard's o39210).  A schema met again while it is being sized counts one: its negation is
+    one rule, which the recursion calls."""
     memo = {} if memo is None else memo
-    key = (id(schema), depth)
+    key = id(schema)
     if key not in memo:   # the schema is kept with its size, so that its id stays its own
-        memo[key] = (schema, _size_of_negation(schema, resolve, depth, memo))
+        memo[key] = (schema, 1)
+        memo[key] = (schema, _size_of_negation(schema, resolve, memo))
     return memo[key][1]
 
 
-def _size_of_negation(schema: Any, resolve: Resolver, depth: int, memo: dict) -> int | None:
+def _size_of_negation(schema: Any, resolve: Resolver, memo: dict) -> int | None:
     if not isinstance(schema, dict):
         return 1 if isinstance(schema, bool) else None
     keys = _constraining(schema)
     if not keys:    # annotations only (`{"description": ...}`, a misspelt keyword): nothing fails it
         return 1
     if "$ref" in keys:
-        conjuncts = resolve(schema) if depth < _MAX_REF_DEPTH else None
+        conjuncts = resolve(schema)
         if conjuncts is None:
             return None
-        sizes = [_negation_size(conjunct, resolve, depth + 1, memo) for conjunct in conjuncts]
+        sizes = [_negation_size(conjunct, resolve, memo) for conjunct in conjuncts]
         return None if None in sizes else max(sum(sizes), 1)
     bounds = _negated_bounds(schema)
     if bounds is not None:
@@ -125,20 +127,20 @@ def _size_of_negation(schema: Any, resolve: Resolver, depth: int, memo: dict) ->
     if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}, {"multipleOf"}, {"not"}):
         return 1
     if keys == {"items"} and not isinstance(schema["items"], list):
-        return None if _negation_size(schema["items"], resolve, depth, memo) is None else 1
+        return None if _negation_size(schema["items"], resolve, memo) is None else 1
     if "contains" in keys and keys <= _CONTAINS:
         counts = _negated_counts(schema)
         if counts is None:
             return None
         # fewer matches than minContains needs the other items to fail contains
-        if any(most is not None for _, most in counts) and _negation_size(schema["contains"], resolve, depth,
+        if any(most is not None for _, most in counts) and _negation_size(schema["contains"], resolve,
                                                                           memo) is None:
             return None
         return max(len(counts), 1)
     # (a oneOf counts as an anyOf: it negates only where its branches exclude each other, see rewritten_negation)
     combined = schema[next(iter(keys))] if keys in ({"anyOf"}, {"allOf"}, {"oneOf"}) else None
     if isinstance(combined, list) and combined:
-        sizes = [_negation_size(branch, resolve, depth, memo) for branch in combined]
+        sizes = [_negation_size(branch, resolve, memo) for branch in combined]
         if None in sizes:
             return None
         if keys == {"allOf"}:
@@ -153,13 +155,13 @@ def _size_of_negation(schema: Any, resolve: Resolver, depth: int, memo: dict) ->
         other = schema.get("additionalProperties", True)
         if other is not True and other != {}:
             failing.append(other)
-        if not failing or any(_negation_size(sub, resolve, depth, memo) is None for sub in failing):
+        if not failing or any(_negation_size(sub, resolve, memo) is None for sub in failing):
             return None
         return len(failing)
     groups = _negation_groups(keys) if len(keys) > 1 else None
     if not groups or len(groups) < 2:
         return None
-    sizes = [_negation_size({k: schema[k] for k in group}, resolve, depth, memo) for group in groups]
+    sizes = [_negation_size({k: schema[k] for k in group}, resolve, memo) for group in groups]
     return None if None in sizes else sum(sizes)
 
 
@@ -182,16 +184,10 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return choice(ctx.compile(rest + [part.derived(bound, "failing " + " ".join(sorted(bound)), "not")])
                       for bound in bounds)
     if "$ref" in keys:
-        # each $ref negated inside another one's negation names itself in the variant: a recursive schema
-        # stops there instead of unrolling
-        if part.variant.count("/not $ref") >= _MAX_REF_DEPTH:
-            raise UnsupportedSchemaError(f"$ref negated inside {_MAX_REF_DEPTH} negated $refs (a recursive schema) "
-                                         "cannot be negated exactly", part.at("not", "$ref"))
-        conjuncts = _resolver(ctx, part.sub(inner, "not"))(inner)
-        if conjuncts is None:
-            return None
-        return choice(ctx.compile(rest + [part.derived({"not": conjunct}, f"not $ref {i}", "not")])
-                      for i, conjunct in enumerate(conjuncts))
+        expanded = ctx.expand([part.sub(inner, "not")])
+        if expanded is None:    # the negated schema is false
+            return ctx.compile(rest)
+        return choice(ctx.compile(rest + [negated_conjunct(conjunct)]) for conjunct in expanded[0])
     if keys and keys <= {"properties", "additionalProperties"}:
         return _negated_members(ctx, rest, part, inner)
     if "contains" in keys and keys <= _CONTAINS:
@@ -508,7 +504,18 @@ def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
 
 
 Resolver = Callable[[dict], "list[Any] | None"]
-_MAX_REF_DEPTH = 8  # $refs followed through one negation: a recursive schema is not negated
+#: The variant of the negation of a conjunct a $ref stands for (see `negated_conjunct`).
+NEGATED_CONJUNCT = "/not $ref"
+
+
+def negated_conjunct(conjunct: Part) -> Part:
+    """`not` over one conjunct of a negated $ref, named by that conjunct alone (where it is, its base and the
+    keywords it skips), not by the path of rewrites that reached it: met again inside its own negation (a
+    recursive schema), the same conjunction comes back under the same key, and the compiler calls its rule
+    (`SchemaCompiler._compile`) where it would otherwise unroll it without end."""
+    schema = {k: v for k, v in conjunct.schema.items() if k not in conjunct.skip}
+    return Part({"not": schema}, conjunct.pointer, conjunct.base, frozenset(),
+                f"{NEGATED_CONJUNCT} {' '.join(sorted(conjunct.skip))}")
 
 
 def _resolver(ctx: SchemaContext, at: Part) -> Resolver:

@@ -24,7 +24,8 @@ from typing import Any
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Grammar, Lit, Ref, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
-from .json_schema_combinators import conditional, dependent_schemas, distribute, negate, rewritten_negation
+from .json_schema_combinators import (NEGATED_CONJUNCT, conditional, dependent_schemas, distribute, negate,
+                                      rewritten_negation)
 from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, JsonSchemaOptions, NotMatching, Part,
                                   expect, narrow_types)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
@@ -196,7 +197,8 @@ class SchemaCompiler:
         if not parts:
             return self._any_value()
         key = frozenset(p.key for p in parts)   # expand dropped repeats: the set names the conjunction
-        if not via_ref:
+        # a negated $ref's conjunct recurs like the $ref itself (see combinators.negated_conjunct)
+        if not via_ref and not any(p.variant.startswith(NEGATED_CONJUNCT) for p in parts):
             # the same conjunction comes back where combinators distribute (a oneOf's negations meet each
             # branch again): its expression is shared, not rebuilt.  A key names each part's schema by its place
             # and the rewrite that made it; the schemas themselves confirm the match (a rewrite named like another
