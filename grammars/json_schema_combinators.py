@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from itertools import product
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr
@@ -23,6 +23,7 @@ from .json_schema_ir import choice, json_key
 
 _MAX_DISTRIBUTED_BRANCHES = 64
 _MAX_DISTRIBUTED_VARIANTS = 256
+_MAX_NEGATED_PAIRS = 6   # a negated oneOf's branches that may match together, pairwise (all of 4 branches)
 
 
 def distribute(ctx: SchemaContext, parts: list[Part], owner: Part, keyword: str) -> Expr:
@@ -41,12 +42,16 @@ def distribute(ctx: SchemaContext, parts: list[Part], owner: Part, keyword: str)
 
 def _overlapping(ctx: SchemaContext, rest: list[Part], subs: list[Part]) -> tuple[int, int] | None:
     """Two oneOf branches that may both match one instance, None when they provably never do."""
+    return next(_overlapping_pairs(ctx, rest, subs), None)
+
+
+def _overlapping_pairs(ctx: SchemaContext, rest: list[Part], subs: list[Part]) -> Iterator[tuple[int, int]]:
+    """Every two oneOf branches that may both match one instance (those not proved apart)."""
     sigs = [_signature(ctx, rest + [s]) for s in subs]
     for i in range(len(sigs)):
         for j in range(i + 1, len(sigs)):
             if not _disjoint(sigs[i], sigs[j]):
-                return i, j
-    return None
+                yield i, j
 
 
 def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, overlap: tuple[int, int]) -> Expr:
@@ -137,7 +142,8 @@ def _size_of_negation(schema: Any, resolve: Resolver, memo: dict) -> int | None:
                                                                           memo) is None:
             return None
         return max(len(counts), 1)
-    # (a oneOf counts as an anyOf: it negates only where its branches exclude each other, see rewritten_negation)
+    # (a oneOf counts as an anyOf: where two of its branches may match together it adds up to
+    # _MAX_NEGATED_PAIRS conjunctions, which depend on the conjunction it sits in; see rewritten_negation)
     combined = schema[next(iter(keys))] if keys in ({"anyOf"}, {"allOf"}, {"oneOf"}) else None
     if isinstance(combined, list) and combined:
         sizes = [_negation_size(branch, resolve, memo) for branch in combined]
@@ -230,16 +236,19 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
                                                 "not")])
     if keyword in ("anyOf", "allOf", "oneOf"):
         expect(isinstance(value, list) and value, f"{keyword} must be a non-empty array", part.at("not", keyword))
-        overlap = keyword == "oneOf" and _overlapping(ctx, rest, [part.sub(b, "not", "oneOf", i)
-                                                                  for i, b in enumerate(value)])
-        if overlap:     # failing such a oneOf includes matching two of its branches, which no grammar counts
-            raise UnsupportedSchemaError(f"not over a oneOf whose branches {overlap[0]} and {overlap[1]} may both "
-                                         "match cannot be negated exactly", part.at("not", "oneOf"))
         negations = [part.derived({"not": branch}, f"not {keyword} {i}", "not", keyword, i)
                      for i, branch in enumerate(value)]
-        if keyword != "allOf":  # a oneOf of exclusive branches fails exactly where each branch fails
-            return ctx.compile(rest + negations)
-        return choice(ctx.compile(rest + [negation]) for negation in negations)
+        if keyword == "allOf":
+            return choice(ctx.compile(rest + [negation]) for negation in negations)
+        # anyOf, and a oneOf where no two branches match together, fail where every branch fails; a oneOf also
+        # fails where two branches match (a conjunction, not a count)
+        branches = [part.sub(b, "not", keyword, i) for i, b in enumerate(value)]
+        pairs = list(_overlapping_pairs(ctx, rest, branches)) if keyword == "oneOf" else []
+        if len(pairs) > _MAX_NEGATED_PAIRS:
+            raise UnsupportedSchemaError(f"not over a oneOf whose branches overlap in more than {_MAX_NEGATED_PAIRS} "
+                                         "pairs (it fails where any two match)", part.at("not", "oneOf"))
+        return choice([ctx.compile(rest + negations)]
+                      + [ctx.compile(rest + [branches[i], branches[j]]) for i, j in pairs])
     if keyword == "not":
         return ctx.compile(rest + [part.sub(value, "not", "not")])
     return None

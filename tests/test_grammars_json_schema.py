@@ -823,9 +823,22 @@ def test_keywords_rewritten_into_choices_are_exact(schema, values):
           invalid=[v for v in values if not validator.is_valid(v)])
 
 
-def test_a_oneof_whose_branches_overlap_is_not_negated():
-    with pytest.raises(UnsupportedSchemaError, match="branches 0 and 1 may both match") as info:
-        json_schema_to_grammar({"not": {"oneOf": [{"type": "string"}, {"maxLength": 3}]}})
+@pytest.mark.parametrize("schema", [
+    {"not": {"oneOf": [{"type": "string"}, {"maxLength": 3}]}},     # strings of up to 3 match both
+    {"not": {"oneOf": [{"type": "integer"}, {"minimum": 3}, {"multipleOf": 2}]}},
+    {"oneOf": [{"type": "number"}, {"not": {"oneOf": [{"type": "integer"}, {"minimum": 3}]}}]},
+])
+def test_a_negated_oneof_whose_branches_overlap_fails_where_none_or_two_match(schema):
+    values = [1, 2, 3, 4, 5, 6, 2.5, 3.5, -1, "a", "abcd", "", None, [], {}]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema)
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+
+
+def test_a_negated_oneof_overlapping_in_too_many_pairs_is_refused():
+    with pytest.raises(UnsupportedSchemaError, match="more than 6 pairs") as info:
+        json_schema_to_grammar({"not": {"oneOf": [{"minimum": i} for i in range(5)]}})
     assert info.value.pointer == "/not/oneOf"
 
 
