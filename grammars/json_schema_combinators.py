@@ -17,9 +17,10 @@ from typing import Any, Callable, Iterator
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr
 from .json_numbers import multiples_of
-from .json_schema_context import (VALIDATION, Branches, NotMatching, Part, SchemaContext, enum_values, expect,
+from .json_schema_context import (SOME_KEY, VALIDATION, Branches, NotMatching, Part, SchemaContext, enum_values, expect,
                                   is_number, narrow_types)
 from .json_schema_ir import choice, json_key
+from .json_schema_objects import key_matches
 
 _MAX_DISTRIBUTED_BRANCHES = 64
 _MAX_DISTRIBUTED_VARIANTS = 256
@@ -154,16 +155,20 @@ def _size_of_negation(schema: Any, resolve: Resolver, memo: dict) -> int | None:
         return math.prod(sizes)   # every branch negated, together: their alternatives multiply
     if keys == {"required"} and isinstance(schema["required"], list) and schema["required"]:
         return len(schema["required"])
-    if keys <= {"properties", "additionalProperties"} and isinstance(schema.get("properties", {}), dict):
-        # an extra key failing additionalProperties counts one: which keys those are depends on the
-        # conjunction (see `_negated_members`)
-        failing = [sub for sub in schema.get("properties", {}).values() if sub is not True and sub != {}]
-        other = schema.get("additionalProperties", True)
-        if other is not True and other != {}:
-            failing.append(other)
+    if keys <= {"properties", "patternProperties", "additionalProperties"} and all(
+            isinstance(schema.get(k, {}), dict) for k in ("properties", "patternProperties")):
+        # a pattern's key failing it, or an extra key failing additionalProperties, counts one: which keys
+        # those are depends on the conjunction (see `_negated_members`)
+        failing = [sub for sub in [*schema.get("properties", {}).values(), *schema.get("patternProperties", {}).values(),
+                                   schema.get("additionalProperties", True)] if sub is not True and sub != {}]
         if not failing or any(_negation_size(sub, resolve, memo) is None for sub in failing):
             return None
         return len(failing)
+    if keys == {"propertyNames"}:
+        refused = _refused_names(schema["propertyNames"])
+        if refused is None:
+            return None if _refused_pattern(schema["propertyNames"], "") is None else 1
+        return max(len(refused), 1) if refused is not True else 1
     groups = _negation_groups(keys) if len(keys) > 1 else None
     if not groups or len(groups) < 2:
         return None
@@ -194,7 +199,7 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         if expanded is None:    # the negated schema is false
             return ctx.compile(rest)
         return choice(ctx.compile(rest + [negated_conjunct(conjunct)]) for conjunct in expanded[0])
-    if keys and keys <= {"properties", "additionalProperties"}:
+    if keys and keys <= {"properties", "patternProperties", "additionalProperties"}:
         return _negated_members(ctx, rest, part, inner)
     if "contains" in keys and keys <= _CONTAINS:
         counts = _negated_counts(inner)
@@ -225,7 +230,8 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         # strings, so an object holding one of them (and for `false` any key: a non-empty object)
         refused = _refused_names(value)
         if refused is None:
-            return None
+            witness = _refused_pattern(value, part.at("not", "propertyNames"))
+            return None if witness is None else _holding(ctx, rest, part, witness)
         if refused is True:
             return ctx.compile(rest + [part.derived({"type": "object", "minProperties": 1}, "some key", "not")])
         return choice(ctx.compile(rest + [part.derived({"type": "object", "required": [name]}, f"with {name}", "not")])
@@ -314,31 +320,62 @@ def _negated_counts(schema: dict) -> list[tuple[int, int | None]] | None:
 
 
 def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: dict) -> Expr | None:
-    """`not: {properties, additionalProperties}`: an object with a member failing its schema: a declared key
-    failing its own, or a key the negated schema does not declare failing `additionalProperties`.  Which keys
-    those may be is known only where the rest of the conjunction closes the object (its own
-    `additionalProperties: false` and no patterns): then they are its declared keys the negated schema lacks.
-    Two conjunctions settle it without the keys: one that admits no object (every other type satisfies the
-    negated keywords), and one that requires a key the negated schema closes out (`additionalProperties:
-    false`), which every object of it holds.  None where the object stays open (the keys it may hold are
-    unbounded)."""
+    """`not: {properties, patternProperties, additionalProperties}`: an object with a member failing the
+    schemas it holds that member's value to (a declared key's own and those of the patterns it matches, a
+    pattern's for the other keys matching it, `additionalProperties` for the rest).  Which keys those may be
+    is known where the rest of the conjunction closes the object (its own `additionalProperties: false` and no
+    patterns): its declared keys.  Where it stays open, only keys whose schema here is `false` (any value fails
+    it) can be asked for: the object must hold such a key (`SOME_KEY`), whatever its value; other schemas are
+    refused (None).  Two conjunctions settle it at once: one that admits no object (every other type satisfies
+    the negated keywords), and one that requires a key the negated schema closes out, which every object of
+    it holds."""
     declared = inner.get("properties", {})
     expect(isinstance(declared, dict), "properties must be an object", part.at("not", "properties"))
+    patterns = inner.get("patternProperties", {})
+    expect(isinstance(patterns, dict), "patternProperties must be an object", part.at("not", "patternProperties"))
+    other = inner.get("additionalProperties", True)
     signature = _signature(ctx, rest)
     if signature is not None and not _types_overlap(signature["types"], {"object"}):
         return ctx.never("only an object fails properties", part.at("not"))
-    failing = [(name, sub) for name, sub in declared.items() if sub is not True and sub != {}]
-    other = inner.get("additionalProperties", True)
-    if other is False and signature is not None and signature["required"] - declared.keys():
+    if other is False and not patterns and signature is not None and signature["required"] - declared.keys():
         return ctx.compile(rest + [part.derived({"type": "object"}, "a key closed out", "not")])
-    if other is not True and other != {}:
-        keys = _closed_keys(rest)
-        if keys is None:
+
+    def held_to(name: str) -> list[Any]:
+        """The schemas the negated object holds the value of key `name` to (none: any value passes)."""
+        hits = [sub for pattern, sub in patterns.items()
+                if key_matches(pattern, name, part.at("not", "patternProperties", pattern))]
+        subs = ([declared[name]] if name in declared else []) + hits + ([other] if name not in declared and not hits
+                                                                         else [])
+        return [sub for sub in subs if sub is not True and sub != {}]
+
+    failing = [(name, held_to(name)) for name in declared]
+    witnesses = []
+    keys = _closed_keys(rest)
+    if keys is not None:
+        failing += [(name, held_to(name)) for name in keys if name not in declared]
+    else:
+        for pattern, sub in patterns.items():
+            if sub is False:
+                witnesses.append({"match": [pattern], "avoid": [], "outside": list(declared),
+                                  "at": part.at("not", "patternProperties", pattern)})
+            elif sub is not True and sub != {}:
+                return None
+        if other is False:
+            witnesses.append({"match": [], "avoid": list(patterns), "outside": list(declared),
+                              "at": part.at("not", "additionalProperties")})
+        elif other is not True and other != {}:
             return None
-        failing += [(name, other) for name in keys if name not in declared]
-    return choice(ctx.compile(rest + [part.derived({"type": "object", "required": [name],
-                                                    "properties": {name: {"not": sub}}}, f"failing {name}", "not")])
-                  for name, sub in failing)
+    return choice([ctx.compile(rest + [part.derived(
+        {"type": "object", "required": [name], "properties": {name: {"not": subs[0] if len(subs) == 1 else
+                                                                      {"allOf": subs}}}}, f"failing {name}", "not")])
+        for name, subs in failing if subs]
+        + [_holding(ctx, rest, part, witness) for witness in witnesses])
+
+
+def _holding(ctx: SchemaContext, rest: list[Part], part: Part, witness: dict) -> Expr:
+    """The conjunction with an object holding a key `witness` admits (see `SOME_KEY`)."""
+    return ctx.compile(rest + [part.derived({"type": "object", SOME_KEY: [witness]}, f"holding {witness['at']}",
+                                            "not")])
 
 
 def _closed_keys(parts: list[Part]) -> list[str] | None:
@@ -370,6 +407,17 @@ def _refused_names(names: Any) -> list[str] | bool | None:
     else:
         return None
     return list(dict.fromkeys(v for v in values if isinstance(v, str)))
+
+
+def _refused_pattern(names: Any, pointer: str) -> dict | None:
+    """The key a `propertyNames` pattern refuses, as a witness (`SOME_KEY`): `{pattern: P}` refuses the keys
+    that do not match P, `{not: {pattern: P}}` those that do; None for other schemas."""
+    negated = isinstance(names, dict) and set(names) == {"not"}
+    inner = names["not"] if negated else names
+    if not isinstance(inner, dict) or _constraining(inner) != {"pattern"} or not isinstance(inner["pattern"], str):
+        return None
+    return {"match": [inner["pattern"]] if negated else [], "avoid": [] if negated else [inner["pattern"]],
+            "outside": [], "at": pointer}
 
 
 def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:

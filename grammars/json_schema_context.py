@@ -28,6 +28,11 @@ VALIDATION = {"type", "enum", "const", "properties", "required", "additionalProp
               "minContains", "maxContains", *UNSUPPORTED}
 _CONSTRAINING = (VALIDATION | {"$ref"}) - {"enum", "const"}
 STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
+# A keyword only the compiler writes, in the schemas it derives (JSON Schema keywords hold no NUL): the object
+# holds a key matching every pattern of "match", none of "avoid" and none of the names of "outside", whatever its
+# value (the negations of `patternProperties: {P: false}`, `propertyNames` and a closed object's
+# `additionalProperties: false`); its value is a list of such witnesses, "at" the pointer each comes from.
+SOME_KEY = "\x00some key"
 NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 # A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
 # outgrow the automaton's budget for one terminal.

@@ -13,11 +13,13 @@ members, their keys are captured (`ir.Capture`): a repeated key would be one pro
 from __future__ import annotations
 
 import re
-from typing import Any
+from itertools import product
+from typing import Any, Iterator
 
 from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
-from .json_schema_context import STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values, expect
+from .json_schema_context import (SOME_KEY, STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values,
+                                  expect)
 from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import distinct_texts, string_terminal
 from .json_strings import PatternRegexes, pattern_regexes
@@ -27,9 +29,11 @@ from .regex import terminal_dfa
 _MAX_PATTERNS = 32
 _MAX_KEY_CLASSES = 64
 _MAX_TRIGGERS = 3
+_MAX_WITNESSES = 3         # keys an object must hold by pattern (`SOME_KEY`): one key may serve several
+_MAX_WITNESS_LAYOUTS = 32  # ways of choosing which member or extra key serves which
 
 
-def _matches(pattern: str, name: str, pointer: str) -> bool:
+def key_matches(pattern: str, name: str, pointer: str) -> bool:
     """Whether the JSON key `name` matches an ECMA `pattern` (as the grammar will judge it)."""
     return pattern_regexes(pattern, pointer).matches(json_text(name))
 
@@ -88,7 +92,7 @@ class _ObjectBuilder:
                 out.append(p.sub(props[name], "properties", name))
                 hit = True
             for pattern, owner, sub in self.patterns:
-                if owner is p and _matches(pattern, name, p.at("patternProperties", pattern)):
+                if owner is p and key_matches(pattern, name, p.at("patternProperties", pattern)):
                     out.append(p.sub(sub, "patternProperties", pattern))
                     hit = True
             if not hit and p.has("additionalProperties"):
@@ -99,9 +103,10 @@ class _ObjectBuilder:
                     return None
         return out
 
-    def extras(self, declared: list[str]) -> Expr:
+    def extras(self, declared: list[str], witness: dict | None = None) -> Expr:
         """One member `"key": value` for any key not declared, split into classes by patternProperties;
-        `declared` in schema order, so the excluded names (and the grammar) do not depend on hash order."""
+        `declared` in schema order, so the excluded names (and the grammar) do not depend on hash order.
+        `witness` (see `SOME_KEY`): only keys it admits, never captured or counted against minProperties."""
         at: dict[str, str] = {}  # each distinct patternProperties pattern, with its first pointer
         for pattern, owner, _ in self.patterns:
             at.setdefault(pattern, owner.at("patternProperties", pattern))
@@ -112,7 +117,10 @@ class _ObjectBuilder:
         explicit = any(p.has("additionalProperties") for p in self.parts)
         names = [p.sub(p.get("propertyNames"), "propertyNames") for p in self.parts if p.has("propertyNames")]
         name_parts = self._string_parts(names)
-        if string_terminal(self.ctx, name_parts, declared) == NEVER:
+        match = tuple((r, witness["at"]) for r in witness["match"]) if witness else ()
+        avoid = tuple((r, witness["at"]) for r in witness["avoid"]) if witness else ()
+        excluded = declared + [n for n in witness["outside"] if n not in declared] if witness else declared
+        if string_terminal(self.ctx, name_parts, excluded, match, avoid) == NEVER:
             return NEVER
         classes = []
         overlapping = self._overlapping(regexes, regex_of)
@@ -133,12 +141,13 @@ class _ObjectBuilder:
             value_expr = self.ctx.nested(value)
             if value_expr == NEVER:
                 continue
-            key = string_terminal(self.ctx, name_parts, declared, tuple((r, at[r]) for r in chosen),
+            key = string_terminal(self.ctx, name_parts, excluded, tuple((r, at[r]) for r in chosen) + match,
                                   tuple((r, at[r]) for r in regexes if r not in chosen
                                         and (not chosen or tuple(sorted((*chosen, r), key=regexes.index))
-                                             in overlapping)), whole=self._repeats_count())
+                                             in overlapping)) + avoid,
+                                  whole=self._repeats_count() and witness is None)
             classes.append((key, value_expr))
-        if self._repeats_count() and classes:
+        if self._repeats_count() and classes and witness is None:
             pointer = next((p.at("minProperties") for p in self.parts if p.has("minProperties")), self.pointer)
             if len(classes) > 1:
                 raise UnsupportedSchemaError("minProperties counting keys of more than one patternProperties class "
@@ -231,13 +240,49 @@ class _ObjectBuilder:
         members = {n: self.ctx.share(seq(Lit(json_text(n)), self.ctx.punct.colon, v), self.pointer)
                    for n, v in values.items() if v != NEVER}
         extra = self.ctx.share(extra, self.pointer)
-        result = self._members(names, members, extra)
+        witnesses = [w for p in self.parts for w in p.get(SOME_KEY, ())]
+        if witnesses:
+            result = choice(self._members(names, members, extra, self.required + needed, held)
+                            for needed, held in self._witness_layouts(names, members, witnesses, listed is None))
+        else:
+            result = self._members(names, members, extra, self.required)
         if result == NEVER:
             return self.ctx.never("no object satisfies the property constraints", self.pointer)
         return result
 
-    def _members(self, names: list[str], members: dict[str, Expr], extra: Expr) -> Expr:
-        """The object as one rule over its members (`ir.Members`): in schema order, extras last, or in any order."""
+    def _witness_layouts(self, names: list[str], members: dict[str, Expr], witnesses: list[dict],
+                         extras: bool) -> Iterator[tuple[list[str], tuple[Expr, ...]]]:
+        """The ways an object holds a key each witness admits (`SOME_KEY`): per witness, a declared member it
+        admits or an extra key; the witnesses left to extras split into groups, one extra member each (one key
+        may serve several, as under maxProperties 1).  Each way: (members it requires, extra members it holds,
+        each written once like a required member, before the other extras in schema order)."""
+        if len(witnesses) > _MAX_WITNESSES:
+            raise UnsupportedSchemaError(f"more than {_MAX_WITNESSES} keys that must exist by pattern on one object",
+                                         witnesses[_MAX_WITNESSES]["at"])
+        if self.min_props > len(self.required) + 1:
+            # an extra key written twice is one property: the count holds only with one extra at most
+            raise UnsupportedSchemaError("minProperties beside a key that must exist by pattern cannot tell repeated "
+                                         "keys apart", witnesses[0]["at"])
+        options = [[n for n in names if n in members and _admits(w, n)] + ([None] if extras else [])
+                   for w in witnesses]
+        layouts = 0
+        for chosen in product(*options):
+            needed = [n for n in dict.fromkeys(chosen) if n is not None]
+            left = [w for w, n in zip(witnesses, chosen) if n is None]
+            for groups in _partitions(left):
+                held = tuple(self.ctx.share(self.extras(names, _merged(group)), self.pointer) for group in groups)
+                if NEVER in held:
+                    continue
+                layouts += 1
+                if layouts > _MAX_WITNESS_LAYOUTS:
+                    raise UnsupportedSchemaError(f"keys that must exist by pattern can be held in more than "
+                                                 f"{_MAX_WITNESS_LAYOUTS} ways", witnesses[0]["at"])
+                yield needed, held
+
+    def _members(self, names: list[str], members: dict[str, Expr], extra: Expr, required: list[str],
+                 held: tuple[Expr, ...] = ()) -> Expr:
+        """The object as one rule over its members (`ir.Members`): in schema order, extras last, or in any order;
+        `held`: extra members it must write (after the declared ones, each once)."""
         keys = [n for n in names if n in members]
         while True:  # a trigger whose dependents cannot appear cannot appear either
             present = set(keys)
@@ -245,7 +290,7 @@ class _ObjectBuilder:
             if not blocked:
                 break
             keys = [n for n in keys if n not in blocked]
-        if any(n not in keys for n in self.required):
+        if any(n not in keys for n in required):
             return NEVER
         index = {n: i for i, n in enumerate(keys)}
         triggers = [t for t in self.dependents if t in index]
@@ -253,18 +298,43 @@ class _ObjectBuilder:
             raise UnsupportedSchemaError(f"more than {_MAX_TRIGGERS} optional dependentRequired triggers",
                                          self.pointer)
         pu = self.ctx.punct
-        body = Members(pu.obj_open, tuple(members[n] for n in keys), pu.comma, pu.obj_close,
+        body = Members(pu.obj_open, tuple(members[n] for n in keys) + held, pu.comma, pu.obj_close,
                         extra=None if extra == NEVER else extra,
-                        required=frozenset(index[n] for n in self.required),
+                        required=frozenset(index[n] for n in required) | frozenset(range(len(keys),
+                                                                                      len(keys) + len(held))),
                         dependents=tuple((index[t], frozenset(index[n] for n in self.dependents[t])) for t in triggers),
                         min=self.min_props, max=self.max_props, ordered=self.ctx.options.property_order == "schema",
                         max_extras=self.max_extras)
-        alternatives = [pu.obj_empty] if not self.required and self.min_props == 0 else []
-        if (keys or extra != NEVER) and self.max_props != 0 and MemberSet(body).feasible(EMPTY_TAG, FIRST):
+        alternatives = [pu.obj_empty] if not required and not held and self.min_props == 0 else []
+        if (keys or held or extra != NEVER) and self.max_props != 0 and MemberSet(body).feasible(EMPTY_TAG, FIRST):
             name = self.ctx.rule_name(self.pointer + "_object")
             self.ctx.rules[name] = body
             alternatives.append(Ref(name))
         return choice(alternatives)
+
+
+def _admits(witness: dict, name: str) -> bool:
+    """Whether the key `name` is one `witness` asks for (see `SOME_KEY`)."""
+    return (name not in witness["outside"] and all(key_matches(r, name, witness["at"]) for r in witness["match"])
+            and not any(key_matches(r, name, witness["at"]) for r in witness["avoid"]))
+
+
+def _merged(group: list[dict]) -> dict:
+    """One witness asking for a key every witness of `group` admits."""
+    return {"match": [r for w in group for r in w["match"]], "avoid": [r for w in group for r in w["avoid"]],
+            "outside": [n for w in group for n in w["outside"]], "at": group[0]["at"]}
+
+
+def _partitions(items: list) -> Iterator[list[list]]:
+    """Every way of splitting `items` into non-empty groups (one way, no group, for no items)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for groups in _partitions(rest):
+        yield [[first], *groups]
+        for i in range(len(groups)):
+            yield [*groups[:i], [first, *groups[i]], *groups[i + 1:]]
 
 
 def build_object(ctx: SchemaContext, parts: list[Part]) -> Expr:

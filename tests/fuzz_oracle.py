@@ -31,11 +31,37 @@ MAX_INDENT_DEPTH = 9
 
 # ---- the oracle: jsonschema, exact decimals, ECMA patterns ------------------------------------------
 
+def ecma_search(pattern: str, text: str) -> bool:
+    """Whether ECMA-262 finds `pattern` in `text`: `$` only at the very end, `\\d` ASCII digits (Python's `$`
+    also matches before a final newline and its `\\d` any Unicode digit).  Enough for PATTERNS."""
+    return re.search(re.sub(r"(?<!\\)\$", r"\\Z", pattern), text, re.ASCII) is not None
+
+
 def _ecma_pattern(validator, pattern: str, instance: Any, schema: dict) -> Iterator[jsonschema.ValidationError]:
-    """`pattern` as ECMA-262 reads it: `$` only at the very end, `\\d` ASCII digits (Python's `$` also
-    matches before a final newline and its `\\d` any Unicode digit).  Enough for PATTERNS."""
-    if isinstance(instance, str) and not re.search(re.sub(r"(?<!\\)\$", r"\\Z", pattern), instance, re.ASCII):
+    if isinstance(instance, str) and not ecma_search(pattern, instance):
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r} (ECMA)")
+
+
+def _ecma_pattern_properties(validator, patterns: dict, instance: Any,
+                             schema: dict) -> Iterator[jsonschema.ValidationError]:
+    if validator.is_type(instance, "object"):
+        for pattern, subschema in patterns.items():
+            for name, value in instance.items():
+                if ecma_search(pattern, name):
+                    yield from validator.descend(value, subschema, path=name, schema_path=pattern)
+
+
+def _ecma_additional_properties(validator, additional: Any, instance: Any,
+                                schema: dict) -> Iterator[jsonschema.ValidationError]:
+    """additionalProperties over the keys that no `properties` name and no `patternProperties` pattern (ECMA)
+    takes."""
+    if not validator.is_type(instance, "object"):
+        return
+    patterns = schema.get("patternProperties", {})
+    extras = [name for name in instance if name not in schema.get("properties", {})
+              and not any(ecma_search(pattern, name) for pattern in patterns)]
+    for name in extras:
+        yield from validator.descend(instance[name], additional, path=name)
 
 
 
@@ -53,7 +79,9 @@ STANDARD_FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 STRICT_FORMATS = jsonschema.FormatChecker()
 STRICT_FORMATS.checks("email")(lambda s: not isinstance(s, str) or EMAIL.fullmatch(s) is not None)
 StandardValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"multipleOf": _exact_multiple_of})
-EcmaValidator = jsonschema.validators.extend(StandardValidator, {"pattern": _ecma_pattern})
+EcmaValidator = jsonschema.validators.extend(StandardValidator, {
+    "pattern": _ecma_pattern, "patternProperties": _ecma_pattern_properties,
+    "additionalProperties": _ecma_additional_properties})
 
 
 class DuplicateKey(ValueError):
@@ -243,9 +271,10 @@ class _Layout:
         out = []
         for part in parts:
             properties = part.get("properties", {})
-            if name in properties:
-                out.append(properties[name])
-            elif part.has("additionalProperties"):
+            hits = [sub for pattern, sub in part.get("patternProperties", {}).items() if ecma_search(pattern, name)]
+            out += [properties[name]] if name in properties else []
+            out += hits
+            if name not in properties and not hits and part.has("additionalProperties"):
                 out.append(part.get("additionalProperties"))
         return out
 

@@ -147,6 +147,13 @@ def object_schemas(draw, inner: st.SearchStrategy) -> dict:
     schema["properties"] = {name: draw(inner) for name in names}
     if draw(st.booleans()):
         schema["required"] = draw(st.lists(st.sampled_from(names + ["r"]), unique=True, max_size=len(names) + 1))
+    if draw(st.integers(0, 3)) == 0:     # keys by pattern: a schema or false (keys that must not exist)
+        patterns = draw(st.lists(st.sampled_from(PATTERNS), min_size=1, max_size=2, unique=True))
+        schema["patternProperties"] = {p: draw(st.one_of(inner, st.just(False))) for p in patterns}
+    if draw(st.integers(0, 5)) == 0:
+        pattern = draw(st.sampled_from(PATTERNS))
+        schema["propertyNames"] = draw(st.sampled_from([{"pattern": pattern}, {"not": {"pattern": pattern}},
+                                                        {"maxLength": 3}]))
     additional = draw(st.sampled_from(["absent", "absent", "false", "false", "true", "schema"]))
     if additional != "absent":
         schema["additionalProperties"] = {"false": False, "true": True}.get(additional) \
@@ -227,7 +234,16 @@ def all_of_schemas(draw, inner: st.SearchStrategy) -> dict:
 def negated_schemas(draw, inner: st.SearchStrategy) -> dict:
     """A schema with a `not` beside it: the compiler must negate the inner one exactly (within what the outer
     one admits) or refuse cleanly."""
-    return {**draw(inner), "not": draw(inner)}
+    if draw(st.integers(0, 2)):
+        return {**draw(inner), "not": draw(inner)}
+    # a key that must exist, by pattern, whatever its value (the object's shape decides where it may go)
+    pattern = draw(st.sampled_from(PATTERNS))
+    negated = draw(st.sampled_from([{"patternProperties": {pattern: False}}, {"propertyNames": {"pattern": pattern}},
+                                    {"propertyNames": {"not": {"pattern": pattern}}},
+                                    {"properties": {name: draw(inner) for name in draw(st.lists(
+                                        st.sampled_from(NAMES), max_size=2, unique=True))},
+                                     "additionalProperties": False}]))
+    return {**draw(object_schemas(inner)), "not": negated}
 
 
 def composite_schemas(inner: st.SearchStrategy) -> st.SearchStrategy:

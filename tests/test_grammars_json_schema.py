@@ -583,11 +583,44 @@ def test_a_negated_contains_counts_the_matches_outside_its_bounds(schema):
         json_schema_to_grammar({"type": "array", "not": {"contains": {"const": 1}, "minContains": 0}})
 
 
+@pytest.mark.parametrize("schema", [
+    {"not": {"patternProperties": {"^a": False}}},                  # an object with a key starting with a
+    {"type": "object", "properties": {"ab": {"type": "integer"}}, "not": {"patternProperties": {"^a": False}}},
+    {"type": "object", "not": {"propertyNames": {"pattern": "^[a-z]+$"}}},   # a key that is not lowercase
+    {"type": "object", "not": {"propertyNames": {"not": {"pattern": "1"}}}},  # a key holding a 1
+    # one key may serve both: under maxProperties 1 it must
+    {"type": "object", "maxProperties": 1, "allOf": [{"not": {"propertyNames": {"not": {"pattern": "a"}}}},
+                                                     {"not": {"propertyNames": {"not": {"pattern": "b"}}}}]},
+    {"type": "object", "not": {"properties": {"a": {"type": "integer"}}, "additionalProperties": False}},
+    {"type": "object", "properties": {"a": {}, "b": {}},
+     "not": {"properties": {"a": {"type": "integer"}}, "additionalProperties": False}},
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+               {"type": "object", "required": ["a"]}]},
+    {"type": "object", "minProperties": 1, "not": {"patternProperties": {"^b": False, "^c": True},
+                                                   "additionalProperties": False}},
+])
+def test_a_negation_that_closes_out_keys_asks_the_object_for_one(schema):
+    values = [{}, {"a": 1}, {"a": "x"}, {"ab": 1}, {"ab": "x"}, {"b": 1}, {"B": 1}, {"A1": 1}, {"a1": 1},
+              {"a": 1, "b": 2}, {"ab": 1, "c": 2}, {"ba": 1}, {"1": 2}, {"c": 1}, {"c": 1, "b": 1}, 1, "a", [], None]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema, property_order="any")
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+
+
+def test_keys_that_must_exist_by_pattern_are_refused_where_a_count_could_miss_a_repeat():
+    # two extra keys could be one key written twice, which minProperties 2 would count twice
+    with pytest.raises(UnsupportedSchemaError, match="minProperties beside a key that must exist"):
+        json_schema_to_grammar({"type": "object", "minProperties": 2, "not": {"patternProperties": {"a": False}}})
+    with pytest.raises(UnsupportedSchemaError, match="more than 3 keys that must exist"):
+        json_schema_to_grammar({"allOf": [{"not": {"patternProperties": {c: False}}} for c in "abcd"]})
+
+
 def test_negations_that_would_split_inside_a_keyword_group_are_refused():
     # additionalProperties means "no keys besides the declared ones" only next to properties; which keys an open
-    # object may hold besides them is unbounded
+    # object may hold besides them is unbounded, so one failing a schema cannot be asked for
     with pytest.raises(UnsupportedSchemaError, match=r"\['additionalProperties', 'properties'\]"):
-        json_schema_to_grammar({"not": {"properties": {"a": {}}, "additionalProperties": False}})
+        json_schema_to_grammar({"not": {"properties": {"a": {}}, "additionalProperties": {"type": "integer"}}})
     with pytest.raises(UnsupportedSchemaError, match="format"):
         json_schema_to_grammar({"not": {"properties": {"a": {"format": "email"}}}})
 
