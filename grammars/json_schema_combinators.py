@@ -35,15 +35,10 @@ def distribute(ctx: SchemaContext, parts: list[Part], owner: Part, keyword: str)
     rest = [p.skipping(keyword) if p is owner else p for p in parts]
     subs = [owner.sub(b, keyword, i) for i, b in enumerate(branches)]
     if keyword == "oneOf" and len(subs) > 1:
-        overlap = _overlapping(ctx, rest, subs)
-        if overlap is not None:
-            return _exactly_one(ctx, rest, owner, overlap)
+        pairs = list(_overlapping_pairs(ctx, rest, subs))
+        if pairs:
+            return _exactly_one(ctx, rest, owner, pairs)
     return choice(ctx.compile(rest + [s]) for s in subs)
-
-
-def _overlapping(ctx: SchemaContext, rest: list[Part], subs: list[Part]) -> tuple[int, int] | None:
-    """Two oneOf branches that may both match one instance, None when they provably never do."""
-    return next(_overlapping_pairs(ctx, rest, subs), None)
 
 
 def _overlapping_pairs(ctx: SchemaContext, rest: list[Part], subs: list[Part]) -> Iterator[tuple[int, int]]:
@@ -55,26 +50,30 @@ def _overlapping_pairs(ctx: SchemaContext, rest: list[Part], subs: list[Part]) -
                 yield i, j
 
 
-def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, overlap: tuple[int, int]) -> Expr:
-    """oneOf as the union over i of (branch i and not branch j, for every other j), where every branch
-    negates exactly; refused otherwise, or where the negations would multiply into too many variants."""
+def _exactly_one(ctx: SchemaContext, rest: list[Part], owner: Part, pairs: list[tuple[int, int]]) -> Expr:
+    """oneOf as the union over i of (branch i and not branch j, for every branch j that may match together with
+    it: the others exclude it already), where those branches negate exactly; refused otherwise, or where the
+    negations would multiply into too many variants."""
     branches = owner.get("oneOf")
-    sizes = []
-    for i, branch in enumerate(branches):
-        size = _negation_size(branch, _resolver(ctx, owner.sub(branch, "oneOf", i)))
-        if size is None:
-            i, j = overlap
-            raise UnsupportedSchemaError(f"oneOf branches {i} and {j} may both match one instance; exclusivity "
-                                         "cannot be enforced", owner.at("oneOf"))
-        sizes.append(size)
-    # branch i with every other negated: the product of the others' negations' alternatives, summed over i
-    variants = sum(math.prod(sizes[:i] + sizes[i + 1:]) for i in range(len(sizes)))
+    overlaps: list[list[int]] = [[] for _ in branches]
+    sizes: dict[int, int | None] = {}
+    for i, j in pairs:
+        overlaps[i].append(j)
+        overlaps[j].append(i)
+        for k in (i, j):
+            if k not in sizes:
+                sizes[k] = _negation_size(branches[k], _resolver(ctx, owner.sub(branches[k], "oneOf", k)))
+            if sizes[k] is None:
+                raise UnsupportedSchemaError(f"oneOf branches {i} and {j} may both match one instance; exclusivity "
+                                             "cannot be enforced", owner.at("oneOf"))
+    # branch i with its overlapping ones negated: the product of their negations' alternatives, summed over i
+    variants = sum(math.prod(sizes[j] for j in others) for others in overlaps)
     if variants > _MAX_DISTRIBUTED_VARIANTS:
         raise UnsupportedSchemaError("oneOf with overlapping branches has too many variants to enforce",
                                      owner.at("oneOf"))
     alternatives = []
     for i, branch in enumerate(branches):
-        others = [owner.derived({"not": b}, "not", "oneOf", j) for j, b in enumerate(branches) if j != i]
+        others = [owner.derived({"not": branches[j]}, "not", "oneOf", j) for j in sorted(overlaps[i])]
         alternatives.append(ctx.compile(rest + [owner.sub(branch, "oneOf", i)] + others))
     return choice(alternatives)
 

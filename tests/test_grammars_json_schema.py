@@ -869,6 +869,17 @@ def test_a_negated_oneof_whose_branches_overlap_fails_where_none_or_two_match(sc
     assert not wrong, wrong
 
 
+def test_a_oneof_branch_negates_only_the_branches_it_may_match_together_with():
+    # the email branch is a string, apart from the two numbers: it is never negated (format does not negate)
+    schema = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 3}, {"type": "string", "format": "email"}]}
+    values = [1, 2, 3, 4, 2.5, 3.5, -1, "a@b.c", "x", None]
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    grammar = json_schema_to_grammar(schema)
+    assert [ir_accepts(grammar, json.dumps(v)) for v in values] == [validator.is_valid(v) for v in values]
+    assert [validator.is_valid(v) for v in values] == [True, True, False, False, False, True, True, True, False,
+                                                      False]
+
+
 def test_a_negated_oneof_overlapping_in_too_many_pairs_is_refused():
     with pytest.raises(UnsupportedSchemaError, match="more than 6 pairs") as info:
         json_schema_to_grammar({"not": {"oneOf": [{"minimum": i} for i in range(5)]}})
