@@ -18,9 +18,8 @@ from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr
 from .json_numbers import multiples_of
 from .json_schema_context import (SOME_KEY, VALIDATION, Branches, NotMatching, Part, SchemaContext, enum_values, expect,
-                                  is_number, narrow_types)
+                                  is_number, key_matches, narrow_types)
 from .json_schema_ir import choice, json_key
-from .json_schema_objects import key_matches
 
 _MAX_DISTRIBUTED_BRANCHES = 64
 _MAX_DISTRIBUTED_VARIANTS = 256
@@ -129,10 +128,24 @@ def _size_of_negation(schema: Any, resolve: Resolver, memo: dict) -> int | None:
     bounds = _negated_bounds(schema)
     if bounds is not None:
         return max(len(bounds), 1)
-    if keys in ({"type"}, {"enum"}, {"const"}, {"pattern"}, {"multipleOf"}, {"not"}):
+    if keys in ({"enum"}, {"const"}):
+        values = [schema["const"]] if "const" in keys else schema["enum"]
+        containers = [v for v in values if isinstance(v, (dict, list))] if isinstance(values, list) else []
+        if len(containers) > _MAX_NEGATED_CONTAINERS:
+            return None
+        # one way per object or array value, counted low: beside an enum of its own, the conjunction filters
+        # values and nothing multiplies, and elsewhere the subschema budget bounds the rest
+        return max(len(containers), 1)
+    if keys == {"prefixItems"} and isinstance(schema["prefixItems"], list):
+        sizes = [_negation_size(item, resolve, memo) for item in schema["prefixItems"]]
+        return None if None in sizes else max(sum(sizes), 1)
+    if keys in ({"type"}, {"pattern"}, {"multipleOf"}, {"not"}):
         return 1
     if keys == {"items"} and not isinstance(schema["items"], list):
         return None if _negation_size(schema["items"], resolve, memo) is None else 1
+    if keys and keys <= {"if", "then", "else"}:
+        sizes = [_negation_size(schema[k], resolve, memo) for k in ("then", "if", "else") if k in schema]
+        return None if None in sizes else max(sum(sizes), 1)
     if "contains" in keys and keys <= _CONTAINS:
         counts = _negated_counts(schema)
         if counts is None:
@@ -193,6 +206,27 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
             return ctx.never("the negated bounds hold for every instance", part.at("not"))
         return choice(ctx.compile(rest + [part.derived(bound, "failing " + " ".join(sorted(bound)), "not")])
                       for bound in bounds)
+    if keys in ({"enum"}, {"const"}):
+        values = [inner["const"]] if "const" in keys else inner["enum"]
+        expect(isinstance(values, list), "enum must be an array", part.at("not", "enum"))
+        containers = [v for v in values if isinstance(v, (dict, list))]
+        if not containers:
+            return None     # `negate` excludes scalars from their terminals
+        if len(containers) > _MAX_NEGATED_CONTAINERS:
+            raise UnsupportedSchemaError(f"not over more than {_MAX_NEGATED_CONTAINERS} object or array values",
+                                         part.at("not"))
+        # an object or array differs from a value where it fails the shape that pins it down
+        scalars = [v for v in values if not isinstance(v, (dict, list))]
+        negations = [part.derived({"not": {"enum": scalars}}, "not scalars", "not")] if scalars else []
+        negations += [part.derived({"not": _shape_of(v)}, f"not value {i}", "not") for i, v in enumerate(containers)]
+        return ctx.compile(rest + negations)
+    if keys == {"prefixItems"}:
+        # an array with an item failing the schema at its position
+        items = inner["prefixItems"]
+        expect(isinstance(items, list), "prefixItems must be an array", part.at("not", "prefixItems"))
+        return choice(ctx.compile(rest + [part.derived(
+            {"type": "array", "minItems": i + 1, "prefixItems": [True] * i + [{"not": item}]}, f"failing item {i}",
+            "not")]) for i, item in enumerate(items))
     if "$ref" in keys:
         expanded = ctx.expand([part.sub(inner, "not")])
         if expanded is None:    # the negated schema is false
@@ -200,6 +234,17 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return choice(ctx.compile(rest + [negated_conjunct(conjunct)]) for conjunct in expanded[0])
     if keys and keys <= {"properties", "patternProperties", "additionalProperties"}:
         return _negated_members(ctx, rest, part, inner)
+    if keys and keys <= {"if", "then", "else"}:
+        # if/then/else fails where `if` holds and `then` fails, or `if` fails and `else` does (without `if`, or
+        # without both branches, it holds everywhere)
+        if "if" not in keys:
+            return ctx.never("then and else without if hold for every instance", part.at("not"))
+        cond = part.sub(inner["if"], "not", "if")
+        ways = [[cond, part.derived({"not": inner["then"]}, "failing then", "not", "then")]] if "then" in keys else []
+        if "else" in keys:
+            ways.append([part.derived({"not": inner["if"]}, "failing if", "not", "if"),
+                         part.derived({"not": inner["else"]}, "failing else", "not", "else")])
+        return choice(ctx.compile(rest + way) for way in ways)
     if "contains" in keys and keys <= _CONTAINS:
         counts = _negated_counts(inner)
         expect(counts is not None, "minContains and maxContains must be non-negative integers", part.at("not"))
@@ -300,6 +345,22 @@ def _negated_bounds(schema: Any) -> list[dict] | None:
 
 
 _CONTAINS = {"contains", "minContains", "maxContains"}
+
+
+_MAX_NEGATED_CONTAINERS = 8   # object and array values of a negated enum: their negations multiply
+
+
+def _shape_of(value: dict | list) -> dict:
+    """The schema only `value` (an object or array) satisfies: its keys or length, and each member's value."""
+    if isinstance(value, dict):
+        shape: dict[str, Any] = {"type": "object", "additionalProperties": False}
+        if value:
+            shape.update(required=list(value), properties={k: {"const": v} for k, v in value.items()})
+        return shape
+    shape = {"type": "array", "minItems": len(value), "maxItems": len(value)}
+    if value:
+        shape["prefixItems"] = [{"const": v} for v in value]
+    return shape
 
 
 def _negated_counts(schema: dict) -> list[tuple[int, int | None]] | None:

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Grammar, Lit, Ref, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
 from .json_schema_combinators import (NEGATED_CONJUNCT, conditional, dependent_schemas, distribute, negate,
                                       rewritten_negation)
-from .json_schema_context import (TYPES, UNSUPPORTED, VALIDATION, Branches, JsonSchemaOptions, NotMatching, Part,
-                                  expect, narrow_types)
+from .json_schema_context import (DERIVED_KEYWORDS, SOME_KEY, TYPES, UNSUPPORTED, VALIDATION, Branches,
+                                  JsonSchemaOptions, NotMatching, Part, expect, narrow_types, witness_admits)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
@@ -308,8 +308,21 @@ class SchemaCompiler:
         if self._validator is None:
             cls = validator_for(self.root, default=jsonschema.Draft202012Validator) if isinstance(
                 self.root, dict) else jsonschema.Draft202012Validator
+            latest = jsonschema.Draft202012Validator.VALIDATORS
+            cls = jsonschema.validators.extend(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
+                                                     SOME_KEY: _holds_keys})
             self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
         return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
+
+
+def _holds_keys(validator: Any, witnesses: list[dict], instance: Any, schema: dict) -> Iterator[Any]:
+    """The SOME_KEY keyword for jsonschema: an object holds a key each witness admits."""
+    from jsonschema import ValidationError
+
+    if isinstance(instance, dict):
+        for witness in witnesses:
+            if not any(witness_admits(witness, name) for name in instance):
+                yield ValidationError(f"no key the pattern at {witness['at']} asks for")
 
 
 def _check_document_depth(document: Any) -> None:

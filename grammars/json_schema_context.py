@@ -12,8 +12,9 @@ from typing import Any, Protocol
 
 from .errors import SchemaError
 from .ir import Expr
-from .json_schema_ir import Punctuation, json_key
+from .json_schema_ir import Punctuation, json_key, json_text
 from .json_schema_refs import json_pointer
+from .json_strings import pattern_regexes
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
 
@@ -33,6 +34,20 @@ STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 # value (the negations of `patternProperties: {P: false}`, `propertyNames` and a closed object's
 # `additionalProperties: false`); its value is a list of such witnesses, "at" the pointer each comes from.
 SOME_KEY = "\x00some key"
+# Keywords the compiler writes in the schemas it derives, whatever the document's draft: a jsonschema validator
+# of an older draft reads them too (the document's own are gone, see `SchemaCompiler`).
+DERIVED_KEYWORDS = ("const", "contains", "prefixItems")
+
+
+def key_matches(pattern: str, name: str, pointer: str) -> bool:
+    """Whether the JSON key `name` matches an ECMA `pattern` (as the grammar will judge it)."""
+    return pattern_regexes(pattern, pointer).matches(json_text(name))
+
+
+def witness_admits(witness: dict, name: str) -> bool:
+    """Whether the key `name` is one `witness` asks for (see `SOME_KEY`)."""
+    return (name not in witness["outside"] and all(key_matches(r, name, witness["at"]) for r in witness["match"])
+            and not any(key_matches(r, name, witness["at"]) for r in witness["avoid"]))
 NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 # A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
 # outgrow the automaton's budget for one terminal.

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (SOME_KEY, STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values,
-                                  expect)
+                                  expect, key_matches, witness_admits)
 from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import distinct_texts, string_terminal
 from .json_strings import PatternRegexes, pattern_regexes
@@ -29,13 +29,8 @@ from .regex import terminal_dfa
 _MAX_PATTERNS = 32
 _MAX_KEY_CLASSES = 64
 _MAX_TRIGGERS = 3
-_MAX_WITNESSES = 3         # keys an object must hold by pattern (`SOME_KEY`): one key may serve several
+_MAX_WITNESSES = 4         # keys an object must hold by pattern (`SOME_KEY`): one key may serve several
 _MAX_WITNESS_LAYOUTS = 32  # ways of choosing which member or extra key serves which
-
-
-def key_matches(pattern: str, name: str, pointer: str) -> bool:
-    """Whether the JSON key `name` matches an ECMA `pattern` (as the grammar will judge it)."""
-    return pattern_regexes(pattern, pointer).matches(json_text(name))
 
 
 class _ObjectBuilder:
@@ -263,7 +258,7 @@ class _ObjectBuilder:
             # an extra key written twice is one property: the count holds only with one extra at most
             raise UnsupportedSchemaError("minProperties beside a key that must exist by pattern cannot tell repeated "
                                          "keys apart", witnesses[0]["at"])
-        options = [[n for n in names if n in members and _admits(w, n)] + ([None] if extras else [])
+        options = [[n for n in names if n in members and witness_admits(w, n)] + ([None] if extras else [])
                    for w in witnesses]
         layouts = 0
         for chosen in product(*options):
@@ -311,12 +306,6 @@ class _ObjectBuilder:
             self.ctx.rules[name] = body
             alternatives.append(Ref(name))
         return choice(alternatives)
-
-
-def _admits(witness: dict, name: str) -> bool:
-    """Whether the key `name` is one `witness` asks for (see `SOME_KEY`)."""
-    return (name not in witness["outside"] and all(key_matches(r, name, witness["at"]) for r in witness["match"])
-            and not any(key_matches(r, name, witness["at"]) for r in witness["avoid"]))
 
 
 def _merged(group: list[dict]) -> dict:

@@ -608,12 +608,58 @@ def test_a_negation_that_closes_out_keys_asks_the_object_for_one(schema):
     assert not wrong, wrong
 
 
+@pytest.mark.parametrize("schema", [
+    {"not": {"if": {"type": "integer"}, "then": {"minimum": 3}, "else": {"type": "string"}}},
+    {"not": {"if": {"type": "integer"}, "then": {"minimum": 3}}},
+    {"not": {"if": {"type": "integer"}, "else": {"type": "string"}}},
+    {"oneOf": [{"if": {"type": "integer"}, "then": {"minimum": 3}, "else": {"type": "string"}},
+               {"type": "string", "maxLength": 1}]},
+])
+def test_a_negated_conditional_fails_where_the_branch_it_takes_fails(schema):
+    values = [1, 3, 5, 2.5, "a", "ab", None, [], {}]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema)
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("draft", ["http://json-schema.org/draft-04/schema#",
+                                   "http://json-schema.org/draft-07/schema#",
+                                   "https://json-schema.org/draft/2020-12/schema"])
+@pytest.mark.parametrize("schema", [
+    {"not": {"enum": [{"a": 1, "b": [1, 2]}, [1, {"b": 2}], 3, "x", {}]}},
+    {"type": "object", "not": {"enum": [{"a": {"a": {}}}]}},
+    {"type": "array", "items": {"enum": ["a", "b", "deleted"]}, "minItems": 1, "not": {"enum": [["deleted"]]}},
+    # derived keywords of a later draft (const, prefixItems) must keep their meaning where enum values are filtered
+    {"enum": [[1, 2], [3], [2, 2], ["a"]], "not": {"enum": [[2, 2], [3]]}},
+    {"enum": [{"a1": 1}, {"b": 2}, {"a2": 3, "c": 1}], "not": {"patternProperties": {"^a": False}}},
+])
+def test_a_negated_object_or_array_value_fails_the_shape_that_pins_it_down(draft, schema):
+    schema = {"$schema": draft, **schema}
+    values = [{"a": 1, "b": [1, 2]}, {"a": 1, "b": [1, 2, 3]}, {"a": 1, "b": [1, 2], "c": 0}, {"a": 1.0, "b": [1, 2]},
+              {"a": 1}, [1, {"b": 2}], [1, {"b": 3}], [1], 3, 3.0, "x", "y", {}, [], {"a": {"a": {}}},
+              {"a": {"a": {"b": 1}}}, ["a"], ["deleted"], ["deleted", "a"], [1, 2], [3], [2, 2], {"a1": 1}, {"b": 2},
+              {"a2": 3, "c": 1}, None]
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    grammar = json_schema_to_grammar(schema, property_order="any")
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+
+
+def test_a_negated_prefix_fails_at_one_position():
+    schema = {"not": {"prefixItems": [{"type": "integer"}, {"type": "string"}]}}
+    values = [[], [1], ["s"], [1, "s"], [1, 2], [1, "s", 3], ["s", "s"], 1, None]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema)
+    assert [ir_accepts(grammar, json.dumps(v)) for v in values] == [validator.is_valid(v) for v in values]
+
+
 def test_keys_that_must_exist_by_pattern_are_refused_where_a_count_could_miss_a_repeat():
     # two extra keys could be one key written twice, which minProperties 2 would count twice
     with pytest.raises(UnsupportedSchemaError, match="minProperties beside a key that must exist"):
         json_schema_to_grammar({"type": "object", "minProperties": 2, "not": {"patternProperties": {"a": False}}})
-    with pytest.raises(UnsupportedSchemaError, match="more than 3 keys that must exist"):
-        json_schema_to_grammar({"allOf": [{"not": {"patternProperties": {c: False}}} for c in "abcd"]})
+    with pytest.raises(UnsupportedSchemaError, match="more than 4 keys that must exist"):
+        json_schema_to_grammar({"allOf": [{"not": {"patternProperties": {c: False}}} for c in "abcde"]})
 
 
 def test_negations_that_would_split_inside_a_keyword_group_are_refused():

@@ -16,8 +16,8 @@ from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_s
 from tokenizers_util import accepts, byte_level_bpe
 
 SUITE = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "JSON-Schema-Test-Suite" / "tests" / "draft2020-12"
-# Measured: 238 cases pass outside DEVIATIONS; the others are refused as unsupported (none fail).
-PASSING_FLOOR = 237
+# Measured: 239 cases pass outside DEVIATIONS; the others are refused as unsupported (none fail).
+PASSING_FLOOR = 238
 # Deliberate deviations, each with its reason.
 DEVIATIONS = {
     ("format", "*"): "formats are enforced (assertions) for generation, not annotations",
