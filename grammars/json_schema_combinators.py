@@ -143,6 +143,13 @@ def _size_of_negation(schema: Any, resolve: Resolver, memo: dict) -> int | None:
         return 1
     if keys == {"items"} and not isinstance(schema["items"], list):
         return None if _negation_size(schema["items"], resolve, memo) is None else 1
+    if keys in ({"dependencies"}, {"dependentSchemas"}, {"dependentRequired"}):
+        triggers = schema[next(iter(keys))]
+        if not isinstance(triggers, dict):
+            return None
+        sizes = [len(needs) if isinstance(needs, list) else _negation_size(needs, resolve, memo)
+                 for needs in triggers.values()]
+        return None if None in sizes else max(sum(sizes), 1)
     if keys and keys <= {"if", "then", "else"}:
         sizes = [_negation_size(schema[k], resolve, memo) for k in ("then", "if", "else") if k in schema]
         return None if None in sizes else max(sum(sizes), 1)
@@ -234,6 +241,20 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return choice(ctx.compile(rest + [negated_conjunct(conjunct)]) for conjunct in expanded[0])
     if keys and keys <= {"properties", "patternProperties", "additionalProperties"}:
         return _negated_members(ctx, rest, part, inner)
+    if keys in ({"dependencies"}, {"dependentSchemas"}, {"dependentRequired"}):
+        # an object holding a trigger and failing what it asks for: a key it lists, or its schema
+        [keyword] = keys
+        triggers = inner[keyword]
+        expect(isinstance(triggers, dict), f"{keyword} must be an object", part.at("not", keyword))
+        ways = []
+        for trigger, needs in triggers.items():
+            holding = part.derived({"type": "object", "required": [trigger]}, f"holding {trigger}", "not", keyword)
+            if isinstance(needs, list):
+                ways += [[part.derived({"type": "object", "required": [trigger], "properties": {name: False}},
+                                       f"{trigger} without {name}", "not", keyword)] for name in needs]
+            else:
+                ways.append([holding, part.derived({"not": needs}, f"failing {trigger}", "not", keyword, trigger)])
+        return choice(ctx.compile(rest + way) for way in ways)
     if keys and keys <= {"if", "then", "else"}:
         # if/then/else fails where `if` holds and `then` fails, or `if` fails and `else` does (without `if`, or
         # without both branches, it holds everywhere)

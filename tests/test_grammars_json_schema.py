@@ -646,6 +646,24 @@ def test_a_negated_object_or_array_value_fails_the_shape_that_pins_it_down(draft
     assert not wrong, wrong
 
 
+@pytest.mark.parametrize("schema", [
+    {"$schema": "http://json-schema.org/draft-07/schema#",
+     "not": {"dependencies": {"x": {"not": {"required": ["error"]}}, "y": ["z", "w"]}}},
+    {"not": {"dependentSchemas": {"x": {"required": ["q"]}}}},
+    {"not": {"dependentRequired": {"x": ["q"]}}},
+    {"$schema": "http://json-schema.org/draft-07/schema#",
+     "oneOf": [{"if": {"required": ["x"]}, "then": {"not": {"required": ["error"]}}, "else": {"required": ["error"]}},
+               {"type": "object", "dependencies": {"x": {"not": {"required": ["error"]}}}}]},
+])
+def test_a_negated_dependency_holds_a_trigger_and_fails_what_it_asks_for(schema):
+    values = [{}, {"x": 1}, {"x": 1, "error": 1}, {"error": 1}, {"y": 1}, {"y": 1, "z": 1}, {"y": 1, "z": 1, "w": 1},
+              {"x": 1, "q": 1}, {"q": 1}, 1, "a", None, []]
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    grammar = json_schema_to_grammar(schema, property_order="any")
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+
+
 def test_a_negated_prefix_fails_at_one_position():
     schema = {"not": {"prefixItems": [{"type": "integer"}, {"type": "string"}]}}
     values = [[], [1], ["s"], [1, "s"], [1, 2], [1, "s", 3], ["s", "s"], 1, None]
