@@ -299,7 +299,7 @@ class _ObjectBuilder:
                                                                                       len(keys) + len(held))),
                         dependents=tuple((index[t], frozenset(index[n] for n in self.dependents[t])) for t in triggers),
                         min=self.min_props, max=self.max_props, ordered=self.ctx.options.property_order == "schema",
-                        max_extras=self.max_extras)
+                        max_extras=self.max_extras, held=len(held))
         alternatives = [pu.obj_empty] if not required and not held and self.min_props == 0 else []
         if (keys or held or extra != NEVER) and self.max_props != 0 and MemberSet(body).feasible(EMPTY_TAG, FIRST):
             name = self.ctx.rule_name(self.pointer + "_object")

@@ -246,8 +246,13 @@ class _Layout:
         return next((candidate for candidate in candidates if same(candidate, value)), value)
 
     def _split(self, parts: list[_Part], value: Any) -> list[_Part] | None:
-        """Parts with the first anyOf/oneOf replaced by the first branch `value` satisfies."""
+        """Parts with the first anyOf/oneOf replaced by the first branch `value` satisfies (if/then/else by
+        `if` and `then` where it satisfies `if`, else by `else`)."""
         for i, part in enumerate(parts):
+            if part.has("if"):
+                rest = parts[:i] + [_Part(part.schema, part.skip | {"if", "then", "else"})] + parts[i + 1:]
+                taken = ["if", "then"] if self.oracle.branch_accepts(part.get("if"), value) else ["else"]
+                return rest + self.expand([_Part(part.get(k)) for k in taken if part.has(k)])
             for keyword in ("anyOf", "oneOf"):
                 branches = part.get(keyword)
                 if branches is None:

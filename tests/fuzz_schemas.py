@@ -246,11 +246,20 @@ def negated_schemas(draw, inner: st.SearchStrategy) -> dict:
     return {**draw(object_schemas(inner)), "not": negated}
 
 
+@st.composite
+def conditional_schemas(draw, inner: st.SearchStrategy) -> dict:
+    """if/then/else, a branch sometimes left out (under `not`, in a oneOf, the compiler negates them too)."""
+    schema = {"if": draw(inner)}
+    for key in draw(st.sampled_from([("then",), ("else",), ("then", "else")])):
+        schema[key] = draw(inner)
+    return schema
+
+
 def composite_schemas(inner: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
         object_schemas(inner), object_schemas(inner), array_schemas(inner),
         st.lists(inner, min_size=2, max_size=3).map(lambda options: {"anyOf": options}),
-        one_of_schemas(inner), all_of_schemas(inner), negated_schemas(inner),
+        one_of_schemas(inner), all_of_schemas(inner), negated_schemas(inner), conditional_schemas(inner),
     )
 
 

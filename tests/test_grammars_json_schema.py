@@ -105,7 +105,8 @@ def ir_accepts(grammar, text: str) -> bool:
                 out |= ends(e.close, pos)
             for start in [pos] if first else ends(e.separator, pos):
                 for k, member in enumerate(e.members):
-                    if k in written or (e.ordered and (extras or any(w > k for w in written))):
+                    held = k >= len(e.members) - e.held    # an extra key the object must hold: among the extras
+                    if k in written or (e.ordered and not held and (extras or any(w > k for w in written))):
                         continue
                     todo += [(q, written | {k}, extras, False, texts) for q in ends(member, start)]
                 if e.extra is not None and (e.max_extras is None or extras < e.max_extras):
