@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Grammar, Lit, Ref, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
 from .json_schema_combinators import (NEGATED_CONJUNCT, conditional, dependent_schemas, distribute, negate,
                                       rewritten_negation)
-from .json_schema_context import (DERIVED_KEYWORDS, SOME_KEY, TYPES, UNSUPPORTED, VALIDATION, Branches,
-                                  JsonSchemaOptions, NotMatching, Part, expect, narrow_types, witness_admits)
+from .json_schema_context import (DERIVED_KEYWORDS, EXCLUSIVE_BOUNDS, SOME_KEY, TYPES, UNSUPPORTED, VALIDATION,
+                                  Branches, JsonSchemaOptions, NotMatching, Part, expect, narrow_types, witness_admits)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
@@ -70,9 +70,10 @@ class SchemaCompiler:
         self.refs = RefResolver(self.root, "id" if self.draft4 else "$id")
         self.punct = punctuation(options.whitespace, options.max_indent)
         self.rules: dict[str, Expr] = {}
-        self._memo: dict[frozenset, str] = {}     # conjunctions through a $ref: their rules' names
+        self._memo: dict[Hashable, str] = {}      # conjunctions through a $ref: their rules' names
         self._conjunctions: dict[frozenset, list[tuple[dict, Expr]]] = {}  # the others: their expressions
-        self._active: dict[frozenset, int] = {}
+        self._negated: dict[frozenset, list[dict]] = {}  # conjunctions of negated $ref conjuncts: their schemas
+        self._active: dict[Hashable, int] = {}
         self._depth = 0
         self._nesting = 0
         self._compiled = 0
@@ -196,9 +197,19 @@ class SchemaCompiler:
         parts, via_ref = expanded
         if not parts:
             return self._any_value()
-        key = frozenset(p.key for p in parts)   # expand dropped repeats: the set names the conjunction
-        # a negated $ref's conjunct recurs like the $ref itself (see combinators.negated_conjunct)
-        if not via_ref and not any(p.variant.startswith(NEGATED_CONJUNCT) for p in parts):
+        key: Hashable = frozenset(p.key for p in parts)   # expand dropped repeats: the set names the conjunction
+        negated = any(p.variant.startswith(NEGATED_CONJUNCT) for p in parts)
+        if negated:
+            # a negated $ref's conjunct recurs like the $ref itself (see combinators.negated_conjunct), but its
+            # place may be another schema's (a derived `not` sits where its schema's own `not` does): the schemas
+            # tell such conjunctions apart, each under a key of its own
+            schemas = {p.key: p.schema for p in parts}
+            seen = self._negated.setdefault(key, [])
+            index = next((i for i, known in enumerate(seen) if known == schemas), len(seen))
+            if index == len(seen):
+                seen.append(schemas)
+            key = (key, index)
+        elif not via_ref:
             # the same conjunction comes back where combinators distribute (a oneOf's negations meet each
             # branch again): its expression is shared, not rebuilt.  A key names each part's schema by its place
             # and the rewrite that made it; the schemas themselves confirm the match (a rewrite named like another
@@ -310,9 +321,19 @@ class SchemaCompiler:
                 self.root, dict) else jsonschema.Draft202012Validator
             latest = jsonschema.Draft202012Validator.VALIDATORS
             cls = jsonschema.validators.extend(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
+                                                     **{k: _numeric_bound(latest[k]) for k in EXCLUSIVE_BOUNDS},
                                                      SOME_KEY: _holds_keys})
             self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
         return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
+
+
+def _numeric_bound(check: Callable) -> Callable:
+    """A later draft's exclusiveMinimum/Maximum, which only a number is: draft-04's flag (a boolean) belongs to
+    its minimum/maximum, which read it there."""
+    def keyword(validator: Any, bound: Any, instance: Any, schema: dict) -> Iterator[Any]:
+        if not isinstance(bound, bool):
+            yield from check(validator, bound, instance, schema)
+    return keyword
 
 
 def _holds_keys(validator: Any, witnesses: list[dict], instance: Any, schema: dict) -> Iterator[Any]:

@@ -37,6 +37,7 @@ SOME_KEY = "\x00some key"
 # Keywords the compiler writes in the schemas it derives, whatever the document's draft: a jsonschema validator
 # of an older draft reads them too (the document's own are gone, see `SchemaCompiler`).
 DERIVED_KEYWORDS = ("const", "contains", "prefixItems")
+EXCLUSIVE_BOUNDS = ("exclusiveMinimum", "exclusiveMaximum")   # numbers in derived schemas, flags in draft-04's
 
 
 def key_matches(pattern: str, name: str, pointer: str) -> bool:

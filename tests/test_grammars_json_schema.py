@@ -994,6 +994,31 @@ def test_overlapping_one_of_with_branches_that_do_not_negate_is_refused():
         json_schema_to_grammar({"$defs": {"s": {"format": "email"}}, "not": {"$ref": "#/$defs/s", "type": "string"}})
 
 
+_DEFS = {"A": {"type": ["string", "null", "boolean"]}, "B": {"pattern": "^a"}}
+_X = {"$ref": "#/$defs/A", "not": {"$ref": "#/$defs/B", "type": "string"}}
+
+
+@pytest.mark.parametrize("schema", [
+    # a derived `not` over X sits at X's place + /not, where X's own `not` sits: the two negated conjuncts share a
+    # place, and only their schemas tell them apart (found by review)
+    {"$defs": _DEFS, "$ref": "#/$defs/A", "if": _X},
+    {"$defs": _DEFS, "type": "array", "items": {"$ref": "#/$defs/A"}, "contains": _X, "maxContains": 1},
+])
+def test_negated_conjuncts_at_one_place_stay_apart(schema):
+    values = ["abc", "b", None, True, 1, [], [None], [None, "abc"], [None, None], ["abc", "b"], ["b", "c"]]
+    validator = jsonschema.Draft202012Validator(schema)
+    grammar = json_schema_to_grammar(schema)
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
+
+
+def test_enum_values_are_filtered_by_the_numeric_bounds_a_negation_writes_in_draft_04():
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "not": {"minimum": 5},
+              "anyOf": [{"enum": [3, 7]}]}
+    grammar = json_schema_to_grammar(schema)
+    assert [ir_accepts(grammar, v) for v in ("3", "7")] == [True, False]
+
+
 def test_sizing_a_recursive_one_of_for_negation_visits_each_subschema_once(monkeypatch):
     # each $ref level leads to `node` three ways, so sizing every path would take thousands of visits; the sizes
     # are memoised per subschema (one met again while it is sized counts one), and compiling the oneOf then
