@@ -17,6 +17,7 @@ The largest schemas of JSONSchemaBench stay well inside: depth 24, 22 levels, 4,
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, Callable, Hashable, Iterator
@@ -317,14 +318,22 @@ class SchemaCompiler:
         from jsonschema.validators import validator_for
 
         if self._validator is None:
-            cls = validator_for(self.root, default=jsonschema.Draft202012Validator) if isinstance(
-                self.root, dict) else jsonschema.Draft202012Validator
-            latest = jsonschema.Draft202012Validator.VALIDATORS
-            cls = jsonschema.validators.extend(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
-                                                     **{k: _numeric_bound(latest[k]) for k in EXCLUSIVE_BOUNDS},
-                                                     SOME_KEY: _holds_keys})
+            cls = _reading_derived(validator_for(self.root, default=jsonschema.Draft202012Validator) if isinstance(
+                self.root, dict) else jsonschema.Draft202012Validator)
             self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
         return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
+
+
+@functools.cache
+def _reading_derived(cls: Any) -> Any:
+    """The jsonschema validator class `cls` that also reads what derived schemas write, whatever its draft (one
+    class per draft: making one takes longer than compiling a small schema)."""
+    import jsonschema
+
+    latest = jsonschema.Draft202012Validator.VALIDATORS
+    return jsonschema.validators.extend(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
+                                              **{k: _numeric_bound(latest[k]) for k in EXCLUSIVE_BOUNDS},
+                                              SOME_KEY: _holds_keys})
 
 
 def _numeric_bound(check: Callable) -> Callable:
