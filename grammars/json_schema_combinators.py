@@ -129,7 +129,7 @@ def _size_of_negation(schema: Any, resolve: Resolver, memo: dict) -> int | None:
     if bounds is not None:
         return max(len(bounds), 1)
     if keys in ({"enum"}, {"const"}):
-        values = [schema["const"]] if "const" in keys else schema["enum"]
+        values = _listed(schema)
         containers = [v for v in values if isinstance(v, (dict, list))] if isinstance(values, list) else []
         if len(containers) > _MAX_NEGATED_CONTAINERS:
             return None
@@ -214,7 +214,7 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return choice(ctx.compile(rest + [part.derived(bound, "failing " + " ".join(sorted(bound)), "not")])
                       for bound in bounds)
     if keys in ({"enum"}, {"const"}):
-        values = [inner["const"]] if "const" in keys else inner["enum"]
+        values = _listed(inner)
         expect(isinstance(values, list), "enum must be an array", part.at("not", "enum"))
         containers = [v for v in values if isinstance(v, (dict, list))]
         if not containers:
@@ -248,12 +248,13 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         expect(isinstance(triggers, dict), f"{keyword} must be an object", part.at("not", keyword))
         ways = []
         for trigger, needs in triggers.items():
-            holding = part.derived({"type": "object", "required": [trigger]}, f"holding {trigger}", "not", keyword)
             if isinstance(needs, list):
                 ways += [[part.derived({"type": "object", "required": [trigger], "properties": {name: False}},
                                        f"{trigger} without {name}", "not", keyword)] for name in needs]
             else:
-                ways.append([holding, part.derived({"not": needs}, f"failing {trigger}", "not", keyword, trigger)])
+                ways.append([part.derived({"type": "object", "required": [trigger]}, f"holding {trigger}", "not",
+                                          keyword),
+                             part.derived({"not": needs}, f"failing {trigger}", "not", keyword, trigger)])
         return choice(ctx.compile(rest + way) for way in ways)
     if keys and keys <= {"if", "then", "else"}:
         # if/then/else fails where `if` holds and `then` fails, or `if` fails and `else` does (without `if`, or
@@ -371,6 +372,11 @@ _CONTAINS = {"contains", "minContains", "maxContains"}
 _MAX_NEGATED_CONTAINERS = 8   # object and array values of a negated enum: their negations multiply
 
 
+def _listed(schema: dict) -> Any:
+    """The values of a schema's `const` (one) or `enum` (as written: the caller checks it is a list)."""
+    return [schema["const"]] if "const" in schema else schema["enum"]
+
+
 def _shape_of(value: dict | list) -> dict:
     """The schema only `value` (an object or array) satisfies: its keys or length, and each member's value."""
     if isinstance(value, dict):
@@ -387,12 +393,12 @@ def _shape_of(value: dict | list) -> dict:
 def _negated_counts(schema: dict) -> list[tuple[int, int | None]] | None:
     """`not: {contains, minContains, maxContains}`: an array whose matches are fewer than minContains (default
     1) or more than maxContains, as (minContains, maxContains) of each way; None for malformed counts."""
-    counts = []
     for key in ("minContains", "maxContains"):
         value = schema.get(key)
         if value is not None and not (is_number(value) and value >= 0 and value == int(value)):
             return None
     least, most = int(schema.get("minContains", 1)), schema.get("maxContains")
+    counts = []
     if least:
         counts.append((0, least - 1))
     if most is not None:
@@ -620,7 +626,7 @@ def negate(part: Part, branches: Branches, excluded: list[Any]) -> None:
             branches.types -= negated.types
         return
     if keys in ({"enum"}, {"const"}):
-        values = [inner["const"]] if "const" in inner else inner["enum"]
+        values = _listed(inner)
         expect(isinstance(values, list), "enum must be an array", pointer + "/enum")
         excluded.extend(values)
         return

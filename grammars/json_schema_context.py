@@ -29,6 +29,7 @@ VALIDATION = {"type", "enum", "const", "properties", "required", "additionalProp
               "minContains", "maxContains", *UNSUPPORTED}
 _CONSTRAINING = (VALIDATION | {"$ref"}) - {"enum", "const"}
 STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
+NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 # A keyword only the compiler writes, in the schemas it derives (JSON Schema keywords hold no NUL): the object
 # holds a key matching every pattern of "match", none of "avoid" and none of the names of "outside", whatever its
 # value (the negations of `patternProperties: {P: false}`, `propertyNames` and a closed object's
@@ -40,6 +41,11 @@ DERIVED_KEYWORDS = ("const", "contains", "prefixItems")
 EXCLUSIVE_BOUNDS = ("exclusiveMinimum", "exclusiveMaximum")   # numbers in derived schemas, flags in draft-04's
 
 
+# A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
+# outgrow the automaton's budget for one terminal.
+MAX_LENGTH_CAP = 1000
+
+
 def key_matches(pattern: str, name: str, pointer: str) -> bool:
     """Whether the JSON key `name` matches an ECMA `pattern` (as the grammar will judge it)."""
     return pattern_regexes(pattern, pointer).matches(json_text(name))
@@ -49,10 +55,6 @@ def witness_admits(witness: dict, name: str) -> bool:
     """Whether the key `name` is one `witness` asks for (see `SOME_KEY`)."""
     return (name not in witness["outside"] and all(key_matches(r, name, witness["at"]) for r in witness["match"])
             and not any(key_matches(r, name, witness["at"]) for r in witness["avoid"]))
-NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
-# A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would
-# outgrow the automaton's budget for one terminal.
-MAX_LENGTH_CAP = 1000
 
 
 @dataclass(frozen=True)

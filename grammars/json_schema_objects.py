@@ -260,12 +260,20 @@ class _ObjectBuilder:
                                          "keys apart", witnesses[0]["at"])
         options = [[n for n in names if n in members and witness_admits(w, n)] + ([None] if extras else [])
                    for w in witnesses]
+        held_by: dict[tuple[int, ...], Expr] = {}   # per group of witnesses: one extra member, however laid out
+
+        def holding(group: list[int]) -> Expr:
+            if tuple(group) not in held_by:
+                held_by[tuple(group)] = self.ctx.share(self.extras(names, _merged([witnesses[i] for i in group])),
+                                                       self.pointer)
+            return held_by[tuple(group)]
+
         layouts = 0
         for chosen in product(*options):
             needed = [n for n in dict.fromkeys(chosen) if n is not None]
-            left = [w for w, n in zip(witnesses, chosen) if n is None]
+            left = [i for i, n in enumerate(chosen) if n is None]
             for groups in _partitions(left):
-                held = tuple(self.ctx.share(self.extras(names, _merged(group)), self.pointer) for group in groups)
+                held = tuple(holding(group) for group in groups)
                 if NEVER in held:
                     continue
                 layouts += 1
