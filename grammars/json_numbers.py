@@ -160,10 +160,11 @@ class Multiples:
 
     @property
     def num_states(self) -> int:
-        """States before minimisation: start, sign, a lone 0, then K per integer part, point and fraction
-        digit count."""
+        """States before minimisation: start, sign, a lone 0, K per integer part; then, for a whole step, the
+        point and its zeros (only a multiple may go on past the point); else K per point and fraction digit
+        count."""
         scale, modulus = _scaled(self.step)
-        return 3 + modulus * (scale + 3)
+        return 3 + modulus + 2 if not scale else 3 + modulus * (scale + 2)
 
     def dfa(self) -> DFA:
         return _multiples_dfa(self.step)
@@ -185,30 +186,33 @@ def _multiples_dfa(step: Decimal) -> DFA:
     r = np.arange(k)
     integer, point = 3, 3 + k                       # state blocks: integer part, just after the point,
 
-    def fraction(j: int) -> int:                    # after j fraction digits (j <= scale)
-        return 3 + k * (2 + j)
+    def fraction(j: int) -> int:                    # after j fraction digits (1 <= j <= scale)
+        return 3 + k * (1 + j)
 
-    trans = np.full((3 + k * (scale + 3), 256), -1, np.int32)
+    trans = np.full((Multiples(step).num_states, 256), -1, np.int32)
+    accept = np.zeros(len(trans), bool)
     digit = ord("0")
     for start in (0, 1):
         trans[start, digit] = 2
         trans[start, digit + 1 : digit + 10] = integer + np.arange(1, 10) % k
     trans[0, ord("-")] = 1
+    accept[2] = True
+    for d in range(10):
+        trans[integer + r, digit + d] = integer + (10 * r + d) % k
+    if not scale:   # a whole step: the point follows a multiple (0 or residue 0), then zeros only
+        trans[[2, integer], ord(".")] = point
+        trans[[point, point + 1], digit] = point + 1
+        accept[integer] = accept[point + 1] = True
+        return minimize(DFA(trans, accept))
     trans[2, ord(".")] = point
     trans[integer + r, ord(".")] = point + r
     for d in range(10):
-        trans[integer + r, digit + d] = integer + (10 * r + d) % k
-        if scale:
-            trans[point + r, digit + d] = fraction(1) + (10 * r + d) % k
+        trans[point + r, digit + d] = fraction(1) + (10 * r + d) % k
         for j in range(1, scale):
             trans[fraction(j) + r, digit + d] = fraction(j + 1) + (10 * r + d) % k
-    if not scale:
-        trans[point + r, digit] = fraction(0) + r
     trans[fraction(scale) + r, digit] = fraction(scale) + r   # past the step's places only zeros keep a multiple
-    accept = np.zeros(len(trans), bool)
-    accept[2] = True
     accept[integer + r] = r * 10**scale % k == 0
-    for j in range(scale + 1):
+    for j in range(1, scale + 1):
         accept[fraction(j) + r] = r * 10 ** (scale - j) % k == 0
     return minimize(DFA(trans, accept))
 

@@ -392,6 +392,8 @@ def test_a_long_length_bound_beside_an_ascii_pattern_counts_along_the_pattern():
     # a search for a word whose 19th letter from the end is an a: the automaton must remember 19 letters
     ({"pattern": "(a|b)*a(a|b){18}"}, "pattern '(a|b)*a(a|b){18}'", "/properties/code/pattern"),
     ({"maxLength": 1024, "format": "email"}, "maxLength 1024 with format 'email'", "/properties/code"),
+    # a residue per state: a million residues are past the budget
+    ({"type": "integer", "multipleOf": 1000003}, "multipleOf 1000003", "/properties/code/multipleOf"),
 ])
 def test_keywords_whose_automaton_outgrows_the_budget_are_refused_by_name_and_pointer(subschema, named, pointer):
     schema = {"properties": {"code": {"type": "string", **subschema}}}
@@ -881,6 +883,9 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
     ({"type": "number", "not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 0.75}]}},
      [1, 2, 0.75, 1.5, 0.5, 3.5, 2.25, 6]),
     ({"oneOf": [{"multipleOf": 3}, {"multipleOf": 5}], "type": "integer"}, [3, 5, 15, 30, 7, 9, 10]),
+    # a whole step keeps one residue per state (12,012 states, where a fraction block per residue made 36,039)
+    ({"type": "number", "allOf": [{"multipleOf": 12}, {"multipleOf": 1001}]},
+     [0, 12012, -24024, 12012.0, 12012.5, 6006, 1001, 12, 24024.00]),
     ({"type": "integer", "multipleOf": 3, "maximum": -100, "minimum": -1000,    # differences one at a time
       "not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 5}, {"multipleOf": 7}, {"multipleOf": 11}, {"multipleOf": 13},
                         {"multipleOf": 37}]}}, [-111, -117, -129, -120, -999, -1002, 3]),
