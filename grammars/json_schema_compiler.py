@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from typing import Any, Callable, Hashable, Iterator
 
 from .errors import SchemaError, UnsupportedSchemaError
@@ -34,9 +35,14 @@ from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 
-MAX_SUBSCHEMA_DEPTH = 64  # the limits: see the module docstring
-MAX_DOCUMENT_DEPTH = 2 * MAX_SUBSCHEMA_DEPTH + 1  # properties/anyOf spend two JSON levels per subschema
+MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
+MAX_DOCUMENT_DEPTH = 129
 MAX_SUBSCHEMAS = 20_000
+# A negation nests several subschemas per JSON level (a `not` over a `const` 29 objects deep takes 150), and the
+# builders between one subschema and the next take up to 16 Python frames: past _DEEP levels the interpreter's
+# recursion limit is raised to fit MAX_SUBSCHEMA_DEPTH (never lowered, as another thread may be compiling too).
+_DEEP = 48
+_FRAMES_PER_LEVEL = 16
 
 
 _UNSUPPORTED = frozenset(UNSUPPORTED)
@@ -186,6 +192,8 @@ class SchemaCompiler:
         if self._nesting == MAX_SUBSCHEMA_DEPTH:
             raise UnsupportedSchemaError(f"subschemas nested deeper than {MAX_SUBSCHEMA_DEPTH}", pointer)
         self._nesting += 1
+        if self._nesting == _DEEP:
+            sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000 + _FRAMES_PER_LEVEL * MAX_SUBSCHEMA_DEPTH))
         try:
             return self._compile(parts)
         finally:

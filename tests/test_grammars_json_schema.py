@@ -1197,8 +1197,8 @@ def chain(levels: int, wrap) -> dict:
      MAX_DOCUMENT_DEPTH),
     (nest(200, lambda s: {"items": s}), "/items" * MAX_DOCUMENT_DEPTH, MAX_DOCUMENT_DEPTH),
     ({"const": nest(200, lambda v: [v], leaf=1)}, "/const" + "/0" * (MAX_DOCUMENT_DEPTH - 1), MAX_DOCUMENT_DEPTH),
-    (nest(100, lambda s: {"items": s}), "/items" * MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMA_DEPTH),
-    (chain(200, in_object), f"/$defs/d{MAX_SUBSCHEMA_DEPTH - 1}/properties/a", MAX_SUBSCHEMA_DEPTH),
+    (chain(300, lambda s: {"items": s}), f"/$defs/d{MAX_SUBSCHEMA_DEPTH - 1}/items", MAX_SUBSCHEMA_DEPTH),
+    (chain(300, in_object), f"/$defs/d{MAX_SUBSCHEMA_DEPTH - 1}/properties/a", MAX_SUBSCHEMA_DEPTH),
     ({"allOf": [{"anyOf": [{"required": [f"a{i}"]}, {"required": [f"b{i}"]}]} for i in range(30)]}, "",
      MAX_SUBSCHEMAS),
     ({"type": "string", "pattern": "(" * 200 + "a" + ")" * 200}, "/pattern", 100),
@@ -1213,11 +1213,23 @@ def test_schemas_inside_the_limits_compile():
     assert json_schema_to_grammar(chain(1000, lambda s: s))  # $ref to $ref: no nesting
     with pytest.raises(UnsupportedSchemaError, match="deeper than"):
         json_schema_to_grammar("[" * 100_000 + "]" * 100_000)  # deeper than Python's JSON parser goes
-    depth = MAX_SUBSCHEMA_DEPTH - 1
+    depth = MAX_DOCUMENT_DEPTH // 2
     grammar = compile_json_schema(nest(depth, lambda s: {"type": "array", "items": s}), byte_level_bpe())
     assert accepts(grammar, byte_level_bpe(), "[" * depth + '"x", "y"' + "]" * depth)
     assert accepts(compile_json_schema(nest(depth, in_object), byte_level_bpe()), byte_level_bpe(),
                    '{"a": ' * depth + '"x"' + "}" * depth)
+    depth = MAX_SUBSCHEMA_DEPTH - 1    # through $ref, past the interpreter's default recursion limit
+    grammar = compile_json_schema(chain(depth, lambda s: {"type": "array", "items": s}), byte_level_bpe())
+    assert accepts(grammar, byte_level_bpe(), "[" * depth + '"x"' + "]" * depth)
+
+
+def test_a_negated_const_nested_deep_fails_only_on_its_value():
+    """`not` over a const 30 objects deep nests about five subschemas per level."""
+    word = {"type": "object", "properties": {"a": {"$ref": "#/$defs/word"}}, "additionalProperties": False}
+    witness = nest(30, lambda v: {"a": v}, leaf={})
+    schema = {"$defs": {"word": word}, "allOf": [{"$ref": "#/$defs/word"}, {"not": {"const": witness}}]}
+    check(schema, valid=[{}, nest(29, lambda v: {"a": v}, leaf={}), nest(31, lambda v: {"a": v}, leaf={})],
+          invalid=[witness, {"b": 1}])
 
 
 # ---- end to end with a real tokenizer -------------------------------------------------------------
