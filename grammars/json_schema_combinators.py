@@ -411,11 +411,11 @@ def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: di
     schemas it holds that member's value to (a declared key's own and those of the patterns it matches, a
     pattern's for the other keys matching it, `additionalProperties` for the rest).  Which keys those may be
     is known where the rest of the conjunction closes the object (its own `additionalProperties: false` and no
-    patterns): its declared keys.  Where it stays open, only keys whose schema here is `false` (any value fails
-    it) can be asked for: the object must hold such a key (`SOME_KEY`), whatever its value; other schemas are
-    refused (None).  Two conjunctions settle it at once: one that admits no object (every other type satisfies
-    the negated keywords), and one that requires a key the negated schema closes out, which every object of
-    it holds."""
+    patterns): its declared keys.  Where it stays open, the object must hold a key matching a pattern whose value
+    fails that pattern's schema, or a key matching none whose value fails `additionalProperties` (`SOME_KEY`,
+    with the value's schema where it is not `false`).  Two conjunctions settle it at once: one that admits no
+    object (every other type satisfies the negated keywords), and one that requires a key the negated schema
+    closes out, which every object of it holds."""
     declared = inner.get("properties", {})
     expect(isinstance(declared, dict), "properties must be an object", part.at("not", "properties"))
     patterns = inner.get("patternProperties", {})
@@ -442,21 +442,25 @@ def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: di
         failing += [(name, held_to(name)) for name in keys if name not in declared]
     else:
         for pattern, sub in patterns.items():
-            if sub is False:
+            if sub is not True and sub != {}:
                 witnesses.append({"match": [pattern], "avoid": [], "outside": list(declared),
-                                  "at": part.at("not", "patternProperties", pattern)})
-            elif sub is not True and sub != {}:
-                return None
-        if other is False:
+                                  "at": part.at("not", "patternProperties", pattern),
+                                  "values": _failing(part, sub, "not", "patternProperties", pattern)})
+        if other is not True and other != {}:
             witnesses.append({"match": [], "avoid": list(patterns), "outside": list(declared),
-                              "at": part.at("not", "additionalProperties")})
-        elif other is not True and other != {}:
-            return None
-    return choice([ctx.compile(rest + [part.derived(
-        {"type": "object", "required": [name], "properties": {name: {"not": subs[0] if len(subs) == 1 else
-                                                                      {"allOf": subs}}}}, f"failing {name}", "not")])
-        for name, subs in failing if subs]
-        + [_holding(ctx, rest, part, witness) for witness in witnesses])
+                              "at": part.at("not", "additionalProperties"),
+                              "values": _failing(part, other, "not", "additionalProperties")})
+    # a declared key failing its schemas is held by name: written once, among the extras in schema order, where the
+    # rest of the conjunction does not declare it
+    witnesses = [{"name": name, "values": [part.derived({"not": subs[0] if len(subs) == 1 else {"allOf": subs}},
+                                                        f"failing {name}", "not")],
+                  "at": part.at("not", "properties", name)} for name, subs in failing if subs] + witnesses
+    return choice([_holding(ctx, rest, part, witness) for witness in witnesses])
+
+
+def _failing(part: Part, sub: Any, *tokens: Any) -> list[Part]:
+    """What a witness's value must satisfy to fail `sub` (at `tokens` below `part`): nothing more for `false`."""
+    return [] if sub is False else [part.derived({"not": sub}, "failing value", *tokens)]
 
 
 def _holding(ctx: SchemaContext, rest: list[Part], part: Part, witness: dict) -> Expr:

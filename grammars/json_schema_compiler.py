@@ -354,12 +354,14 @@ def _numeric_bound(check: Callable) -> Callable:
 
 
 def _holds_keys(validator: Any, witnesses: list[dict], instance: Any, schema: dict) -> Iterator[Any]:
-    """The SOME_KEY keyword for jsonschema: an object holds a key each witness admits."""
+    """The SOME_KEY keyword for jsonschema: an object holds a key each witness admits, with a value it admits."""
     from jsonschema import ValidationError
 
     if isinstance(instance, dict):
         for witness in witnesses:
-            if not any(witness_admits(witness, name) for name in instance):
+            values = [validator.evolve(schema=part.schema) for part in witness.get("values", ())]
+            if not any(witness_admits(witness, name) and all(v.is_valid(value) for v in values)
+                       for name, value in instance.items()):
                 yield ValidationError(f"no key the pattern at {witness['at']} asks for")
 
 

@@ -31,9 +31,10 @@ _CONSTRAINING = (VALIDATION | {"$ref"}) - {"enum", "const"}
 STRING_KEYS = {"minLength", "maxLength", "pattern", "format"}
 NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 # A keyword only the compiler writes, in the schemas it derives (JSON Schema keywords hold no NUL): the object
-# holds a key matching every pattern of "match", none of "avoid" and none of the names of "outside", whatever its
-# value (the negations of `patternProperties: {P: false}`, `propertyNames` and a closed object's
-# `additionalProperties: false`); its value is a list of such witnesses, "at" the pointer each comes from.
+# holds the key "name", or else a key matching every pattern of "match", none of "avoid" and none of the names of
+# "outside", whose value satisfies every part of "values" (none: any value) (the negations of `properties`,
+# `patternProperties`, `propertyNames` and `additionalProperties`); its value is a list of such witnesses, "at"
+# the pointer each comes from.
 SOME_KEY = "\x00some key"
 # Keywords the compiler writes in the schemas it derives, whatever the document's draft: a jsonschema validator
 # of an older draft reads them too (the document's own are gone, see `SchemaCompiler`).
@@ -53,6 +54,8 @@ def key_matches(pattern: str, name: str, pointer: str) -> bool:
 
 def witness_admits(witness: dict, name: str) -> bool:
     """Whether the key `name` is one `witness` asks for (see `SOME_KEY`)."""
+    if "name" in witness:
+        return name == witness["name"]
     return (name not in witness["outside"] and all(key_matches(r, name, witness["at"]) for r in witness["match"])
             and not any(key_matches(r, name, witness["at"]) for r in witness["avoid"]))
 

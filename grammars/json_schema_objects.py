@@ -12,8 +12,10 @@ members, their keys are captured (`ir.Capture`): a repeated key would be one pro
 
 from __future__ import annotations
 
+import json
 import re
-from itertools import product
+from dataclasses import dataclass
+from itertools import islice, product
 from typing import Any, Iterator
 
 from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
@@ -24,6 +26,8 @@ from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import distinct_texts, string_terminal
 from .json_strings import PatternRegexes, pattern_regexes
 from .object_members import EMPTY_TAG, FIRST, MemberSet
+from .automaton import terminal_for
+from .completion import accepted_in_order
 from .regex import terminal_dfa
 
 _MAX_PATTERNS = 32
@@ -31,6 +35,7 @@ _MAX_KEY_CLASSES = 64
 _MAX_TRIGGERS = 3
 _MAX_WITNESSES = 4         # keys an object must hold by pattern (`SOME_KEY`): one key may serve several
 _MAX_WITNESS_LAYOUTS = 32  # ways of choosing which member or extra key serves which
+_MAX_FIXED_KEYS = 16       # the keys a witness holding a value admits, where each may be held by name
 
 
 class _ObjectBuilder:
@@ -44,6 +49,7 @@ class _ObjectBuilder:
         self.dependents: dict[str, list[str]] = {}
         self.min_props, self.max_props = 0, None
         self.max_extras: int | None = None
+        self.distinct_keys = False   # every extra key differs from the others (and from the held ones)
         for p in parts:
             self._read(p)
 
@@ -101,7 +107,33 @@ class _ObjectBuilder:
     def extras(self, declared: list[str], witness: dict | None = None) -> Expr:
         """One member `"key": value` for any key not declared, split into classes by patternProperties;
         `declared` in schema order, so the excluded names (and the grammar) do not depend on hash order.
-        `witness` (see `SOME_KEY`): only keys it admits, never captured or counted against minProperties."""
+        `witness` (see `SOME_KEY`): only keys it admits, with values it admits, not counted against minProperties.
+        Keys are captured where a repeat would pass for two properties, and where a witness holds a value (a
+        repeated key would replace it)."""
+        distinct = self._repeats_count() and witness is None or self.distinct_keys
+        classes = self._classes(declared, witness, distinct)
+        if distinct and classes:
+            counting = self._repeats_count() and not self.distinct_keys
+            pointer = (next((p.at("minProperties") for p in self.parts if p.has("minProperties")), self.pointer)
+                       if counting else self.pointer)
+            why = "minProperties counting keys" if counting else "extra keys beside one that must exist with a value"
+            if witness is None and len(classes) > 1:
+                raise UnsupportedSchemaError(f"{why} of more than one patternProperties class cannot tell repeated "
+                                             "keys apart", pointer)
+            captured = []
+            for key, value in classes:
+                text, count = distinct_texts(self.ctx, key, "the keys of minProperties" if counting else
+                                             "the extra keys", pointer)
+                if witness is None:
+                    if count is not None and self.distinct_keys:   # a held key may take one the count leaves them
+                        raise UnsupportedSchemaError(f"{why} cannot be counted where they run out", pointer)
+                    self.max_extras = count
+                captured.append((text, value))
+            classes = captured
+        return choice([seq(key, self.ctx.punct.colon, value) for key, value in classes])
+
+    def _classes(self, declared: list[str], witness: dict | None, whole: bool) -> list[tuple[Expr, Expr]]:
+        """The key terminal and value of each class of extra keys (those matching the same patternProperties)."""
         at: dict[str, str] = {}  # each distinct patternProperties pattern, with its first pointer
         for pattern, owner, _ in self.patterns:
             at.setdefault(pattern, owner.at("patternProperties", pattern))
@@ -116,7 +148,7 @@ class _ObjectBuilder:
         avoid = tuple((r, witness["at"]) for r in witness["avoid"]) if witness else ()
         excluded = declared + [n for n in witness["outside"] if n not in declared] if witness else declared
         if string_terminal(self.ctx, name_parts, excluded, match, avoid) == NEVER:
-            return NEVER
+            return []
         classes = []
         overlapping = self._overlapping(regexes, regex_of)
         if len(overlapping) > _MAX_KEY_CLASSES:
@@ -125,7 +157,7 @@ class _ObjectBuilder:
         for chosen in overlapping:
             if not chosen and not explicit and not self.ctx.options.additional_properties:
                 continue  # extras only where the schema allows them explicitly
-            value = []
+            value = list(witness.get("values", ())) if witness else []
             for p in self.parts:
                 hits = [p.sub(sub, "patternProperties", pat) for pat, owner, sub in self.patterns
                         if owner is p and pat in chosen]
@@ -139,17 +171,9 @@ class _ObjectBuilder:
             key = string_terminal(self.ctx, name_parts, excluded, tuple((r, at[r]) for r in chosen) + match,
                                   tuple((r, at[r]) for r in regexes if r not in chosen
                                         and (not chosen or tuple(sorted((*chosen, r), key=regexes.index))
-                                             in overlapping)) + avoid,
-                                  whole=self._repeats_count() and witness is None)
+                                             in overlapping)) + avoid, whole=whole)
             classes.append((key, value_expr))
-        if self._repeats_count() and classes and witness is None:
-            pointer = next((p.at("minProperties") for p in self.parts if p.has("minProperties")), self.pointer)
-            if len(classes) > 1:
-                raise UnsupportedSchemaError("minProperties counting keys of more than one patternProperties class "
-                                             "cannot tell repeated keys apart", pointer)
-            key, self.max_extras = distinct_texts(self.ctx, classes[0][0], "the keys of minProperties", pointer)
-            classes = [(key, classes[0][1])]
-        return choice([seq(key, self.ctx.punct.colon, value) for key, value in classes])
+        return classes
 
     def _repeats_count(self) -> bool:
         """Whether a repeated extra key could pass for two properties where the instance needs them: with r required
@@ -227,39 +251,76 @@ class _ObjectBuilder:
         listed = self._listed_names()
         if listed is not None:      # every key is one of these: each a member, and no other key
             names += [n for n in listed if n not in names]
+        witnesses = [w for p in self.parts for w in p.get(SOME_KEY, ())]
+        fixed = [self._fixed_keys(names, w) if listed is None else [] for w in witnesses]
+        # an extra held for its value must keep it: no other extra may write its key again, unless it leaves
+        # no room for another extra
+        self.distinct_keys = any(keys is None and w.get("values") for w, keys in zip(witnesses, fixed)) and (
+            self.max_props is None or self.max_props > len(self.required) + 1)
         values: dict[str, Expr] = {}
         for name in names:
             parts = self.value_parts(name)
             values[name] = NEVER if parts is None else self.ctx.nested(parts)
-        extra = self.extras(names) if listed is None else NEVER
-        members = {n: self.ctx.share(seq(Lit(json_text(n)), self.ctx.punct.colon, v), self.pointer)
-                   for n, v in values.items() if v != NEVER}
-        extra = self.ctx.share(extra, self.pointer)
-        witnesses = [w for p in self.parts for w in p.get(SOME_KEY, ())]
+        members = {n: self._member(n, v) for n, v in values.items() if v != NEVER}
+        extras: dict[tuple[str, ...], Expr] = {}   # per set of keys held in a layout: the extras, without them
+
+        def extra_without(held_keys: tuple[str, ...]) -> Expr:
+            if held_keys not in extras:
+                extras[held_keys] = self.ctx.share(self.extras(names + list(held_keys)) if listed is None else NEVER,
+                                                   self.pointer)
+            return extras[held_keys]
+
         if witnesses:
-            result = choice(self._members(names, members, extra, self.required + needed, held)
-                            for needed, held in self._witness_layouts(names, members, witnesses, listed is None))
+            result = choice(self._members(names, {**members, **changed}, extra_without(keys), self.required + needed,
+                                          held)
+                            for needed, changed, keys, held in self._witness_layouts(names, members, witnesses, fixed,
+                                                                                      listed is None))
         else:
-            result = self._members(names, members, extra, self.required)
+            result = self._members(names, members, extra_without(()), self.required)
         if result == NEVER:
             return self.ctx.never("no object satisfies the property constraints", self.pointer)
         return result
 
+    def _member(self, name: str, value: Expr) -> Expr:
+        return self.ctx.share(seq(Lit(json_text(name)), self.ctx.punct.colon, value), self.pointer)
+
+    def _fixed_keys(self, declared: list[str], witness: dict) -> list[str] | None:
+        """The keys beyond `declared` a witness asks for with a value, where there are at most _MAX_FIXED_KEYS
+        (each may then be held by name, the other extras leaving it out); None where there are more, or where
+        the witness asks for no value (a key held by pattern)."""
+        if "name" in witness:
+            return [] if witness["name"] in declared else [witness["name"]]
+        if not witness.get("values"):
+            return None
+        keys: list[str] = []
+        for key, _ in self._classes(declared, witness, True):
+            dfa = terminal_for(key)
+            count = dfa.size(_MAX_FIXED_KEYS - len(keys))
+            if count is None:
+                return None
+            keys += [json.loads(text) for text in islice(accepted_in_order(dfa, 0), count)]
+        return keys
+
     def _witness_layouts(self, names: list[str], members: dict[str, Expr], witnesses: list[dict],
-                         extras: bool) -> Iterator[tuple[list[str], tuple[Expr, ...]]]:
+                         fixed: list[list[str] | None], extras: bool
+                         ) -> Iterator[tuple[list[str], dict[str, Expr], tuple[str, ...], tuple[Expr, ...]]]:
         """The ways an object holds a key each witness admits (`SOME_KEY`): per witness, a declared member it
-        admits or an extra key; the witnesses left to extras split into groups, one extra member each (one key
-        may serve several, as under maxProperties 1).  Each way: (members it requires, extra members it holds,
-        each written once like a required member, before the other extras in schema order)."""
-        if len(witnesses) > _MAX_WITNESSES:
+        admits, or one of its `fixed` keys held by name, or else an extra key it admits; the witnesses left to
+        extras split into groups, one extra member each (one key may serve several, as under maxProperties 1).
+        Each way: (members it requires, the members whose values it narrows to what their witnesses ask, the
+        keys it holds by name, which no other extra writes, and the extra members it holds, each written once like
+        a required member, among the other extras in schema order)."""
+        by_pattern = [w for w in witnesses if "name" not in w]   # (their groups multiply the layouts)
+        if len(by_pattern) > _MAX_WITNESSES:
             raise UnsupportedSchemaError(f"more than {_MAX_WITNESSES} keys that must exist by pattern on one object",
-                                         witnesses[_MAX_WITNESSES]["at"])
+                                         by_pattern[_MAX_WITNESSES]["at"])
         if self.min_props > len(self.required) + 1:
             # an extra key written twice is one property: the count holds only with one extra at most
             raise UnsupportedSchemaError("minProperties beside a key that must exist by pattern cannot tell repeated "
                                          "keys apart", witnesses[0]["at"])
-        options = [[n for n in names if n in members and witness_admits(w, n)] + ([None] if extras else [])
-                   for w in witnesses]
+        options = [[n for n in names if n in members and witness_admits(w, n)]
+                   + ([] if not extras else [None] if keys is None else [_Held(k) for k in keys])
+                   for w, keys in zip(witnesses, fixed)]
         held_by: dict[tuple[int, ...], Expr] = {}   # per group of witnesses: one extra member, however laid out
 
         def holding(group: list[int]) -> Expr:
@@ -268,19 +329,31 @@ class _ObjectBuilder:
                                                        self.pointer)
             return held_by[tuple(group)]
 
+        def narrowed(option: str | _Held) -> Expr:
+            """The member for `option` with its value narrowed to what the witnesses choosing it ask."""
+            name = option if isinstance(option, str) else option.key
+            asked = [v for w, o in zip(witnesses, chosen) if o == option for v in w.get("values", ())]
+            parts = self.value_parts(name)
+            return NEVER if parts is None else self._member(name, self.ctx.nested(parts + asked))
+
         layouts = 0
         for chosen in product(*options):
-            needed = [n for n in dict.fromkeys(chosen) if n is not None]
+            needed = [n for n in dict.fromkeys(chosen) if isinstance(n, str)]
+            changed = {n: narrowed(n) for n in needed if any(w.get("values") for w, o in zip(witnesses, chosen)
+                                                             if o == n)}
+            by_name = {o.key: narrowed(o) for o in dict.fromkeys(chosen) if isinstance(o, _Held)}
+            if NEVER in changed.values() or NEVER in by_name.values():
+                continue
             left = [i for i, n in enumerate(chosen) if n is None]
             for groups in _partitions(left):
-                held = tuple(holding(group) for group in groups)
+                held = tuple(by_name.values()) + tuple(holding(group) for group in groups)
                 if NEVER in held:
                     continue
                 layouts += 1
                 if layouts > _MAX_WITNESS_LAYOUTS:
                     raise UnsupportedSchemaError(f"keys that must exist by pattern can be held in more than "
                                                  f"{_MAX_WITNESS_LAYOUTS} ways", witnesses[0]["at"])
-                yield needed, held
+                yield needed, changed, tuple(by_name), held
 
     def _members(self, names: list[str], members: dict[str, Expr], extra: Expr, required: list[str],
                  held: tuple[Expr, ...] = ()) -> Expr:
@@ -316,10 +389,18 @@ class _ObjectBuilder:
         return choice(alternatives)
 
 
+@dataclass(frozen=True)
+class _Held:
+    """A key a witness may be held by, by name (see `_ObjectBuilder._fixed_keys`)."""
+
+    key: str
+
+
 def _merged(group: list[dict]) -> dict:
     """One witness asking for a key every witness of `group` admits."""
     return {"match": [r for w in group for r in w["match"]], "avoid": [r for w in group for r in w["avoid"]],
-            "outside": [n for w in group for n in w["outside"]], "at": group[0]["at"]}
+            "outside": [n for w in group for n in w["outside"]], "at": group[0]["at"],
+            "values": [v for w in group for v in w.get("values", ())]}
 
 
 def _partitions(items: list) -> Iterator[list[list]]:

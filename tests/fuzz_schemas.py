@@ -236,9 +236,12 @@ def negated_schemas(draw, inner: st.SearchStrategy) -> dict:
     one admits) or refuse cleanly."""
     if draw(st.integers(0, 2)):
         return {**draw(inner), "not": draw(inner)}
-    # a key that must exist, by pattern, whatever its value (the object's shape decides where it may go)
+    # a key that must exist, by pattern, whatever its value or with a value failing a schema (the object's shape
+    # decides where it may go)
     pattern = draw(st.sampled_from(PATTERNS))
     negated = draw(st.sampled_from([{"patternProperties": {pattern: False}}, {"propertyNames": {"pattern": pattern}},
+                                    {"patternProperties": {pattern: draw(inner)}},
+                                    {"patternProperties": {pattern: draw(inner)}, "additionalProperties": draw(inner)},
                                     {"propertyNames": {"not": {"pattern": pattern}}},
                                     {"properties": {name: draw(inner) for name in draw(st.lists(
                                         st.sampled_from(NAMES), max_size=2, unique=True))},
