@@ -310,14 +310,16 @@ class _ObjectBuilder:
         Each way: (members it requires, the members whose values it narrows to what their witnesses ask, the
         keys it holds by name, which no other extra writes, and the extra members it holds, each written once like
         a required member, among the other extras in schema order)."""
-        by_pattern = [w for w in witnesses if "name" not in w]   # (their groups multiply the layouts)
+        # witnesses an extra key may be held for, by pattern: their groups multiply the layouts, and such a key is
+        # not told apart from the other extras (a key held by name is: they leave it out)
+        by_pattern = [w for w, keys in zip(witnesses, fixed) if keys is None] if extras else []
         if len(by_pattern) > _MAX_WITNESSES:
             raise UnsupportedSchemaError(f"more than {_MAX_WITNESSES} keys that must exist by pattern on one object",
                                          by_pattern[_MAX_WITNESSES]["at"])
-        if self.min_props > len(self.required) + 1:
+        if by_pattern and self.min_props > len(self.required) + 1:
             # an extra key written twice is one property: the count holds only with one extra at most
             raise UnsupportedSchemaError("minProperties beside a key that must exist by pattern cannot tell repeated "
-                                         "keys apart", witnesses[0]["at"])
+                                         "keys apart", by_pattern[0]["at"])
         options = [[n for n in names if n in members and witness_admits(w, n)]
                    + ([] if not extras else [None] if keys is None else [_Held(k) for k in keys])
                    for w, keys in zip(witnesses, fixed)]
@@ -329,19 +331,19 @@ class _ObjectBuilder:
                                                        self.pointer)
             return held_by[tuple(group)]
 
-        def narrowed(option: str | _Held) -> Expr:
+        def narrowed(option: str | _Held, asked: list[Part]) -> Expr:
             """The member for `option` with its value narrowed to what the witnesses choosing it ask."""
             name = option if isinstance(option, str) else option.key
-            asked = [v for w, o in zip(witnesses, chosen) if o == option for v in w.get("values", ())]
             parts = self.value_parts(name)
             return NEVER if parts is None else self._member(name, self.ctx.nested(parts + asked))
 
         layouts = 0
         for chosen in product(*options):
-            needed = [n for n in dict.fromkeys(chosen) if isinstance(n, str)]
-            changed = {n: narrowed(n) for n in needed if any(w.get("values") for w, o in zip(witnesses, chosen)
-                                                             if o == n)}
-            by_name = {o.key: narrowed(o) for o in dict.fromkeys(chosen) if isinstance(o, _Held)}
+            asked = {o: [v for w, c in zip(witnesses, chosen) if c == o for v in w.get("values", ())]
+                     for o in dict.fromkeys(chosen) if o is not None}
+            needed = [n for n in asked if isinstance(n, str)]
+            changed = {n: narrowed(n, asked[n]) for n in needed if asked[n]}
+            by_name = {o.key: narrowed(o, asked[o]) for o in asked if isinstance(o, _Held)}
             if NEVER in changed.values() or NEVER in by_name.values():
                 continue
             left = [i for i, n in enumerate(chosen) if n is None]

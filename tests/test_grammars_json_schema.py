@@ -706,6 +706,17 @@ def test_a_key_held_for_its_value_is_not_written_again():
     assert not accepts(grammar, tok, '{"a1": 1, "a1": "x", "a1": 2}')
 
 
+def test_a_key_held_by_name_counts_apart_from_the_extras():
+    """A declared key failing a negated `properties` is held by name: the extras leave it out, so minProperties
+    counts it apart from theirs (which must differ among themselves)."""
+    tok = byte_level_bpe()
+    grammar = compile_json_schema({"type": "object", "minProperties": 3, "not": {"properties": {"a": {"type": "string"}}}},
+                                  tok, property_order="any")
+    assert accepts(grammar, tok, '{"a": 1, "b": 2, "c": 3}') and accepts(grammar, tok, '{"b": 2, "a": 1, "c": 3}')
+    assert not accepts(grammar, tok, '{"a": "x", "b": 2, "c": 3}')
+    assert not accepts(grammar, tok, '{"a": 1, "b": 2, "b": 3}') and not accepts(grammar, tok, '{"a": 1, "a": 2, "b": 3}')
+
+
 def test_keys_that_must_exist_by_pattern_are_refused_where_a_count_could_miss_a_repeat():
     # two extra keys could be one key written twice, which minProperties 2 would count twice
     with pytest.raises(UnsupportedSchemaError, match="minProperties beside a key that must exist"):
