@@ -362,7 +362,7 @@ def _holds_keys(validator: Any, witnesses: list[dict], instance: Any, schema: di
             values = [validator.evolve(schema=part.schema) for part in witness.get("values", ())]
             if not any(witness_admits(witness, name) and all(v.is_valid(value) for v in values)
                        for name, value in instance.items()):
-                yield ValidationError(f"no key the pattern at {witness['at']} asks for")
+                yield ValidationError(f"no key that {witness['at']} asks for")
 
 
 def _check_document_depth(document: Any) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from itertools import islice, product
 from typing import Any, Iterator
 
+from .automaton import terminal_for
+from .completion import accepted_in_order
 from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (SOME_KEY, STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values,
@@ -26,8 +28,6 @@ from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import distinct_texts, string_terminal
 from .json_strings import PatternRegexes, pattern_regexes
 from .object_members import EMPTY_TAG, FIRST, MemberSet
-from .automaton import terminal_for
-from .completion import accepted_in_order
 from .regex import terminal_dfa
 
 _MAX_PATTERNS = 32
@@ -48,7 +48,6 @@ class _ObjectBuilder:
         self.patterns: list[tuple[str, Part, Any]] = []  # (regex source, owner part, subschema)
         self.dependents: dict[str, list[str]] = {}
         self.min_props, self.max_props = 0, None
-        self.max_extras: int | None = None
         self.distinct_keys = False   # every extra key differs from the others (and from the held ones)
         for p in parts:
             self._read(p)
@@ -104,33 +103,36 @@ class _ObjectBuilder:
                     return None
         return out
 
-    def extras(self, declared: list[str], witness: dict | None = None) -> Expr:
+    def extras(self, declared: list[str], witness: dict | None = None) -> tuple[Expr, int | None]:
         """One member `"key": value` for any key not declared, split into classes by patternProperties;
         `declared` in schema order, so the excluded names (and the grammar) do not depend on hash order.
         `witness` (see `SOME_KEY`): only keys it admits, with values it admits, not counted against minProperties.
-        Keys are captured where a repeat would pass for two properties, and where a witness holds a value (a
-        repeated key would replace it)."""
+        Keys are captured where a repeat would pass for two properties, and wherever `distinct_keys` says (a
+        key held for its value must not be written again); with the member, how many keys the extras have where
+        they are captured and can run out (else None)."""
         distinct = self._repeats_count() and witness is None or self.distinct_keys
         classes = self._classes(declared, witness, distinct)
+        count = None
         if distinct and classes:
             counting = self._repeats_count() and not self.distinct_keys
             pointer = (next((p.at("minProperties") for p in self.parts if p.has("minProperties")), self.pointer)
                        if counting else self.pointer)
-            why = "minProperties counting keys" if counting else "extra keys beside one that must exist with a value"
+            why = ("minProperties counting extra keys" if counting else
+                   "extra keys that must differ from a key held for its value")
             if witness is None and len(classes) > 1:
-                raise UnsupportedSchemaError(f"{why} of more than one patternProperties class cannot tell repeated "
-                                             "keys apart", pointer)
+                raise UnsupportedSchemaError(f"{why}: keys of more than one patternProperties class cannot be told "
+                                             "apart", pointer)
             captured = []
             for key, value in classes:
                 text, count = distinct_texts(self.ctx, key, "the keys of minProperties" if counting else
                                              "the extra keys", pointer)
-                if witness is None:
-                    if count is not None and self.distinct_keys:   # a held key may take one the count leaves them
-                        raise UnsupportedSchemaError(f"{why} cannot be counted where they run out", pointer)
-                    self.max_extras = count
+                if witness is None and count is not None and self.distinct_keys:
+                    # a held key may take one of the keys the count leaves the other extras
+                    raise UnsupportedSchemaError(f"{why}: finitely many cannot be counted", pointer)
                 captured.append((text, value))
             classes = captured
-        return choice([seq(key, self.ctx.punct.colon, value) for key, value in classes])
+        return choice([seq(key, self.ctx.punct.colon, value) for key, value in classes]), (
+            count if witness is None else None)
 
     def _classes(self, declared: list[str], witness: dict | None, whole: bool) -> list[tuple[Expr, Expr]]:
         """The key terminal and value of each class of extra keys (those matching the same patternProperties)."""
@@ -262,21 +264,22 @@ class _ObjectBuilder:
             parts = self.value_parts(name)
             values[name] = NEVER if parts is None else self.ctx.nested(parts)
         members = {n: self._member(n, v) for n, v in values.items() if v != NEVER}
-        extras: dict[tuple[str, ...], Expr] = {}   # per set of keys held in a layout: the extras, without them
+        # per set of keys held by name in a layout: the extras without them, and how many keys they have left
+        extras: dict[tuple[str, ...], tuple[Expr, int | None]] = {}
 
-        def extra_without(held_keys: tuple[str, ...]) -> Expr:
+        def extra_without(held_keys: tuple[str, ...]) -> tuple[Expr, int | None]:
             if held_keys not in extras:
-                extras[held_keys] = self.ctx.share(self.extras(names + list(held_keys)) if listed is None else NEVER,
-                                                   self.pointer)
+                extra, count = self.extras(names + list(held_keys)) if listed is None else (NEVER, None)
+                extras[held_keys] = self.ctx.share(extra, self.pointer), count
             return extras[held_keys]
 
         if witnesses:
-            result = choice(self._members(names, {**members, **changed}, extra_without(keys), self.required + needed,
+            result = choice(self._members(names, {**members, **changed}, *extra_without(keys), self.required + needed,
                                           held)
                             for needed, changed, keys, held in self._witness_layouts(names, members, witnesses, fixed,
                                                                                       listed is None))
         else:
-            result = self._members(names, members, extra_without(()), self.required)
+            result = self._members(names, members, *extra_without(()), self.required)
         if result == NEVER:
             return self.ctx.never("no object satisfies the property constraints", self.pointer)
         return result
@@ -305,8 +308,9 @@ class _ObjectBuilder:
                          fixed: list[list[str] | None], extras: bool
                          ) -> Iterator[tuple[list[str], dict[str, Expr], tuple[str, ...], tuple[Expr, ...]]]:
         """The ways an object holds a key each witness admits (`SOME_KEY`): per witness, a declared member it
-        admits, or one of its `fixed` keys held by name, or else an extra key it admits; the witnesses left to
-        extras split into groups, one extra member each (one key may serve several, as under maxProperties 1).
+        admits, or a key held by name that it admits (one of its own `fixed` keys or another witness's), or else
+        an extra key it admits; the witnesses left to extras split into groups, one extra member each (one key
+        may serve several, as under maxProperties 1), whose keys leave out those held by name.
         Each way: (members it requires, the members whose values it narrows to what their witnesses ask, the
         keys it holds by name, which no other extra writes, and the extra members it holds, each written once like
         a required member, among the other extras in schema order)."""
@@ -320,16 +324,20 @@ class _ObjectBuilder:
             # an extra key written twice is one property: the count holds only with one extra at most
             raise UnsupportedSchemaError("minProperties beside a key that must exist by pattern cannot tell repeated "
                                          "keys apart", by_pattern[0]["at"])
+        # every key some witness may be held by, by name, may serve each witness that admits it
+        by_name_keys = list(dict.fromkeys(k for keys in fixed if keys for k in keys)) if extras else []
         options = [[n for n in names if n in members and witness_admits(w, n)]
-                   + ([] if not extras else [None] if keys is None else [_Held(k) for k in keys])
+                   + [_Held(k) for k in by_name_keys if witness_admits(w, k)] + ([None] if keys is None else [])
                    for w, keys in zip(witnesses, fixed)]
-        held_by: dict[tuple[int, ...], Expr] = {}   # per group of witnesses: one extra member, however laid out
+        # per group of witnesses and the keys held by name beside it: one extra member, which leaves those out
+        held_by: dict[tuple[tuple[int, ...], tuple[str, ...]], Expr] = {}
 
-        def holding(group: list[int]) -> Expr:
-            if tuple(group) not in held_by:
-                held_by[tuple(group)] = self.ctx.share(self.extras(names, _merged([witnesses[i] for i in group])),
-                                                       self.pointer)
-            return held_by[tuple(group)]
+        def holding(group: list[int], by_name: tuple[str, ...]) -> Expr:
+            key = (tuple(group), by_name)
+            if key not in held_by:
+                extra, _ = self.extras(names + list(by_name), _merged([witnesses[i] for i in group]))
+                held_by[key] = self.ctx.share(extra, self.pointer)
+            return held_by[key]
 
         def narrowed(option: str | _Held, asked: list[Part]) -> Expr:
             """The member for `option` with its value narrowed to what the witnesses choosing it ask."""
@@ -348,17 +356,17 @@ class _ObjectBuilder:
                 continue
             left = [i for i, n in enumerate(chosen) if n is None]
             for groups in _partitions(left):
-                held = tuple(by_name.values()) + tuple(holding(group) for group in groups)
+                held = tuple(by_name.values()) + tuple(holding(group, tuple(by_name)) for group in groups)
                 if NEVER in held:
                     continue
                 layouts += 1
                 if layouts > _MAX_WITNESS_LAYOUTS:
-                    raise UnsupportedSchemaError(f"keys that must exist by pattern can be held in more than "
+                    raise UnsupportedSchemaError(f"keys that must exist can be held in more than "
                                                  f"{_MAX_WITNESS_LAYOUTS} ways", witnesses[0]["at"])
                 yield needed, changed, tuple(by_name), held
 
-    def _members(self, names: list[str], members: dict[str, Expr], extra: Expr, required: list[str],
-                 held: tuple[Expr, ...] = ()) -> Expr:
+    def _members(self, names: list[str], members: dict[str, Expr], extra: Expr, max_extras: int | None,
+                 required: list[str], held: tuple[Expr, ...] = ()) -> Expr:
         """The object as one rule over its members (`ir.Members`): in schema order, extras last, or in any order;
         `held`: extra members it must write (after the declared ones, each once)."""
         keys = [n for n in names if n in members]
@@ -382,7 +390,7 @@ class _ObjectBuilder:
                                                                                       len(keys) + len(held))),
                         dependents=tuple((index[t], frozenset(index[n] for n in self.dependents[t])) for t in triggers),
                         min=self.min_props, max=self.max_props, ordered=self.ctx.options.property_order == "schema",
-                        max_extras=self.max_extras, held=len(held))
+                        max_extras=max_extras, held=len(held))
         alternatives = [pu.obj_empty] if not required and not held and self.min_props == 0 else []
         if (keys or held or extra != NEVER) and self.max_props != 0 and MemberSet(body).feasible(EMPTY_TAG, FIRST):
             name = self.ctx.rule_name(self.pointer + "_object")

@@ -28,6 +28,7 @@ from tokenizers_util import accepts, byte_level_bpe
 def ir_accepts(grammar, text: str) -> bool:
     """Test oracle: does the IR derive `text`?  (Python `re` per terminal, memoised end positions.)"""
     memo: dict = {}
+    made: list = []   # expressions made here: kept alive, as the memo knows them by id
 
     def whole(rx, i, j):
         if not isinstance(rx, str):  # a Language: its own automaton
@@ -72,10 +73,12 @@ def ir_accepts(grammar, text: str) -> bool:
         while isinstance(e, (Ref, Choice)) and (isinstance(e, Ref) or len(e.items) == 1):
             e = grammar.rules[e.name] if isinstance(e, Ref) else e.items[0]
         if isinstance(e, Capture):
-            return e, Seq(())
+            made.append(Seq(()))
+            return e, made[-1]
         if isinstance(e, Seq) and e.items and captured(e.items[0]) is not None:
             lead, rest = captured(e.items[0])
-            return lead, Seq((rest, *e.items[1:]))
+            made.append(Seq((rest, *e.items[1:])))
+            return lead, made[-1]
         return None
 
     def extra_ends(e, start, texts):
@@ -715,6 +718,38 @@ def test_a_key_held_by_name_counts_apart_from_the_extras():
     assert accepts(grammar, tok, '{"a": 1, "b": 2, "c": 3}') and accepts(grammar, tok, '{"b": 2, "a": 1, "c": 3}')
     assert not accepts(grammar, tok, '{"a": "x", "b": 2, "c": 3}')
     assert not accepts(grammar, tok, '{"a": 1, "b": 2, "b": 3}') and not accepts(grammar, tok, '{"a": 1, "a": 2, "b": 3}')
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "allOf": [{"not": {"properties": {"k": {"type": "integer"}}}},
+                                 {"not": {"propertyNames": {"not": {"pattern": "^k"}}}}]},
+    {"allOf": [{"not": {"patternProperties": {"^k$": {"type": "integer"}}}},
+               {"not": {"patternProperties": {"^k": {"type": "string"}}}}]},
+])
+def test_a_key_held_by_name_serves_every_negation_it_fails_and_is_not_written_again(schema):
+    """One key may fail two negations: held by name for one, it serves the other too, and no extra key held
+    for the other writes it again (the second value would replace the first)."""
+    tok = byte_level_bpe()
+    validator = jsonschema.Draft202012Validator(schema)
+    for order in ("schema", "any"):
+        grammar = compile_json_schema(schema, tok, property_order=order)
+        for value in [{"k": None}, {"k": "x"}, {"k": 5}, {"k": None, "k1": 1}, {"k1": None}, {}]:
+            assert accepts(grammar, tok, json.dumps(value)) == validator.is_valid(value), (order, value)
+        assert not accepts(grammar, tok, '{"k": "x", "k": 5}') and not accepts(grammar, tok, '{"k": null, "k": 5}')
+
+
+def test_each_way_of_holding_keys_counts_the_extra_keys_it_leaves():
+    """Keys held by name leave the extras fewer keys: each layout's count of them is its own."""
+    tok = byte_level_bpe()
+    schema = {"type": "object", "propertyNames": {"pattern": "^[a-f]$"}, "properties": {"d": {}, "e": {}, "f": {}},
+              "minProperties": 2, "allOf": [{"not": {"patternProperties": {"^[de]$": {"type": "null"}}}},
+                                            {"not": {"patternProperties": {"^[af]$": {"type": "null"}}}}]}
+    grammar = compile_json_schema(schema, tok, property_order="any")
+    assert accepts(grammar, tok, '{"e": 1, "f": 1, "a": null, "b": 1, "c": 1}')
+    assert not accepts(grammar, tok, '{"e": 1, "f": 1, "a": null, "b": 1, "b": 2}')
+    schema["minProperties"] = 7    # six keys at most
+    with pytest.raises(SchemaError, match="unsatisfiable"):
+        compile_json_schema(schema, tok)
 
 
 def test_keys_that_must_exist_by_pattern_are_refused_where_a_count_could_miss_a_repeat():
