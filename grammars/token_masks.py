@@ -13,6 +13,11 @@ value) are paid once per process, not once per grammar, and a whole-vocabulary
 walk from a state that moves like another on all but a few first bytes is
 patched from that state's walk instead of walking the trie again.
 
+Above the walks, a mask is searched one stack frame at a time (`TokenMasks._in_frame`): what a configuration
+allows before its top frame returns, and the trie nodes where it returns, depend on its state, the tag of that
+frame and the nodes only (guards read their own frame), so the answer is kept per grammar and shared by every
+parser state holding that frame, whatever lies below it; a frame pushed on it is answered the same way.
+
 Inside a captured terminal (`ir.Capture`) the walk is the terminal's own, less the tokens that would write a
 text its object wrote already, or would reach a prefix whose every completion it did; where the text ends
 inside a token, the walk goes on with the text added to the object's (`StackArena.pop`), so a token holding
@@ -22,6 +27,7 @@ two keys is checked for both.
 from __future__ import annotations
 
 import bisect
+import threading
 import weakref
 
 import numba
@@ -30,26 +36,30 @@ import numpy as np
 from .automaton import CAPTURE_FRAME, Automaton
 from .completion import terminal_distances
 from .fsm import DFA
-from .stacks import StackArena
+from .stacks import FrameTag, StackArena
 from .vocab import Vocabulary
 
 _SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary; most walks are sparse (a few words of bitmask)
 _MAX_PATCHED_BYTES = 8  # a whole-vocabulary walk is patched from a neighbour's when it differs on this few bytes
 _MAX_PATCH_DEPTH = 4  # ...through at most this many neighbours (prefixes of an excluded key)
+_FRAME_CACHE_LIMIT = 1 << 12  # per grammar; an entry holds up to a whole bitmask (12 KB on cl100k)
+_MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls each), well inside the recursion limit
 
 
 @numba.njit(cache=True, nogil=True)
 def walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
-               start, nodes, bits, pops):  # pragma: no cover - compiled
-    """Mark in `bits` the tokens strictly below each trie node of `nodes` that a call-free DFA can consume
-    from `start`; write the nodes where it may stop (accept) into `pops`.  Returns the number of pops.
+               start, nodes, bits, touched, pops):  # pragma: no cover - compiled
+    """Mark in `bits` (all zero on entry) the tokens strictly below each trie node of `nodes` that a call-free
+    DFA can consume from `start`, listing in `touched` each word it makes non-zero; write the nodes where it may
+    stop (accept) into `pops`.  Returns (number of pops, number of touched words).
 
     One scratch row of states serves every node: a walk from the pop points of a string that may end after
     any character starts below tens of thousands of nodes, five trie nodes each on average, where allocating
     the row per node took four fifths of the time."""
     npops = 0
+    ntouched = 0
     if not accept[start] and not has_out[start]:
-        return npops
+        return npops, ntouched
     states = np.empty(max_depth + 1, np.int32)
     states[0] = start
     for t0 in nodes:
@@ -68,13 +78,17 @@ def walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_
                 continue
             for j in range(t_tok_ptr[i], t_tok_ptr[i + 1]):
                 tid = t_tok_ids[j]
-                bits[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+                w = tid >> 5
+                if bits[w] == 0:
+                    touched[ntouched] = w
+                    ntouched += 1
+                bits[w] |= np.uint32(1) << np.uint32(tid & 31)
             if accept[g]:
                 pops[npops] = i
                 npops += 1
             states[lv] = g
             i = i + 1 if has_out[g] else t_end[i]
-    return npops
+    return npops, ntouched
 
 
 @numba.njit(cache=True, nogil=True)
@@ -136,7 +150,7 @@ def _heights(vocabulary: Vocabulary) -> np.ndarray:
 
 # One walk's result, a plain tuple (words, values, pops, pops_key): the allowed tokens as a bitmask (`words`
 # the indices of its non-zero words, or None when `values` is the whole bitmask), the trie nodes where it
-# stopped and their bytes.  Tens of thousands stay cached for the life of the process, and a tuple of arrays
+# stopped that some token goes on below (at a leaf, what follows could only add tokens it has not) and their bytes.  Tens of thousands stay cached for the life of the process, and a tuple of arrays
 # and bytes drops out of the garbage collector's scans, where a class instance (a NamedTuple too) is
 # visited by every full collection: that made collections of 250 ms stall a mask in long runs.
 Walk = tuple
@@ -162,20 +176,50 @@ def add_walk(walk: Walk, bits: np.ndarray) -> None:
 # per vocabulary: (terminal DFA, state, trie nodes) or (state signature, root) -> Walk, shared by every grammar
 _SHARED_WALKS: "weakref.WeakKeyDictionary[Vocabulary, dict[tuple, Walk]]" = weakref.WeakKeyDictionary()
 _ROOT = np.zeros(1, np.int32)
+_NO_POPS = np.zeros(0, np.int32)
 _ROOT_KEY = _ROOT.tobytes()
+
+
+class _Scratch(threading.local):
+    """Per thread and vocabulary: a zeroed bitmask and room for a walk's touched words and pop points, so a
+    walk allocates only its result (room for a whole trie's pop points is 870 KB on cl100k)."""
+
+    def __init__(self) -> None:
+        self.buffers: weakref.WeakKeyDictionary[Vocabulary, tuple[np.ndarray, np.ndarray, np.ndarray]] = \
+            weakref.WeakKeyDictionary()
+
+    def of(self, vocabulary: Vocabulary, pops_needed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        hit = self.buffers.get(vocabulary)
+        if hit is None:
+            words = vocabulary.mask_words
+            hit = self.buffers[vocabulary] = (np.zeros(words, np.uint32), np.empty(words, np.int64),
+                                              np.empty(len(vocabulary.trie.end), np.int32))
+        if pops_needed > len(hit[2]):   # nested start nodes: a node may be reached from each
+            return hit[0], hit[1], np.empty(pops_needed, np.int32)
+        return hit
+
+
+_SCRATCH = _Scratch()
 
 
 def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray) -> Walk:
     t = vocabulary.trie
-    bits = np.zeros(vocabulary.mask_words, np.uint32)
-    pops = np.empty(int((t.end[nodes] - nodes).sum()), np.int32)
-    npops = walk_nodes(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
-                       vocabulary.max_depth, state, nodes, bits, pops)
-    pops = pops[:npops]
+    bits, touched, pops = _SCRATCH.of(vocabulary, int((t.end[nodes] - nodes).sum()))
+    npops, ntouched = walk_nodes(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
+                                 vocabulary.max_depth, state, nodes, bits, touched, pops)
     # walks from nested nodes can stop at the same node twice: keep pop points a sorted set (walks from
     # sorted disjoint subtrees already list theirs in order, once)
     disjoint = len(nodes) < 2 or bool((t.end[nodes[:-1]] <= nodes[1:]).all())
-    return new_walk(bits, pops if disjoint else np.unique(pops))
+    found = pops[:npops].copy() if disjoint else np.unique(pops[:npops])
+    found = found[t.end[found] > found + 1]     # nothing goes on below a leaf: what follows it adds no token
+    words = np.sort(touched[:ntouched])
+    values = bits[words]
+    bits[words] = 0
+    if ntouched * 4 < len(bits):
+        return words, values, found, found.tobytes()
+    dense = np.zeros_like(bits)
+    dense[words] = values
+    return None, dense, found, found.tobytes()
 
 
 class TokenMasks:
@@ -185,6 +229,7 @@ class TokenMasks:
         self.a = automaton
         self.vocabulary = vocabulary
         self._walks: dict[tuple[int, bytes], Walk] = {}
+        self._frames: dict[tuple[int, FrameTag, bytes], tuple[Walk, tuple[tuple[np.ndarray, bytes], ...]]] = {}
         self._shared = _SHARED_WALKS.setdefault(vocabulary, {})
         self._call_ptr = tuple(automaton.call_ptr.tolist())
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
@@ -253,11 +298,109 @@ class TokenMasks:
                 sub = _run_walk(dfa, self.vocabulary, nxt, np.array([child], np.int32))
                 add_walk(sub, bits)
                 extra.append(sub[2])
-        return new_walk(bits, np.unique(np.concatenate([base_pops[keep], *extra])))
+        pops = np.unique(np.concatenate([base_pops[keep], *extra]))
+        return new_walk(bits, pops[t.end[pops] > pops + 1])
 
     def add_mask(self, bits: np.ndarray, state: int, stack: int, stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from configuration (state, stack)."""
-        self._search(bits, [(state, stack, _ROOT, _ROOT_KEY)], stacks)
+        if stacks.captures:     # a captured text reads the frames below its own: no frame stands alone
+            self._search(bits, [(state, stack, _ROOT, _ROOT_KEY)], stacks)
+            return
+        todo = [(state, stack, _ROOT, _ROOT_KEY)]
+        seen = set()
+        while todo:
+            g, s, nodes, nodes_key = todo.pop()
+            found, returns = self._in_frame(g, s, nodes, nodes_key, stacks)
+            add_walk(found, bits)
+            if s:
+                up, below = stacks.ret[s], stacks.parent[s]
+                for pops, pops_key in returns:
+                    if (up, below, pops_key) not in seen:
+                        seen.add((up, below, pops_key))
+                        todo.append((up, below, pops, pops_key))
+
+    def _in_frame(self, g: int, s: int, nodes: np.ndarray, nodes_key: bytes, stacks: StackArena,
+                  depth: int = 0) -> tuple[Walk, tuple[tuple[np.ndarray, bytes], ...]]:
+        """From configuration (g, s) below trie `nodes`: the tokens allowed before the top frame of `s` returns,
+        and the trie nodes where it does (cached).  Guards read only the tag of their own frame, so this
+        depends on g, that tag and the nodes, not on the frames below: a new parser state deep in a document
+        shares the answers of the frames it has in common with earlier ones."""
+        if self.a.terminal_of(g) is not None:
+            found = self.walk(g, nodes, nodes_key)
+            return found, (((found[2], found[3]),) if len(found[2]) else ())
+        key = (g, stacks.tag[s], nodes_key)
+        hit = self._frames.get(key)
+        if hit is None:
+            if len(self._frames) >= _FRAME_CACHE_LIMIT:
+                self._frames.clear()
+            hit = self._frames[key] = self._frame_search(g, s, nodes, nodes_key, stacks, depth)
+        return hit
+
+    def _frame_search(self, g: int, s: int, nodes: np.ndarray, nodes_key: bytes, stacks: StackArena,
+                      depth: int) -> tuple[Walk, tuple[tuple[np.ndarray, bytes], ...]]:
+        """`_in_frame`, searched.  The frames of the base level are those sharing the parent and return state of
+        `s` (a guard that changes the tag makes another frame in its place; hash-consing makes no other); a frame
+        pushed on them is answered by `_in_frame` in turn, so a rule called from many places (a value, a
+        definition) is searched once per tag and trie nodes.  That never comes back to the frame being searched
+        (left recursion is refused), but each level of it is a Python call: past `_MAX_FRAME_NESTING` the
+        search goes on inside the pushed frames instead."""
+        a, call_ptr, parent, ret, tag = self.a, self._call_ptr, stacks.parent, stacks.ret, stacks.tag
+        base = (parent[s], ret[s])
+        nested = depth < _MAX_FRAME_NESTING
+        walks: dict[int, Walk] = {}
+        returns: dict[bytes, np.ndarray] = {}
+        todo = [(g, s, nodes, nodes_key)]
+        seen = {(g, s, nodes_key)}
+        while todo:
+            g, s, nodes, nodes_key = todo.pop()
+            nexts = []
+            if a.terminal_of(g) is not None:
+                found = self.walk(g, nodes, nodes_key)
+                walks[id(found)] = found
+                ends, ends_key = found[2], found[3]
+                returning = len(ends) > 0
+            else:
+                for c in range(call_ptr[g], call_ptr[g + 1]):
+                    called = stacks.call(s, c)
+                    if called is None:
+                        continue
+                    callee, pushed = called
+                    if nested and pushed != s and (not s or parent[pushed] != parent[s]):
+                        found, rets = self._in_frame(callee, pushed, nodes, nodes_key, stacks, depth + 1)
+                        walks[id(found)] = found
+                        nexts += [(ret[pushed], parent[pushed], ends, ends_key) for ends, ends_key in rets]
+                    else:
+                        nexts.append((callee, pushed, nodes, nodes_key))
+                ends, ends_key = nodes, nodes_key
+                returning = bool(a.accept[g])
+            if returning:
+                if (parent[s], ret[s]) == base:
+                    returns[ends_key] = ends
+                else:
+                    nexts.append((ret[s], parent[s], ends, ends_key))
+            for item in nexts:
+                key = (item[0], item[1], item[3])
+                if key not in seen:
+                    seen.add(key)
+                    todo.append(item)
+        return self._union(list(walks.values())), tuple((pops, key) for key, pops in returns.items())
+
+    def _union(self, walks: list[Walk]) -> Walk:
+        """The tokens of all `walks` as one walk (no pop points)."""
+        if len(walks) == 1:     # its pop points go unread
+            return walks[0]
+        if any(w[0] is None for w in walks):
+            bits = np.zeros(self.vocabulary.mask_words, np.uint32)
+            for w in walks:
+                add_walk(w, bits)
+            return None, bits, _NO_POPS, b""
+        bits = _SCRATCH.of(self.vocabulary, 0)[0]
+        for w in walks:
+            add_walk(w, bits)
+        words = np.flatnonzero(bits)
+        values = bits[words]
+        bits[words] = 0
+        return words, values, _NO_POPS, b""
 
     def _search(self, bits: np.ndarray, todo: list[tuple[int, int, np.ndarray, bytes]], stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from configurations (state, stack) below trie nodes."""

@@ -218,15 +218,34 @@ object : "{" [ESCAPED_STRING ":" value ("," ESCAPED_STRING ":" value)*] "}"
 """
 
 
+# objects inside objects and arrays: guarded call edges (members claimed, counts) under frames of every depth,
+# whose masks are searched one frame at a time and kept per frame (TokenMasks._in_frame)
+NESTED_OBJECTS = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "tags": {"type": "array", "items": {"$ref": "#/$defs/item"}, "maxItems": 3},
+        "meta": {"$ref": "#/$defs/item"},
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+    "$defs": {"item": {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": ["x", "yy"]}},
+                       "required": ["b"], "minProperties": 1, "maxProperties": 2, "additionalProperties": False}},
+}
+
+
 @pytest.mark.parametrize("kind", ["byte_level", "sentencepiece"])
-@pytest.mark.parametrize("which", ["regex", "lark_json", "nested"])
+@pytest.mark.parametrize("which", ["regex", "lark_json", "nested", "objects", "objects_any_order"])
 def test_masks_equal_brute_force_stepping(kind, which):
-    """The trie walks (pop points, shared terminal walks, continuations) agree with stepping
-    every token's bytes through the parser one by one."""
-    from leapgen.grammars import compile_lark
+    """The trie walks (pop points, shared terminal walks, continuations, answers kept per frame) agree with
+    stepping every token's bytes through the parser one by one."""
+    from leapgen.grammars import compile_json_schema, compile_lark
 
     tok = tu.ALL[kind]()
-    if which == "regex":
+    if which.startswith("objects"):
+        order = "any" if which.endswith("any_order") else "schema"
+        g = compile_json_schema(NESTED_OBJECTS, tok, property_order=order)
+    elif which == "regex":
         g = compile_regex(r'\{"k": "([^"\\]|\\.)*", "n": [0-9]{1,3}\}', tok)
     elif which == "lark_json":
         g = compile_lark(LARK_JSON, tok)
@@ -236,7 +255,7 @@ def test_masks_equal_brute_force_stepping(kind, which):
     rng = random.Random(which)
     for _ in range(4):
         m = g.matcher()
-        for _ in range(12):
+        for _ in range(40 if which.startswith("objects") else 12):
             state = m._state
             expected = {t for t, b in enumerate(g.vocabulary.token_bytes) if b and g.step(state, b) is not None}
             if g.closure(state)[1]:
@@ -247,3 +266,28 @@ def test_masks_equal_brute_force_stepping(kind, which):
             if not choices:
                 break
             m.advance(rng.choice(choices))
+
+
+def test_frames_past_the_nesting_bound_are_searched_inside_their_caller(monkeypatch):
+    """Masks are the same whether pushed frames are answered on their own (and kept) or searched inside the
+    frame that pushed them, as they are past `_MAX_FRAME_NESTING`."""
+    from leapgen.grammars import compile_json_schema, token_masks
+
+    tok = tu.byte_level_bpe()
+    nested = compile_json_schema(NESTED_OBJECTS, tok, property_order="any")
+    monkeypatch.setattr(token_masks, "_MAX_FRAME_NESTING", 0)
+    inline = compile_json_schema(NESTED_OBJECTS, tok, property_order="any")
+    rng = random.Random(0)
+    for _ in range(6):
+        a, b = nested.matcher(), inline.matcher()
+        for _ in range(40):
+            monkeypatch.setattr(token_masks, "_MAX_FRAME_NESTING", 48)
+            allowed = a.allowed_token_ids().tolist()
+            monkeypatch.setattr(token_masks, "_MAX_FRAME_NESTING", 0)
+            assert b.allowed_token_ids().tolist() == allowed
+            choices = [t for t in allowed if t not in nested.vocabulary.eos_ids]
+            if not choices:
+                break
+            token = rng.choice(choices)
+            a.advance(token)
+            b.advance(token)
