@@ -169,8 +169,7 @@ class CompiledGrammar:
         if bits is None:
             bits = np.zeros(self.vocabulary.mask_words, np.uint32)
             mark = len(self.stacks.parent)
-            for g, s in state:
-                self.masks.add_mask(bits, g, s, self.stacks)
+            self.masks.add_mask(bits, state, self.stacks)
             self.stacks.release(mark)     # before closure(), whose cached answer keeps the stacks it makes
             if self.closure(state)[1]:
                 for eos in self.vocabulary.eos_ids:

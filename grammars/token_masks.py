@@ -43,6 +43,7 @@ _SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary; most walks are sparse (a few wo
 _MAX_PATCHED_BYTES = 8  # a whole-vocabulary walk is patched from a neighbour's when it differs on this few bytes
 _MAX_PATCH_DEPTH = 4  # ...through at most this many neighbours (prefixes of an excluded key)
 _FRAME_CACHE_LIMIT = 1 << 12  # per grammar; an entry holds up to a whole bitmask (12 KB on cl100k)
+_MAX_FRAME_WALKS = 8  # a frame's answer keeps this many walks as they are, more merged into one bitmask
 _MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls each), well inside the recursion limit
 
 
@@ -154,6 +155,9 @@ def _heights(vocabulary: Vocabulary) -> np.ndarray:
 # and bytes drops out of the garbage collector's scans, where a class instance (a NamedTuple too) is
 # visited by every full collection: that made collections of 250 ms stall a mask in long runs.
 Walk = tuple
+# What a configuration allows before its top frame returns: its walks, and the trie nodes where the frame returns
+# (an array and its bytes, per distinct set)
+FrameAnswer = tuple[tuple[Walk, ...], tuple[tuple[np.ndarray, bytes], ...]]
 
 
 def new_walk(bits: np.ndarray, pops: np.ndarray) -> Walk:
@@ -229,7 +233,7 @@ class TokenMasks:
         self.a = automaton
         self.vocabulary = vocabulary
         self._walks: dict[tuple[int, bytes], Walk] = {}
-        self._frames: dict[tuple[int, FrameTag, bytes], tuple[Walk, tuple[tuple[np.ndarray, bytes], ...]]] = {}
+        self._frames: dict[tuple[int, FrameTag, bytes], FrameAnswer] = {}
         self._shared = _SHARED_WALKS.setdefault(vocabulary, {})
         self._call_ptr = tuple(automaton.call_ptr.tolist())
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
@@ -301,17 +305,20 @@ class TokenMasks:
         pops = np.unique(np.concatenate([base_pops[keep], *extra]))
         return new_walk(bits, pops[t.end[pops] > pops + 1])
 
-    def add_mask(self, bits: np.ndarray, state: int, stack: int, stacks: StackArena) -> None:
-        """OR into `bits` the tokens allowed from configuration (state, stack)."""
+    def add_mask(self, bits: np.ndarray, configurations: tuple[tuple[int, int], ...], stacks: StackArena) -> None:
+        """OR into `bits` the tokens allowed from the configurations (state, stack) of a parser state."""
         if stacks.captures:     # a captured text reads the frames below its own: no frame stands alone
-            self._search(bits, [(state, stack, _ROOT, _ROOT_KEY)], stacks)
+            self._search(bits, [(g, s, _ROOT, _ROOT_KEY) for g, s in configurations], stacks)
             return
-        todo = [(state, stack, _ROOT, _ROOT_KEY)]
-        seen = set()
+        # configurations of one state often share the frames below their own (parallel parses of overlapping
+        # branches): each is searched once
+        todo = [(g, s, _ROOT, _ROOT_KEY) for g, s in configurations]
+        seen = {(g, s, _ROOT_KEY) for g, s in configurations}
         while todo:
             g, s, nodes, nodes_key = todo.pop()
-            found, returns = self._in_frame(g, s, nodes, nodes_key, stacks)
-            add_walk(found, bits)
+            walks, returns = self._in_frame(g, s, nodes, nodes_key, stacks)
+            for walk in walks:
+                add_walk(walk, bits)
             if s:
                 up, below = stacks.ret[s], stacks.parent[s]
                 for pops, pops_key in returns:
@@ -320,14 +327,14 @@ class TokenMasks:
                         todo.append((up, below, pops, pops_key))
 
     def _in_frame(self, g: int, s: int, nodes: np.ndarray, nodes_key: bytes, stacks: StackArena,
-                  depth: int = 0) -> tuple[Walk, tuple[tuple[np.ndarray, bytes], ...]]:
+                  depth: int = 0) -> FrameAnswer:
         """From configuration (g, s) below trie `nodes`: the tokens allowed before the top frame of `s` returns,
         and the trie nodes where it does (cached).  Guards read only the tag of their own frame, so this
         depends on g, that tag and the nodes, not on the frames below: a new parser state deep in a document
         shares the answers of the frames it has in common with earlier ones."""
         if self.a.terminal_of(g) is not None:
             found = self.walk(g, nodes, nodes_key)
-            return found, (((found[2], found[3]),) if len(found[2]) else ())
+            return (found,), (((found[2], found[3]),) if len(found[2]) else ())
         key = (g, stacks.tag[s], nodes_key)
         hit = self._frames.get(key)
         if hit is None:
@@ -337,7 +344,7 @@ class TokenMasks:
         return hit
 
     def _frame_search(self, g: int, s: int, nodes: np.ndarray, nodes_key: bytes, stacks: StackArena,
-                      depth: int) -> tuple[Walk, tuple[tuple[np.ndarray, bytes], ...]]:
+                      depth: int) -> FrameAnswer:
         """`_in_frame`, searched.  The frames of the base level are those sharing the parent and return state of
         `s` (a guard that changes the tag makes another frame in its place; hash-consing makes no other); a frame
         pushed on them is answered by `_in_frame` in turn, so a rule called from many places (a value, a
@@ -366,8 +373,8 @@ class TokenMasks:
                         continue
                     callee, pushed = called
                     if nested and pushed != s and (not s or parent[pushed] != parent[s]):
-                        found, rets = self._in_frame(callee, pushed, nodes, nodes_key, stacks, depth + 1)
-                        walks[id(found)] = found
+                        inner, rets = self._in_frame(callee, pushed, nodes, nodes_key, stacks, depth + 1)
+                        walks.update((id(walk), walk) for walk in inner)
                         nexts += [(ret[pushed], parent[pushed], ends, ends_key) for ends, ends_key in rets]
                     else:
                         nexts.append((callee, pushed, nodes, nodes_key))
@@ -383,12 +390,13 @@ class TokenMasks:
                 if key not in seen:
                     seen.add(key)
                     todo.append(item)
-        return self._union(list(walks.values())), tuple((pops, key) for key, pops in returns.items())
+        found = tuple(walks.values())
+        if len(found) > _MAX_FRAME_WALKS:
+            found = (self._union(found),)
+        return found, tuple((pops, key) for key, pops in returns.items())
 
-    def _union(self, walks: list[Walk]) -> Walk:
+    def _union(self, walks: tuple[Walk, ...]) -> Walk:
         """The tokens of all `walks` as one walk (no pop points)."""
-        if len(walks) == 1:     # its pop points go unread
-            return walks[0]
         if any(w[0] is None for w in walks):
             bits = np.zeros(self.vocabulary.mask_words, np.uint32)
             for w in walks:
