@@ -192,38 +192,62 @@ class _Scratch(threading.local):
         self.buffers: weakref.WeakKeyDictionary[Vocabulary, tuple[np.ndarray, np.ndarray, np.ndarray]] = \
             weakref.WeakKeyDictionary()
 
-    def of(self, vocabulary: Vocabulary, pops_needed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def of(self, vocabulary: Vocabulary) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         hit = self.buffers.get(vocabulary)
         if hit is None:
             words = vocabulary.mask_words
             hit = self.buffers[vocabulary] = (np.zeros(words, np.uint32), np.empty(words, np.int64),
                                               np.empty(len(vocabulary.trie.end), np.int32))
-        if pops_needed > len(hit[2]):   # nested start nodes: a node may be reached from each
-            return hit[0], hit[1], np.empty(pops_needed, np.int32)
         return hit
 
 
 _SCRATCH = _Scratch()
 
 
+@numba.njit(cache=True, nogil=True)
+def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth, start, nodes,
+          bits, touched, pops):  # pragma: no cover - compiled
+    """`walk_nodes` into the scratch rows (`bits` all zero, left so), as a result: (dense, words, values, pops),
+    the words sorted (none when dense: `values` is then the whole bitmask) and the pop points a sorted set
+    without trie leaves (nothing goes on below a leaf, so what follows it adds no token)."""
+    needed = 0
+    for t0 in nodes:
+        needed += t_end[t0] - t0
+    if needed > len(pops):     # nested start nodes: a node may be reached from each
+        pops = np.empty(needed, np.int32)
+    npops, ntouched = walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
+                                 start, nodes, bits, touched, pops)
+    disjoint = True     # walks from sorted disjoint subtrees list their pop points in order, once
+    for i in range(len(nodes) - 1):
+        if t_end[nodes[i]] > nodes[i + 1]:
+            disjoint = False
+    stops = pops[:npops] if disjoint else np.unique(pops[:npops])
+    kept = 0
+    for p in stops:
+        if t_end[p] > p + 1:
+            kept += 1
+    found = np.empty(kept, np.int32)
+    kept = 0
+    for p in stops:
+        if t_end[p] > p + 1:
+            found[kept] = p
+            kept += 1
+    words = np.sort(touched[:ntouched])
+    dense = ntouched * 4 >= len(bits)
+    values = bits.copy() if dense else np.empty(ntouched, np.uint32)
+    for i in range(ntouched):
+        if not dense:
+            values[i] = bits[words[i]]
+        bits[words[i]] = 0
+    return dense, words, values, found
+
+
 def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray) -> Walk:
     t = vocabulary.trie
-    bits, touched, pops = _SCRATCH.of(vocabulary, int((t.end[nodes] - nodes).sum()))
-    npops, ntouched = walk_nodes(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
-                                 vocabulary.max_depth, state, nodes, bits, touched, pops)
-    # walks from nested nodes can stop at the same node twice: keep pop points a sorted set (walks from
-    # sorted disjoint subtrees already list theirs in order, once)
-    disjoint = len(nodes) < 2 or bool((t.end[nodes[:-1]] <= nodes[1:]).all())
-    found = pops[:npops].copy() if disjoint else np.unique(pops[:npops])
-    found = found[t.end[found] > found + 1]     # nothing goes on below a leaf: what follows it adds no token
-    words = np.sort(touched[:ntouched])
-    values = bits[words]
-    bits[words] = 0
-    if ntouched * 4 < len(bits):
-        return words, values, found, found.tobytes()
-    dense = np.zeros_like(bits)
-    dense[words] = values
-    return None, dense, found, found.tobytes()
+    bits, touched, pops = _SCRATCH.of(vocabulary)
+    dense, words, values, found = _walk(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr,
+                                        t.tok_ids, vocabulary.max_depth, state, nodes, bits, touched, pops)
+    return None if dense else words, values, found, found.tobytes()
 
 
 class TokenMasks:
@@ -402,7 +426,7 @@ class TokenMasks:
             for w in walks:
                 add_walk(w, bits)
             return None, bits, _NO_POPS, b""
-        bits = _SCRATCH.of(self.vocabulary, 0)[0]
+        bits = _SCRATCH.of(self.vocabulary)[0]
         for w in walks:
             add_walk(w, bits)
         words = np.flatnonzero(bits)
