@@ -151,9 +151,10 @@ def _heights(vocabulary: Vocabulary) -> np.ndarray:
 
 # One walk's result, a plain tuple (words, values, pops, pops_key): the allowed tokens as a bitmask (`words`
 # the indices of its non-zero words, or None when `values` is the whole bitmask), the trie nodes where it
-# stopped that some token goes on below (at a leaf, what follows could only add tokens it has not) and their bytes.  Tens of thousands stay cached for the life of the process, and a tuple of arrays
-# and bytes drops out of the garbage collector's scans, where a class instance (a NamedTuple too) is
-# visited by every full collection: that made collections of 250 ms stall a mask in long runs.
+# stopped that some token goes on below (what follows a leaf adds no token) and their bytes.  Tens of thousands
+# stay cached for the life of the process, and a tuple of arrays and bytes drops out of the garbage collector's
+# scans, where a class instance (a NamedTuple too) is visited by every full collection: that made collections
+# of 250 ms stall a mask in long runs.
 Walk = tuple
 # What a configuration allows before its top frame returns: its walks, and the trie nodes where the frame returns
 # (an array and its bytes, per distinct set)
