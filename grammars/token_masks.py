@@ -422,18 +422,10 @@ class TokenMasks:
 
     def _union(self, walks: tuple[Walk, ...]) -> Walk:
         """The tokens of all `walks` as one walk (no pop points)."""
-        if any(w[0] is None for w in walks):
-            bits = np.zeros(self.vocabulary.mask_words, np.uint32)
-            for w in walks:
-                add_walk(w, bits)
-            return None, bits, _NO_POPS, b""
-        bits = _SCRATCH.of(self.vocabulary)[0]
+        bits = np.zeros(self.vocabulary.mask_words, np.uint32)
         for w in walks:
             add_walk(w, bits)
-        words = np.flatnonzero(bits)
-        values = bits[words]
-        bits[words] = 0
-        return words, values, _NO_POPS, b""
+        return new_walk(bits, _NO_POPS)
 
     def _search(self, bits: np.ndarray, todo: list[tuple[int, int, np.ndarray, bytes]], stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from configurations (state, stack) below trie nodes."""
