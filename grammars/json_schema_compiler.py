@@ -34,6 +34,7 @@ from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
+from .json_schema_string_logic import string_formula
 
 MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 129
@@ -277,6 +278,9 @@ class SchemaCompiler:
     def _compile_parts(self, parts: list[Part]) -> Expr:
         if any(p.has("enum") or p.has("const") for p in parts):
             return enumerated(self, parts)
+        formula = string_formula(self, parts)
+        if formula is not None:
+            return formula
         for part in parts:
             rewritten = rewritten_negation(self, parts, part) if part.has("not") else None
             if rewritten is None and (part.has("dependentSchemas") or part.has("dependencies")):

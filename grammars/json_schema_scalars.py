@@ -157,23 +157,12 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     # each keyword as (its name in an error, its pointer)
     named = [(f"key pattern {src!r}", at) for src, at in extra_patterns]
     for p in parts:
-        n = count_of(p, "minLength")
-        lo = max(lo, n) if n is not None else lo
-        n = count_of(p, "maxLength")
-        hi = n if hi is None else (min(hi, n) if n is not None else hi)
-        if p.has("pattern"):
-            expect(isinstance(p.get("pattern"), str), "pattern must be a string", p.at("pattern"))
-            patterns.append((p.get("pattern"), p.at("pattern")))
-            named.append((f"pattern {p.get('pattern')!r}", p.at("pattern")))
-        fmt = p.get("format")
-        if fmt in FORMATS:
-            patterns.append((format_pattern(fmt), ""))
-            named.append((f"format {fmt!r}", p.at("format")))
-        elif fmt in UNENFORCEABLE_FORMATS:
-            raise UnsupportedSchemaError(f"format {fmt!r} cannot be enforced: {UNENFORCEABLE_FORMATS[fmt]}",
-                                         p.at("format"))
-        elif fmt is not None and ctx.options.strict_formats:
-            raise UnsupportedSchemaError(f"format {fmt!r} is not supported", p.at("format"))
+        keywords = string_keywords(ctx, p)
+        lo = max(lo, keywords.min_length)
+        if keywords.max_length is not None:
+            hi = keywords.max_length if hi is None else min(hi, keywords.max_length)
+        patterns += keywords.patterns + keywords.formats
+        named += keywords.named
     here = parts[0].pointer if parts else ""
     if hi is not None and lo > hi:
         return ctx.never(f"minLength {lo} is above maxLength {hi}", here)
@@ -210,6 +199,41 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
 
 
 _ANY_STRING = Terminal(string_regex(0, None))
+
+
+@dataclass(frozen=True)
+class StringKeywords:
+    """The string keywords of one conjunct: its length bounds, its pattern and its format as ECMA patterns (each
+    with its pointer; a format's pattern admits a subset of the format), and each keyword as (its name in an
+    error, its pointer)."""
+
+    min_length: int
+    max_length: int | None
+    patterns: Patterns
+    formats: Patterns
+    named: tuple[tuple[str, str], ...]
+
+
+def string_keywords(ctx: SchemaContext, part: Part) -> StringKeywords:
+    """The string keywords of `part`; refused where its format cannot be enforced."""
+    patterns: list[tuple[str, str]] = []
+    formats: list[tuple[str, str]] = []
+    named: list[tuple[str, str]] = []
+    if part.has("pattern"):
+        expect(isinstance(part.get("pattern"), str), "pattern must be a string", part.at("pattern"))
+        patterns.append((part.get("pattern"), part.at("pattern")))
+        named.append((f"pattern {part.get('pattern')!r}", part.at("pattern")))
+    fmt = part.get("format")
+    if fmt in FORMATS:
+        formats.append((format_pattern(fmt), ""))
+        named.append((f"format {fmt!r}", part.at("format")))
+    elif fmt in UNENFORCEABLE_FORMATS:
+        raise UnsupportedSchemaError(f"format {fmt!r} cannot be enforced: {UNENFORCEABLE_FORMATS[fmt]}",
+                                     part.at("format"))
+    elif fmt is not None and ctx.options.strict_formats:
+        raise UnsupportedSchemaError(f"format {fmt!r} is not supported", part.at("format"))
+    return StringKeywords(count_of(part, "minLength") or 0, count_of(part, "maxLength"), tuple(patterns),
+                          tuple(formats), tuple(named))
 
 
 def _excluded_regexes(patterns: Patterns) -> tuple[str, ...]:
