@@ -31,8 +31,9 @@ from .regex import MAX_DFA_STATES, regex_dfa
 _MAX_ALTERNATIVES = 16    # distributed alternatives past which a string conjunction is one formula
 _MAX_NESTING = 64         # subschemas inside each other in one formula ($ref cycles end here)
 _MAX_SUBSCHEMAS = 1024    # distinct subschemas in one formula
-_COMBINATORS = ("not", "anyOf", "oneOf", "if")
+_COMBINATORS = frozenset({"not", "anyOf", "oneOf", "if"})
 _ANY_STRING = string_regex(0, None)
+_STRING_TYPE = ("string", ["string"])
 
 Item = Union["Strings", Terminal, bool]    # True: every string, False: none
 
@@ -103,7 +104,9 @@ class _TooLarge(Exception):
 def string_formula(ctx: SchemaContext, parts: list[Part]) -> Expr | None:
     """The conjunction `parts` as one string terminal (see the module docstring); None where it admits more than
     strings, or distributes well, or negates a format, or nests without end."""
-    if not any(p.has(keyword) for p in parts for keyword in _COMBINATORS):
+    # most conjunctions have no combinator or declare no string type: a hot path
+    if all(_COMBINATORS.isdisjoint(p.schema) for p in parts) or not any(
+            p.get("type") in _STRING_TYPE for p in parts):
         return None
     branches = Branches()
     for part in parts:
