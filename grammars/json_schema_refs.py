@@ -105,7 +105,7 @@ class RefResolver:
         self._anchors: dict[str, Located] = {}
         self._resolved: dict[tuple[str, str], Located] = {}
         self.root_base = self._base_of(root, _ROOT_BASE)
-        self._index(root, (), self.root_base)
+        self._indexed = False   # on the first $ref: most documents have none, and indexing walks all of it
 
     def _base_of(self, schema: Any, parent: str) -> str:
         ident = schema.get(self.id_keyword) if isinstance(schema, dict) else None
@@ -144,6 +144,9 @@ class RefResolver:
         return hit
 
     def _resolve(self, ref: str, base: str, pointer: str) -> Located:
+        if not self._indexed:
+            self._index(self.root, (), self.root_base)
+            self._indexed = True
         uri, fragment = urldefrag(_join(base, ref))
         if f"{uri}#{fragment}" in self._anchors:
             return self._anchors[f"{uri}#{fragment}"]

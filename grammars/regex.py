@@ -20,7 +20,7 @@ from re import _parser as sre_parse
 import numpy as np
 
 from .errors import AutomatonTooLargeError, RegexError
-from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, determinize, minimize, product, union
+from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, determinize, minimize, product, union, without_words
 from .ir import Language
 
 MAX_DFA_STATES = 20_000
@@ -362,13 +362,17 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
                 built += dfa.num_states
         excluding = tuple(other for other in excluding if isinstance(other, str))
         if excluding:
-            # one difference with the union (declared object keys: a trie) instead of one per regex
             texts = [literal_text(other) for other in excluding]
-            parts = [regex_dfa(other) for other, text in zip(excluding, texts) if text is None]
-            if any(text is not None for text in texts):
-                parts.append(literals_dfa(tuple(sorted({text for text in texts if text is not None}))))
-            dfa = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
-                          MAX_DFA_STATES)
+            # literal texts only (declared object keys): the automaton behind a trie of them
+            fewer = None if None in texts else without_words(dfa, sorted({t.encode() for t in texts}), MAX_DFA_STATES)
+            if fewer is None:
+                # one difference with the union (the literal texts as one trie) instead of one per regex
+                parts = [regex_dfa(other) for other, text in zip(excluding, texts) if text is None]
+                if any(text is not None for text in texts):
+                    parts.append(literals_dfa(tuple(sorted({text for text in texts if text is not None}))))
+                fewer = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
+                                MAX_DFA_STATES)
+            dfa = fewer
             built += dfa.num_states
     except BudgetExceeded as e:
         raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern, e.budget) from None

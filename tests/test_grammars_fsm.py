@@ -79,6 +79,38 @@ def test_equal_languages_minimise_to_equal_tables():
         assert np.array_equal(a.trans, b.trans) and np.array_equal(a.accept, b.accept)
 
 
+def _words_dfa(words: list[bytes]) -> DFA:
+    nfa = NFA()
+    start, end = nfa.node(), nfa.node()
+    for word in words:
+        cur = start
+        for byte in word:
+            nxt = nfa.node()
+            nfa.byte_range(cur, byte, byte, nxt)
+            cur = nxt
+        nfa.epsilon(cur, end)
+    return determinize(nfa, start, end, 10_000)
+
+
+def test_excluding_words_behind_a_trie_is_the_difference_with_their_automaton():
+    rng = random.Random(5)
+    for _ in range(300):
+        nfa, _, _ = _random_nfa(rng)
+        base = minimize(determinize(nfa, 0, 1, 10_000))
+        # words the base accepts, prefixes of them, and others
+        words = sorted({data for data in _strings(rng, 12) if dfa_fullmatch(base, data) or rng.random() < 0.3})
+        trie = fsm.without_words(base, words, 10_000)
+        expected = fsm.product(base, _words_dfa(words), False, 10_000)
+        small = minimize(trie)
+        assert np.array_equal(small.trans, expected.trans) and np.array_equal(small.accept, expected.accept)
+        # no state the start reaches is dead: a token walk never enters one
+        reached = fsm._reachable_in_order(trie.trans, 0, trie.num_states)
+        assert fsm._live_states(trie.trans, trie.accept)[reached].all() or not expected.accept.any()
+    everything = DFA(np.zeros((1, 256), np.int32), np.ones(1, bool))
+    assert fsm.without_words(everything, [bytes(range(40))], 10) is None    # past the budget: the caller's product
+    assert fsm.without_words(everything, [bytes(range(40))], 41).num_states == 42
+
+
 def test_products_through_the_hash_table_equal_the_flat_indexed_ones(monkeypatch):
     rng = random.Random(11)
     for _ in range(150):
