@@ -19,8 +19,8 @@ from .json_numbers import (CANONICAL, DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, M
 from .json_schema_context import (STRING_KEYS, Part, SchemaContext, count_of, enum_values, expect, is_number,
                                   satisfying)
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
-from .json_strings import (FORMATS, UNENFORCEABLE_FORMATS, Length, capped_length, chars_regex, format_pattern,
-                           pattern_regexes, regex_escape, string_regex)
+from .json_strings import (ANY_STRING, FORMATS, UNENFORCEABLE_FORMATS, Length, capped_length, chars_regex,
+                           format_pattern, pattern_regexes, regex_escape)
 from .regex import MAX_DFA_STATES
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
@@ -151,7 +151,7 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     bounds would count in chunks (a captured text is one terminal)."""
     if not (excluded or extra_patterns or excluded_patterns or ctx.options.max_string_length is not None
             or any(p.has(key) for p in parts for key in STRING_KEYS)):
-        return _ANY_STRING      # most strings: no keyword to read, and one terminal for all of them
+        return _ANY_STRING_TERMINAL      # most strings: no keyword to read, and one terminal for all of them
     lo, hi = 0, None
     patterns = list(extra_patterns)
     # each keyword as (its name in an error, its pointer)
@@ -188,17 +188,17 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
         if lo > short:
             return _chunked_string(ctx, lo, hi)
         if hi is not None and hi > short:
-            return choice([Terminal(string_regex(lo, short), (), exclude), _chunked_string(ctx, short + 1, hi)])
+            return choice([Terminal(ANY_STRING, (Length(lo, short),), exclude), _chunked_string(ctx, short + 1, hi)])
     if also:   # the length counted along the pattern's automaton (json_strings.Length): an ASCII pattern costs
         return Terminal(also[0], also[1:] + (Length(lo, hi),), exclude, origin)   # a state or two per character
     if max(lo, hi or 0) * _STATES_PER_CHARACTER > MAX_DFA_STATES:
         # the length count alone outgrows one terminal's budget: say so now, not after building most of it
         raise UnsupportedSchemaError(f"{origin[0]} cannot be enforced exactly within {MAX_DFA_STATES} automaton "
                                      "states", origin[1])
-    return Terminal(string_regex(lo, hi), also, exclude, origin)
+    return Terminal(ANY_STRING, (Length(lo, hi),) if lo or hi is not None else (), exclude, origin)
 
 
-_ANY_STRING = Terminal(string_regex(0, None))
+_ANY_STRING_TERMINAL = Terminal(ANY_STRING)
 
 
 @dataclass(frozen=True)

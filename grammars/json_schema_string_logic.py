@@ -25,14 +25,13 @@ from .ir import Expr, Terminal
 from .json_schema_context import Branches, Part, SchemaContext, count_of, enum_values, expect, narrow_types
 from .json_schema_ir import json_text
 from .json_schema_scalars import string_keywords
-from .json_strings import Length, pattern_regexes, regex_escape, string_regex
+from .json_strings import ANY_STRING, Length, pattern_regexes, regex_escape
 from .regex import MAX_DFA_STATES, regex_dfa
 
 _MAX_ALTERNATIVES = 16    # distributed alternatives past which a string conjunction is one formula
 _MAX_NESTING = 64         # subschemas inside each other in one formula ($ref cycles end here)
 _MAX_SUBSCHEMAS = 1024    # distinct subschemas in one formula
 _COMBINATORS = frozenset({"not", "anyOf", "oneOf", "if"})
-_ANY_STRING = string_regex(0, None)
 _STRING_TYPE = ("string", ["string"])
 
 Item = Union["Strings", Terminal, bool]    # True: every string, False: none
@@ -62,7 +61,7 @@ def _formula_dfa(item: Strings | Terminal) -> DFA:
     if item.op == "all":   # smallest first: each product stays within what the smaller ones allow
         return functools.reduce(lambda a, b: product(a, b, True, MAX_DFA_STATES), dfas)
     joined = dfas[0] if len(dfas) == 1 else union(dfas, MAX_DFA_STATES)
-    return joined if item.op == "any" else product(regex_dfa(_ANY_STRING), joined, False, MAX_DFA_STATES)
+    return joined if item.op == "any" else product(regex_dfa(ANY_STRING), joined, False, MAX_DFA_STATES)
 
 
 def _combined(op: str, items: list[Item]) -> Item:
@@ -136,7 +135,7 @@ def string_formula(ctx: SchemaContext, parts: list[Part]) -> Expr | None:
         hi = max(lo, ctx.options.max_string_length)
     also = (formula,) if formula is not True else ()
     also += (Length(lo, hi),) if lo or hi is not None else ()
-    return Terminal(_ANY_STRING, also, (), ("the string keywords under not/anyOf/oneOf/if together", pointer))
+    return Terminal(ANY_STRING, also, (), ("the string keywords under not/anyOf/oneOf/if together", pointer))
 
 
 class _Reader:
@@ -189,7 +188,7 @@ class _Reader:
             items.append(Terminal(regexes.regex, regexes.also, regexes.excluding))
         self.formats.update(items[len(keywords.patterns):])
         if keywords.min_length or keywords.max_length is not None:
-            items.append(Terminal(_ANY_STRING, (Length(keywords.min_length, keywords.max_length),)))
+            items.append(Terminal(ANY_STRING, (Length(keywords.min_length, keywords.max_length),)))
         values = enum_values([part])
         if values is not None:
             texts = [regex_escape(json_text(v)) for v in values if isinstance(v, str)]

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 from .errors import RegexError, UnsupportedSchemaError
-from .fsm import DFA, MEMO_SIZE, counted_product
+from .fsm import DFA, MEMO_SIZE, BudgetExceeded, counted_product, minimize
 from .regex import (REGEX_META, check_group_depth, complement_ranges, normalize_ranges, parse_quietly, regex_dfa,
                     terminal_dfa)
 
@@ -136,7 +136,12 @@ class Length:
         """`dfa` (quoted strings) with its characters counted along its own states: the product with one
         character's automaton, unrolled over the count (fsm.counted_product), so an ASCII pattern under
         maxLength 2048 is about 2 states per character, where the product with this set's automaton would pass
-        28,000 states."""
+        28,000 states.  Any string at all (a length bound alone) is this set's own automaton: bounded, already
+        minimal, and ten times faster to lay out than the product."""
+        if dfa is regex_dfa(ANY_STRING):
+            if self.num_states > max_states:
+                raise BudgetExceeded(max_states, "automaton states")
+            return length_dfa(self.min, self.max) if self.max is not None else minimize(self.dfa())
         anything = length_dfa(0, None)   # state 0: before the opening quote; 1: between two characters
         ends_character = anything.trans == 1
         ends_character[0] = False
@@ -201,6 +206,10 @@ def chars_regex(min_length: int = 0, max_length: int | None = None) -> str:
     else:
         rep = f"{{{min_length},{max_length}}}"
     return f"{CHAR}{rep}"
+
+
+#: Any quoted JSON string: with a json_strings.Length beside it, a string of bounded length.
+ANY_STRING = string_regex()
 
 
 # ECMA-262 character classes (JSON Schema patterns are ECMA regexes).

@@ -376,7 +376,7 @@ class TokenMasks:
         definition) is searched once per tag and trie nodes.  That never comes back to the frame being searched
         (left recursion is refused), but each level of it is a Python call: past `_MAX_FRAME_NESTING` the
         search goes on inside the pushed frames instead."""
-        a, call_ptr, parent, ret, tag = self.a, self._call_ptr, stacks.parent, stacks.ret, stacks.tag
+        a, call_ptr, parent, ret = self.a, self._call_ptr, stacks.parent, stacks.ret
         base = (parent[s], ret[s])
         nested = depth < _MAX_FRAME_NESTING
         walks: dict[int, Walk] = {}
