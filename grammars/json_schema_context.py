@@ -219,8 +219,41 @@ def satisfying(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list
             if isinstance(p.schema, dict) else p for p in parts]
     if all(p.schema is True or (isinstance(p.schema, dict) and not p.schema.keys() & _CONSTRAINING) for p in rest):
         return values
+    types = _types_only(rest)
+    if types is not None:   # the usual enum beside a `type`: checked here, a hundred times faster than jsonschema
+        return [v for v in values if all(any(_of_type(v, name, ctx.draft4) for name in names) for names in types)]
     validator = ctx.validator(rest)
     return [v for v in values if validator.is_valid(v)]
+
+
+_PYTHON_TYPES = {"null": type(None), "boolean": bool, "number": (int, float), "string": str, "array": list,
+                 "object": dict}
+
+
+def _types_only(parts: list[Part]) -> list[list[str]] | None:
+    """The type names of each part's `type`, where `type` is the only keyword of `parts` that constrains
+    instances and names JSON types only; None otherwise."""
+    out = []
+    for part in parts:
+        if part.schema is True:
+            continue
+        if not isinstance(part.schema, dict) or part.schema.keys() & _CONSTRAINING - {"type"}:
+            return None
+        if "type" in part.schema:
+            declared = part.schema["type"]
+            names = declared if isinstance(declared, list) else [declared]
+            if not all(isinstance(name, str) and (name in _PYTHON_TYPES or name == "integer") for name in names):
+                return None
+            out.append(names)
+    return out
+
+
+def _of_type(value: Any, name: str, draft4: bool) -> bool:
+    """Whether a JSON value is of the JSON Schema type `name`, as jsonschema's validator for the draft judges it
+    (an integral float is an integer after draft-04)."""
+    if name == "integer":
+        return is_number(value) and (isinstance(value, int) or (not draft4 and value.is_integer()))
+    return isinstance(value, _PYTHON_TYPES[name]) and not (name == "number" and isinstance(value, bool))
 
 
 def count_of(part: Part, key: str) -> int | None:

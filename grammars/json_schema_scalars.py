@@ -16,8 +16,8 @@ from .fsm import DFA, product, union
 from .ir import Capture, Choice, Expr, Language, Lit, Ref, Seq, Terminal
 from .json_numbers import (CANONICAL, DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most,
                            common_multiple, digit_cap, multiples_of)
-from .json_schema_context import (STRING_KEYS, Part, SchemaContext, count_of, enum_values, expect, is_number,
-                                  satisfying)
+from .json_schema_context import (STRING_KEYS, Branches, Part, SchemaContext, count_of, enum_values, expect,
+                                  is_number, narrow_types, satisfying)
 from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
 from .json_strings import (ANY_STRING, FORMATS, UNENFORCEABLE_FORMATS, Length, capped_length, chars_regex,
                            format_pattern, pattern_regexes, regex_escape)
@@ -31,6 +31,12 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
     """The enum/const values of `parts` that satisfy every other keyword of the conjunction."""
     values = enum_values(parts)
     assert values is not None
+    branches = Branches()
+    for part in parts:
+        narrow_types(part, branches)
+    spelled_integers = ctx.draft4 and branches.integer_only
+    if spelled_integers:    # draft-04 judges an integer by its spelling (1 is one, 1.0 is not), not by the enum's
+        values = [int(v) if is_number(v) and float(v).is_integer() else v for v in values]
     try:
         values = satisfying(ctx, parts, values)
     except Exception as exc:  # unresolvable refs, bad regexes: the schema itself is at fault
@@ -41,8 +47,8 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
     for value in values:
         if is_number(value):
             whole, tail = number_literal_parts(value)
-            by_tail.setdefault(tail, []).append(Lit(whole))
-    numbers = [seq(choice(wholes), Terminal(tail)) for tail, wholes in by_tail.items()]
+            by_tail.setdefault("" if spelled_integers else tail, []).append(Lit(whole))
+    numbers = [seq(choice(wholes), Terminal(tail)) if tail else choice(wholes) for tail, wholes in by_tail.items()]
     return choice([*numbers, *(literal(v, ctx.punct) for v in values if not is_number(v))])
 
 

@@ -1162,6 +1162,24 @@ def test_enums_use_json_equality_and_every_keyword():
         assert not ir_accepts(grammar, text), text
 
 
+@pytest.mark.parametrize("dialect", ["http://json-schema.org/draft-04/schema#",
+                                     "https://json-schema.org/draft/2020-12/schema"])
+@pytest.mark.parametrize("types", ["integer", "number", "string", "boolean", "null", "array", "object",
+                                   ["integer", "string"], ["null", "number"]])
+def test_enum_values_beside_a_type_keep_what_jsonschema_keeps(dialect, types):
+    # the type alone is checked without jsonschema: each value kept exactly where the validator of the draft
+    # keeps it (1.0 is an integer after draft-04, true is neither an integer nor a number)
+    values = [1, 1.0, 2.5, -3, True, False, None, "a", "1", [1], [], {"a": 1}, {}]
+    schema = {"$schema": dialect, "type": types, "enum": values}
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    kept = [v for v in values if validator.is_valid(v)]
+    assert kept
+    grammar = json_schema_to_grammar(schema)
+    for value in values:
+        text = json.dumps(value)
+        assert ir_accepts(grammar, text) == (value in kept and any(json.dumps(k) == text for k in kept)), value
+
+
 def test_a_large_enum_compiles_to_its_values():
     rng = random.Random(5)
     words = sorted({"".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1, 9))) for _ in range(3000)})
