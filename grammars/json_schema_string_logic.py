@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Union
 
 from .automaton import terminal_for
-from .fsm import DFA, MEMO_SIZE, product, union
+from .fsm import DFA, MEMO_SIZE, BudgetExceeded, product, union
 from .ir import Expr, Terminal
 from .json_schema_context import Branches, Part, SchemaContext, count_of, enum_values, expect, narrow_types
 from .json_schema_ir import json_text
@@ -31,16 +32,19 @@ from .regex import MAX_DFA_STATES, regex_dfa
 _MAX_ALTERNATIVES = 16    # distributed alternatives past which a string conjunction is one formula
 _MAX_NESTING = 64         # subschemas inside each other in one formula ($ref cycles end here)
 _MAX_SUBSCHEMAS = 1024    # distinct subschemas in one formula
+_MAX_FORMULA_WORK = 100_000   # automaton states built by all of a formula's products, unions and complements
 _COMBINATORS = frozenset({"not", "anyOf", "oneOf", "if"})
 _STRING_TYPE = ("string", ["string"])
 
 Item = Union["Strings", Terminal, bool]    # True: every string, False: none
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Strings:
     """Quoted JSON strings as a boolean formula over string terminals: those in every item (`op` "all"), in some
-    item ("any") or in no item ("none"); an ir.Language."""
+    item ("any") or in no item ("none"); an ir.Language.  Made only by `_strings`, which hash-conses them: equal
+    formulas are one object, so equality and hashing are by identity, where a dataclass's would walk every path
+    of a formula that shares the subschemas several branches refer to (a graph)."""
 
     op: str
     items: tuple[Strings | Terminal, ...]
@@ -53,15 +57,34 @@ class Strings:
 
 
 @functools.lru_cache(maxsize=MEMO_SIZE)
-def _formula_dfa(item: Strings | Terminal) -> DFA:
-    """The minimal DFA of a formula item (fsm.BudgetExceeded past MAX_DFA_STATES in any step)."""
-    if isinstance(item, Terminal):
-        return terminal_for(item)
-    dfas = sorted((_formula_dfa(i) for i in item.items), key=lambda d: d.num_states)
-    if item.op == "all":   # smallest first: each product stays within what the smaller ones allow
-        return functools.reduce(lambda a, b: product(a, b, True, MAX_DFA_STATES), dfas)
-    joined = dfas[0] if len(dfas) == 1 else union(dfas, MAX_DFA_STATES)
-    return joined if item.op == "any" else product(regex_dfa(ANY_STRING), joined, False, MAX_DFA_STATES)
+def _formula_dfa(formula: Strings) -> DFA:
+    """The minimal DFA of a formula, each node built once; fsm.BudgetExceeded past MAX_DFA_STATES in any step or
+    past _MAX_FORMULA_WORK states built in all of them (a formula nesting deep enough takes seconds otherwise)."""
+    built: dict[int, DFA] = {}
+    work = 0
+
+    def counted(dfa: DFA) -> DFA:
+        nonlocal work
+        work += dfa.num_states
+        if work > _MAX_FORMULA_WORK:
+            raise BudgetExceeded(_MAX_FORMULA_WORK, "automaton states built")
+        return dfa
+
+    def build(item: Strings | Terminal) -> DFA:
+        if isinstance(item, Terminal):
+            return terminal_for(item)
+        if id(item) not in built:
+            dfas = sorted((build(i) for i in item.items), key=lambda d: d.num_states)
+            if item.op == "all":   # smallest first: each product stays within what the smaller ones allow
+                out = functools.reduce(lambda a, b: counted(product(a, b, True, MAX_DFA_STATES)), dfas)
+            else:
+                out = dfas[0] if len(dfas) == 1 else counted(union(dfas, MAX_DFA_STATES))
+                if item.op == "none":
+                    out = counted(product(regex_dfa(ANY_STRING), out, False, MAX_DFA_STATES))
+            built[id(item)] = out
+        return built[id(item)]
+
+    return build(formula)
 
 
 def _combined(op: str, items: list[Item]) -> Item:
@@ -74,25 +97,45 @@ def _combined(op: str, items: list[Item]) -> Item:
         return op != "any"
     if op != "none" and len(kept) == 1:
         return kept[0]
-    return Strings(op, kept)
+    return _strings(op, kept)
 
 
-def _alternatives(item: Item, negated: bool = False) -> int:
-    """How many alternatives distributing `item` (or its negation) would make, about: an anyOf sums its
-    branches', an allOf multiplies them, and a negation swaps the two."""
+_FORMULAS: weakref.WeakValueDictionary[tuple, Strings] = weakref.WeakValueDictionary()
+
+
+def _strings(op: str, items: tuple[Strings | Terminal, ...]) -> Strings:
+    """The one `Strings(op, items)` (its items are hash-consed already, so the key compares them by identity)."""
+    formula = _FORMULAS.get((op, items))
+    if formula is None:
+        formula = _FORMULAS[(op, items)] = Strings(op, items)
+    return formula
+
+
+def _alternatives(item: Item, negated: bool, memo: dict[tuple[int, bool], int]) -> int:
+    """How many alternatives distributing `item` (or its negation) would make, about, counted up to
+    _MAX_ALTERNATIVES + 1: an anyOf sums its branches', an allOf multiplies them, and a negation swaps the two.
+    Each node once (`memo`, by identity: the formula is a graph)."""
     if not isinstance(item, Strings):
         return 1
-    if item.op == "none":
-        return _alternatives(Strings("any", item.items), not negated)
-    counts = [_alternatives(i, negated) for i in item.items]
-    return math.prod(counts) if (item.op == "all") != negated else sum(counts)
+    key = (id(item), negated)
+    if key not in memo:
+        inner = negated != (item.op == "none")
+        counts = [_alternatives(i, inner, memo) for i in item.items]
+        total = math.prod(counts) if (item.op == "all") != inner else sum(counts)
+        memo[key] = min(total, _MAX_ALTERNATIVES + 1)
+    return memo[key]
 
 
-def _negates_a_combination(item: Item) -> bool:
+def _negates_a_combination(item: Item, memo: dict[int, bool]) -> bool:
     """Whether `item` negates a combination of terminals anywhere: what multiplies when distributed (a negated
-    choice of terminals is one terminal excluding them all, and a oneOf of literals a choice of them)."""
-    return isinstance(item, Strings) and any(
-        isinstance(i, Strings) and (item.op == "none" or _negates_a_combination(i)) for i in item.items)
+    choice of terminals is one terminal excluding them all, and a oneOf of literals a choice of them).  Each node
+    once (`memo`, by identity)."""
+    if not isinstance(item, Strings):
+        return False
+    if id(item) not in memo:
+        memo[id(item)] = any(isinstance(i, Strings) and (item.op == "none" or _negates_a_combination(i, memo))
+                             for i in item.items)
+    return memo[id(item)]
 
 
 class _TooLarge(Exception):
@@ -125,7 +168,7 @@ def string_formula(ctx: SchemaContext, parts: list[Part]) -> Expr | None:
     except _TooLarge:
         return None
     formula = _combined("all", items)
-    if (not _negates_a_combination(formula) or _alternatives(formula) <= _MAX_ALTERNATIVES
+    if (not _negates_a_combination(formula, {}) or _alternatives(formula, False, {}) <= _MAX_ALTERNATIVES
             or reader.negates_a_format(formula)):
         return None
     pointer = parts[0].pointer

@@ -13,6 +13,7 @@ from leapgen.grammars import UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars.automaton import terminal_for
 from leapgen.grammars.ir import Terminal
 from leapgen.grammars.json_schema import json_schema_to_grammar
+from leapgen.grammars import json_schema_string_logic
 from leapgen.grammars.json_schema_string_logic import Strings
 from leapgen.grammars.regex import dfa_fullmatch
 from tokenizers_util import accepts, byte_level_bpe
@@ -117,3 +118,36 @@ def test_a_ref_cycle_through_not_ends_at_the_nesting_bound():
     with pytest.raises(Exception) as caught:    # whatever the distributing compiler says of it, it says it soon
         json_schema_to_grammar(schema)
     assert isinstance(caught.value, (UnsupportedSchemaError, RecursionError)) or "cycle" in str(caught.value)
+
+
+def _shared_nesting(depth: int) -> dict:
+    """Each level refers to the one below twice, once negated: a tree of 2**depth paths over depth + 1 schemas."""
+    defs = {"d0": {"pattern": "a"}}
+    for i in range(1, depth + 1):
+        defs[f"d{i}"] = {"anyOf": [{"allOf": [{"$ref": f"#/$defs/d{i - 1}"}, {"pattern": f"{i % 10}"}]},
+                                   {"not": {"$ref": f"#/$defs/d{i - 1}"}, "minLength": i % 4}]}
+    return {"type": "string", "$defs": defs,
+            "allOf": [{"$ref": f"#/$defs/d{depth}"}, {"not": {"anyOf": [{"pattern": "x"}, {"pattern": "y"}]}}]}
+
+
+def test_a_formula_sharing_its_subschemas_is_read_and_built_once_per_node():
+    # walked as a tree this takes 2**40 steps; read as the graph it is, a node per subschema
+    start = _formula_terminal(_shared_nesting(40))
+    formula = next(a for a in start.also if isinstance(a, Strings))
+    nodes, todo = set(), [formula]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, Strings) and id(item) not in nodes:
+            nodes.add(id(item))
+            todo += item.items
+    assert len(nodes) <= 4 * 40
+    assert terminal_for(start).num_states > 1
+
+
+def test_a_formula_past_its_work_budget_is_refused_with_its_pointer(monkeypatch):
+    monkeypatch.setattr(json_schema_string_logic, "_MAX_FORMULA_WORK", 50)
+    json_schema_string_logic._formula_dfa.cache_clear()
+    schema = {**NESTED_NOTS, "maxLength": 11}
+    with pytest.raises(UnsupportedSchemaError, match=r"string keywords under not/anyOf/oneOf/if together cannot be "
+                                                     r"enforced exactly within 50 automaton states built \(at /\)"):
+        compile_json_schema(schema, byte_level_bpe())
