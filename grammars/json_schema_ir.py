@@ -153,21 +153,26 @@ def number_literal_parts(value: Any) -> tuple[str, str]:
     whole = int(d)
     frac = format(d - whole, "f")
     frac = frac.split(".")[1].rstrip("0") if "." in frac else ""
-    return f"{sign}{whole}", rf"\.{frac}0*" if frac else r"(?:\.0+)?"
+    return f"{sign}{whole}", rf"\.{frac}0*" if frac else INTEGRAL_TAIL
 
 
-def literal(value: Any, punct: Punctuation) -> Expr:
-    """The JSON value `value` (from an enum or const), in the given whitespace style."""
+INTEGRAL_TAIL = r"(?:\.0+)?"   # an integer's optional zero fraction
+
+
+def literal(value: Any, punct: Punctuation, fractions: bool = True) -> Expr:
+    """The JSON value `value` (from an enum or const), in the given whitespace style; `fractions`: its integers
+    may also be written with a zero fraction (2.0), which draft-04 does not call an integer."""
     if value is None or isinstance(value, bool) or isinstance(value, str):
         return Lit(json_text(value))
     if isinstance(value, (int, float)):
-        return Terminal(number_literal_regex(value))
+        whole, tail = number_literal_parts(value)
+        return Lit(whole) if not fractions and tail == INTEGRAL_TAIL else Terminal(whole + tail)
     if isinstance(value, list):
         if not value:
             return punct.arr_empty
         items: list[Expr] = [punct.arr_open]
         for i, item in enumerate(value):
-            items += ([punct.comma] if i else []) + [literal(item, punct)]
+            items += ([punct.comma] if i else []) + [literal(item, punct, fractions)]
         return seq(*items, punct.arr_close)
     if isinstance(value, dict):
         if not value:
@@ -175,7 +180,7 @@ def literal(value: Any, punct: Punctuation) -> Expr:
         items = [punct.obj_open]
         for i, (key, item) in enumerate(value.items()):
             items += ([punct.comma] if i else []) + [Lit(json_text(key)), punct.colon,
-                                                     literal(item, punct)]
+                                                     literal(item, punct, fractions)]
         return seq(*items, punct.obj_close)
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 

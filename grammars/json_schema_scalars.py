@@ -16,9 +16,10 @@ from .fsm import DFA, product, union
 from .ir import Capture, Choice, Expr, Language, Lit, Ref, Seq, Terminal
 from .json_numbers import (CANONICAL, DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most,
                            common_multiple, digit_cap, multiples_of)
-from .json_schema_context import (STRING_KEYS, Branches, Part, SchemaContext, count_of, enum_values, expect,
-                                  is_number, narrow_types, satisfying)
-from .json_schema_ir import NEVER, choice, json_text, literal, number_literal_parts, number_literal_regex, repeat, seq
+from .json_schema_context import (STRING_KEYS, Part, SchemaContext, count_of, enum_values, expect, is_number,
+                                  satisfying)
+from .json_schema_ir import (INTEGRAL_TAIL, NEVER, choice, json_text, literal, number_literal_parts,
+                             number_literal_regex, repeat, seq)
 from .json_strings import (ANY_STRING, FORMATS, UNENFORCEABLE_FORMATS, Length, capped_length, chars_regex,
                            format_pattern, pattern_regexes, regex_escape)
 from .regex import MAX_DFA_STATES
@@ -31,25 +32,44 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
     """The enum/const values of `parts` that satisfy every other keyword of the conjunction."""
     values = enum_values(parts)
     assert values is not None
-    branches = Branches()
-    for part in parts:
-        narrow_types(part, branches)
-    spelled_integers = ctx.draft4 and branches.integer_only
-    if spelled_integers:    # draft-04 judges an integer by its spelling (1 is one, 1.0 is not), not by the enum's
-        values = [int(v) if is_number(v) and float(v).is_integer() else v for v in values]
+    if ctx.draft4:    # draft-04 judges an integer by its spelling (1 is one, 1.0 is not), not by the enum's
+        values = [_spelled(v, int) for v in values]
     try:
         values = satisfying(ctx, parts, values)
+        allowed = _fractions_allowed(ctx, parts, values)
     except Exception as exc:  # unresolvable refs, bad regexes: the schema itself is at fault
         raise SchemaError(f"cannot check enum values against the schema: {exc}", parts[0].pointer) from None
     if not values:
         return ctx.never("no enum/const value satisfies the schema", parts[0].pointer)
     by_tail: dict[str, list[Expr]] = {}         # numbers with the same fraction regex share one terminal
-    for value in values:
+    for value, fraction in zip(values, allowed):
         if is_number(value):
             whole, tail = number_literal_parts(value)
-            by_tail.setdefault("" if spelled_integers else tail, []).append(Lit(whole))
+            by_tail.setdefault(tail if fraction or tail != INTEGRAL_TAIL else "", []).append(Lit(whole))
     numbers = [seq(choice(wholes), Terminal(tail)) if tail else choice(wholes) for tail, wholes in by_tail.items()]
-    return choice([*numbers, *(literal(v, ctx.punct) for v in values if not is_number(v))])
+    return choice([*numbers, *(literal(v, ctx.punct, fraction) for v, fraction in zip(values, allowed)
+                               if not is_number(v))])
+
+
+def _fractions_allowed(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list[bool]:
+    """Per value, whether its integers may also be written with a zero fraction (2.0): everywhere but under
+    draft-04, where only a value that still holds so written may."""
+    if not ctx.draft4:
+        return [True] * len(values)
+    floated = [_spelled(v, float) for v in values]
+    holding = set(map(id, satisfying(ctx, parts, floated)))
+    return [id(f) in holding for f in floated]
+
+
+def _spelled(value: Any, kind: type) -> Any:
+    """`value` with its integral numbers as `kind` (int or float; floats only up to 2**53, where they are exact)."""
+    if is_number(value) and (isinstance(value, int) or value.is_integer()):
+        return int(value) if kind is int else float(value) if abs(value) <= 2 ** 53 else value
+    if isinstance(value, list):
+        return [_spelled(item, kind) for item in value]
+    if isinstance(value, dict):
+        return {key: _spelled(item, kind) for key, item in value.items()}
+    return value
 
 
 def _decimal(x: Any, pointer: str) -> Decimal:

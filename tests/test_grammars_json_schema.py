@@ -1180,6 +1180,15 @@ def test_enum_values_beside_a_type_keep_what_jsonschema_keeps(dialect, types):
         assert ir_accepts(grammar, text) == (value in kept and any(json.dumps(k) == text for k in kept)), value
 
 
+def test_draft_04_integers_inside_enum_values_are_written_without_a_fraction_where_the_schema_asks_for_integers():
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "enum": [[1, 2.0], {"n": 3}, [4]],
+              "anyOf": [{"items": {"type": "integer"}, "type": "array"}, {"type": "object"}]}
+    validator = jsonschema.Draft4Validator(schema)
+    grammar = json_schema_to_grammar(schema)
+    for text in ('[1, 2]', '[1.0, 2]', '[1, 2.0]', '{"n": 3}', '{"n": 3.0}', '[4]', '[4.0]'):
+        assert ir_accepts(grammar, text) == validator.is_valid(json.loads(text)), text
+
+
 def test_a_large_enum_compiles_to_its_values():
     rng = random.Random(5)
     words = sorted({"".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1, 9))) for _ in range(3000)})
