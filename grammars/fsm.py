@@ -909,7 +909,7 @@ def load_kernels(sample: DFA) -> None:
 def without_words(base: DFA, words: Sequence[bytes], max_states: int) -> DFA | None:
     """`base` (a minimal DFA) without the strings `words` (a finite set): base's automaton behind a trie of the
     words, each trie node falling back to base's row at the state its prefix reaches (the declared keys of an
-    object excluded from any string, in a quarter of the time of the product with the words' automaton and its
+    object excluded from any string, in about 40% of the time of the product with the words' automaton and its
     minimization).  Trie nodes that reach no accepting state are dropped and those with equal futures merged;
     the result is nearly minimal (base's start may stay unreachable, and a prefix that no longer excludes
     anything stays apart from base's state).  None where the trie alone passes `max_states`."""
