@@ -28,8 +28,7 @@ import numpy as np
 
 from . import ir
 from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, UnsupportedSchemaError
-from .fsm import (DFA, MEMO_SIZE, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize,
-                  shift_targets)
+from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .object_members import CLAIM, CLOSE, EMPTY_TAG, EXTRA, FIRST, SEPARATOR, MemberSet
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
@@ -88,10 +87,6 @@ class _MemberLabels:
 class Automaton:
     """Global tables of all rule DFAs: start state `start`, stack returns via call edges."""
 
-    # int32 [G - first_terminal, 256], global targets, -1: no transition.  Only terminal states consume bytes,
-    # so structural states (tens of thousands where a long length bound counts chunks) get no rows
-    trans: np.ndarray
-    first_terminal: int
     accept: np.ndarray  # bool [G]: the rule may end (return) here
     call_ptr: np.ndarray  # int32 [G+1]: CSR into call_callee / call_ret
     call_callee: np.ndarray  # int32: global start state of the called rule
@@ -131,8 +126,12 @@ class Automaton:
         return (first, dfa) if state - first < dfa.num_states else None
 
     def byte_row(self, state: int) -> np.ndarray:
-        """The byte transitions of a terminal state (int32 [256], global targets, -1: none)."""
-        return self.trans[state - self.first_terminal]
+        """The byte transitions of a terminal state (int32 [256], global targets, -1: none).  Only terminal states
+        consume bytes, and each terminal's rows stay in its shared DFA: a global table would copy them all on
+        every compile."""
+        first, dfa = self.terminals[bisect.bisect_right(self._terminal_starts, state) - 1]
+        row = dfa.trans[state - first]
+        return np.where(row >= 0, row + first, -1)
 
 
 def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
@@ -690,7 +689,6 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         offsets[name] = total
         total += part.num_states
     first_terminal = offsets[next(iter(terminals))] if terminals else total
-    trans = _terminal_table(first_terminal, [dfa.trans for dfa in terminals.values()])
     accept = np.zeros(total, bool)
     for name, rule in rules.items():
         accept[offsets[name] : offsets[name] + rule.num_states] = rule.accept
@@ -723,8 +721,6 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     tail = np.zeros(total, bool)
     tail[:first_terminal] = accept[:first_terminal] & (calls_out[:first_terminal] == 0)
     return Automaton(
-        trans=trans,
-        first_terminal=first_terminal,
         accept=accept,
         call_ptr=np.array(call_ptr, np.int32),
         call_callee=np.array(callee, np.int32),
@@ -738,17 +734,6 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         guards=tuple(guards),
         frames=tuple(frames),
     )
-
-
-def _terminal_table(first: int, tables: list[np.ndarray]) -> np.ndarray:
-    """Each terminal table in turn, its targets shifted to the global states where the table lands (one pass
-    over the whole: per-table calls cost more than the copying); the first lands at `first`."""
-    if not tables:
-        return np.full((0, 256), -1, np.int32)
-    out = np.concatenate(tables)
-    sizes = [len(table) for table in tables]
-    shift_targets(out, np.repeat(np.cumsum([first] + sizes[:-1]), sizes).astype(np.int32))
-    return out
 
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int], members: MemberSet) -> ObjectFrame:

@@ -887,83 +887,136 @@ def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None,
     return minimize(DFA(rows[:n], accept))
 
 
-@numba.njit(cache=True)
-def shift_targets(trans, shift):  # pragma: no cover - compiled
-    """Add shift[i] to every live target (>= 0) of row i of `trans`, in place."""
-    for i in range(trans.shape[0]):
-        d = shift[i]
-        for c in range(trans.shape[1]):
-            if trans[i, c] >= 0:
-                trans[i, c] += d
-
-
 def load_kernels(sample: DFA) -> None:
-    """Load the compiled product kernels, with `sample` (any DFA) as their input: numba reads each from its
-    disk cache on first call, and the sparse one only runs for products of millions of pairs, so without this
-    it loads inside whichever compile first needs one.  (Counted products go through the plain kernel, with
+    """Load the compiled product and key-exclusion kernels, with `sample` (any DFA) as their input: numba reads
+    each from its disk cache on first call, and the sparse one only runs for products of millions of pairs, so
+    without this it loads inside whichever compile first needs one.  (Counted products go through the plain kernel, with
     the same argument types.)"""
     product(sample, sample, True, 1 << 10)
     _sparse_pairs(sample, sample, False, 1 << 10)
+    without_words(sample, [b"a"], 1 << 10)
 
 
 def without_words(base: DFA, words: Sequence[bytes], max_states: int) -> DFA | None:
     """`base` (a minimal DFA) without the strings `words` (a finite set): base's automaton behind a trie of the
     words, each trie node falling back to base's row at the state its prefix reaches (the declared keys of an
-    object excluded from any string, in about 40% of the time of the product with the words' automaton and its
-    minimization).  Trie nodes that reach no accepting state are dropped and those with equal futures merged;
-    the result is nearly minimal (base's start may stay unreachable, and a prefix that no longer excludes
-    anything stays apart from base's state).  None where the trie alone passes `max_states`."""
-    table = base.trans
-    children: list[dict[int, int]] = [{}]
-    reached = [0]       # base's state after each trie node's prefix
-    ended = [False]
-    for word in words:
+    object excluded from any string).  Trie nodes that reach no accepting state are dropped and those with equal
+    futures merged; the result is nearly minimal (base's start may stay unreachable, and a prefix that no longer
+    excludes anything stays apart from base's state).  None where the trie alone passes `max_states`."""
+    data = np.frombuffer(b"".join(words), np.uint8)
+    ends = np.cumsum([0] + [len(word) for word in words], dtype=np.int64)
+    trans, accept, fits = _without_words(base.trans, base.accept, data, ends, max_states)
+    return DFA(trans, accept) if fits else None
+
+
+@numba.njit(cache=True)
+def _without_words(table, accept_base, data, ends, max_states):  # pragma: no cover - compiled
+    """The kernel of `without_words`: (trans, accept, True), or False last past `max_states` trie nodes.  Every object
+    of a schema excludes its own keys, so this runs once per object compiled."""
+    cap = min(len(data) + 1, max_states)
+    child = np.full((cap, 256), -1, np.int32)
+    first_child = np.full(cap, -1, np.int32)     # the children of a node as a list: first, then next sibling
+    sibling = np.full(cap, -1, np.int32)
+    byte_of = np.zeros(cap, np.int32)
+    reached = np.zeros(cap, np.int32)           # base's state after each node's prefix
+    ended = np.zeros(cap, np.bool_)
+    degree = np.zeros(cap, np.int32)
+    n = 1
+    for w in range(len(ends) - 1):
         node = state = 0
-        for byte in word:
-            state = int(table[state, byte])
-            if state < 0:          # base has no such string: nothing to exclude
+        whole = True
+        for i in range(ends[w], ends[w + 1]):
+            byte = data[i]
+            state = table[state, byte]
+            if state < 0:      # base has no such string: nothing to exclude
+                whole = False
                 break
-            child = children[node].get(byte)
-            if child is None:
-                if len(children) == max_states:
-                    return None
-                child = children[node][byte] = len(children)
-                children.append({})
-                reached.append(state)
-                ended.append(False)
-            node = child
-        else:
+            c = child[node, byte]
+            if c < 0:
+                if n == max_states:
+                    return child[:0], ended[:0], False
+                c = n
+                n += 1
+                child[node, byte] = c
+                sibling[c] = first_child[node]
+                first_child[node] = c
+                byte_of[c] = byte
+                degree[node] += 1
+                reached[c] = state
+            node = c
+        if whole:
             ended[node] = True
-    accept = base.accept[reached] & ~np.array(ended)
-    # a trie node is live where it accepts, or a byte leaves it for base (whose states are all live), or a child
-    # is live; children come after their parents, so one backward pass settles them all, and merges the nodes
-    # with the same base state, acceptance and children (equal suffixes of the words: their closing quote)
-    out_bytes = (table >= 0).sum(axis=1)[reached]
-    live = (accept | (out_bytes > np.array([len(row) for row in children]))).tolist()
-    accepting = accept.tolist()
-    merged = [-1] * len(children)
-    register: dict[tuple, int] = {}
-    for node in range(len(children) - 1, -1, -1):
-        row = children[node]
-        if len(row) == 1:           # most trie nodes: no sort needed for a canonical key
-            [(byte, child)] = row.items()
-            edges: tuple = ((byte, merged[child]),)
-            alive = live[node] or merged[child] >= 0
-        else:
-            edges = tuple(sorted((byte, merged[child]) for byte, child in row.items()))   # -1: a dead child
-            alive = live[node] or any(target >= 0 for _, target in edges)
-        if alive:
-            merged[node] = register.setdefault((reached[node], accepting[node], edges), node)
+    out_degree = np.zeros(len(table), np.int32)
+    for q in range(len(table)):
+        for byte in range(256):
+            if table[q, byte] >= 0:
+                out_degree[q] += 1
+    accept = np.zeros(n, np.bool_)
+    for node in range(n):
+        accept[node] = accept_base[reached[node]] and not ended[node]
+    # Children come after their parents, so one backward pass settles liveness (a node is live where it accepts, a
+    # byte leaves it for base, whose states are all live, or a child is live) and merges the nodes with the same
+    # base state, acceptance and merged children (equal suffixes of the words: their closing quote).
+    merged = np.full(n, -1, np.int32)
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    slots = np.full(size, -1, np.int32)
+    for node in range(n - 1, -1, -1):
+        alive = accept[node] or out_degree[reached[node]] > degree[node]
+        key = np.int64(reached[node]) * 1000003 + accept[node] + degree[node] * 7919
+        c = first_child[node]
+        while c >= 0:
+            alive = alive or merged[c] >= 0
+            key += (np.int64(byte_of[c]) + 1) * (np.int64(merged[c]) + 2) * 2654435761
+            c = sibling[c]
+        if not alive:
+            continue
+        slot = (key ^ (key >> 17)) & (size - 1)
+        while True:
+            other = slots[slot]
+            if other < 0:
+                slots[slot] = node
+                merged[node] = node
+                break
+            same = (reached[other] == reached[node] and accept[other] == accept[node]
+                    and degree[other] == degree[node])
+            c = first_child[node]
+            while same and c >= 0:
+                d = child[other, byte_of[c]]
+                same = d >= 0 and merged[d] == merged[c]
+                c = sibling[c]
+            if same:
+                merged[node] = other
+                break
+            slot = (slot + 1) & (size - 1)
     if merged[0] < 0:
-        return DFA(np.full((1, 256), -1, np.int32), np.zeros(1, bool))
-    kept = [merged[0]] + sorted(set(register.values()) - {merged[0]})    # the start first
-    index = {node: i for i, node in enumerate(kept)}
-    shifted = np.where(table >= 0, table + len(kept), -1).astype(np.int32)
-    trans = np.concatenate([shifted[[reached[node] for node in kept]], shifted])
-    for i, node in enumerate(kept):
-        for byte, child in children[node].items():
-            trans[i, byte] = index[merged[child]] if merged[child] >= 0 else -1
-    return DFA(trans, np.concatenate([accept[kept], base.accept]))
+        return np.full((1, 256), -1, np.int32), np.zeros(1, np.bool_), True
+    index = np.full(n, -1, np.int32)
+    index[merged[0]] = 0            # the start first, then the other kept nodes in order
+    kept = 1
+    for node in range(n):
+        if merged[node] == node and node != merged[0]:
+            index[node] = kept
+            kept += 1
+    trans = np.empty((kept + len(table), 256), np.int32)
+    out_accept = np.empty(kept + len(table), np.bool_)
+    for q in range(len(table)):
+        out_accept[kept + q] = accept_base[q]
+        for byte in range(256):
+            target = table[q, byte]
+            trans[kept + q, byte] = target + kept if target >= 0 else -1
+    for node in range(n):
+        i = index[node]
+        if i < 0 or merged[node] != node:
+            continue
+        trans[i] = trans[kept + reached[node]]
+        out_accept[i] = accept[node]
+        c = first_child[node]
+        while c >= 0:
+            trans[i, byte_of[c]] = index[merged[c]] if merged[c] >= 0 else -1
+            c = sibling[c]
+    return trans, out_accept, True
 
 
 def union(dfas: list[DFA], max_states: int) -> DFA:
