@@ -271,7 +271,10 @@ class _Compiler:
         self.rules = dict(grammar.rules)
         self.start = grammar.start
         refs = self._check()
-        self.called = _cyclic(refs)    # rules lying on a reference cycle
+        # rules lying on a reference cycle: every cycle of calls passes through one (a members part, `owner<k>`,
+        # refers to what its owner refers to), so only what they call can be left-recursive
+        self.cyclic = frozenset(_cyclic(refs))
+        self.called = set(self.cyclic)
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
         self._dfas: dict[ir.Expr, DFA] = {}
@@ -491,7 +494,8 @@ class _Compiler:
         if labels is not None:      # most rules (an object member: key, colon, value): no subsets to construct
             if len(labels) >= MAX_RULE_STATES:
                 raise BudgetExceeded(MAX_RULE_STATES, "automaton states")
-            return CallDFA([False] * len(labels) + [True], [((label, k + 1),) for k, label in enumerate(labels)] + [()])
+            return CallDFA([False] * len(labels) + [True], [((label, k + 1),) for k, label in enumerate(labels)] + [()],
+                           trimmed=True)
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()
         self.build(nfa, self.rules[name], src, dst)
@@ -527,7 +531,7 @@ class _Compiler:
         if len({label for label, _ in items}) < len(items) or labels.separator == labels.close:
             raise GrammarError(f"members rule {name!r} calls one rule for two of its parts")
         calls = [((labels.open, _FIRST),), items, ((labels.separator, _NEXT), (labels.close, _END)), items, ()]
-        return CallDFA([False, False, False, False, True], calls)
+        return CallDFA([False, False, False, False, True], calls, trimmed=True)
 
     def member_set(self, name: str, live: int, productive: set[str]) -> MemberSet:
         """The object rules of members rule `name`, where only the members in `live` (bits) and the extras
@@ -603,6 +607,9 @@ def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[s
         raise EmptyLanguageError("the grammar matches no string at all")
     out = {}
     for name, rule in rules.items():
+        if rule.trimmed and all(lab in productive for calls in rule.calls for lab, _ in calls):
+            out[name] = rule
+            continue
         ok, whole = _live(rule, productive)
         if whole and all(ok):   # most rules: nothing to drop
             out[name] = rule
@@ -632,6 +639,18 @@ def _live(rule: CallDFA, productive: set[str]) -> tuple[list[bool], bool]:
                 live[p] = True
                 todo.append(p)
     return live, whole
+
+
+def _called_from(rules: dict[str, CallDFA], roots: frozenset[str]) -> dict[str, CallDFA]:
+    """The rules `roots` call, directly or not, themselves included."""
+    seen, todo = set(roots), list(roots)
+    while todo:
+        for calls in rules[todo.pop()].calls:
+            for label, _ in calls:
+                if label in rules and label not in seen:
+                    seen.add(label)
+                    todo.append(label)
+    return {name: rule for name, rule in rules.items() if name in seen}
 
 
 def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str]) -> None:
@@ -682,7 +701,9 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     terminals = compiler.terminal_rules
     productive, live = _productive(rules, {lab for lab, dfa in terminals.items() if dfa.accept.any()}, compiler)
     rules = _trim(rules, productive, grammar.start)
-    _check_left_recursion(rules, {lab for lab, dfa in terminals.items() if dfa.accept[0]})
+    if compiler.cyclic:
+        nullable_terminals = {lab for lab, dfa in terminals.items() if dfa.accept[0]}
+        _check_left_recursion(_called_from(rules, compiler.cyclic), nullable_terminals)
     # structural states first (they consume no bytes), then each terminal DFA
     offsets, total = {}, 0
     for name, part in [*rules.items(), *terminals.items()]:

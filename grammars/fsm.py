@@ -144,6 +144,9 @@ class CallDFA:
 
     accept: list[bool]
     calls: list[tuple[tuple[object, int], ...]]  # per state: (label, target) pairs, labels distinct
+    # every state reaches an accepting one through its calls (a chain, an object's five states): trimming the
+    # rule can then only drop the calls of rules that match nothing
+    trimmed: bool = False
 
     @property
     def num_states(self) -> int:
