@@ -699,7 +699,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     except RecursionError:
         raise GrammarError("grammar nested too deeply to compile") from None
     terminals = compiler.terminal_rules
-    productive, live = _productive(rules, {lab for lab, dfa in terminals.items() if dfa.accept.any()}, compiler)
+    productive, live = _productive(rules, {lab for lab, dfa in terminals.items() if not dfa.matches_nothing}, compiler)
     rules = _trim(rules, productive, grammar.start)
     if compiler.cyclic:
         nullable_terminals = {lab for lab, dfa in terminals.items() if dfa.accept[0]}
@@ -710,11 +710,10 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         offsets[name] = total
         total += part.num_states
     first_terminal = offsets[next(iter(terminals))] if terminals else total
-    accept = np.zeros(total, bool)
-    for name, rule in rules.items():
-        accept[offsets[name] : offsets[name] + rule.num_states] = rule.accept
-    for label, dfa in terminals.items():
-        accept[offsets[label] : offsets[label] + dfa.num_states] = dfa.accept
+    structural_accept: list[bool] = []
+    for rule in rules.values():
+        structural_accept += rule.accept
+    accept = np.concatenate([np.array(structural_accept, bool), *(dfa.accept for dfa in terminals.values())])
     call_ptr, callee, ret, call_guard, guards, frames = [0], [], [], [], [], []
     framed = np.zeros(total, np.int8)
     for label in compiler.capture_labels.values():
@@ -725,25 +724,26 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
             guarded = compiler.guards(name)
             frames.append(_object_frame(compiler, name, offsets, compiler.member_set(name, live[name], productive)))
             framed[offsets[name]] = MEMBERS_FRAME
+        base = offsets[name]
         for state, calls in enumerate(rule.calls):
             for lab, t in calls:
                 callee.append(offsets[lab])
-                ret.append(t + offsets[name])
-                kind = guarded.get((state, lab))
+                ret.append(t + base)
+                kind = guarded.get((state, lab)) if guarded else None
                 call_guard.append(-1 if kind is None else len(guards))
                 if kind is not None:
                     guards.append((len(frames) - 1, *kind))
             call_ptr.append(len(callee))
-    call_ptr += [len(callee)] * (total - first_terminal)
+    calls_out = np.diff(np.array(call_ptr, np.int64))
+    call_ptr_all = np.concatenate([np.array(call_ptr, np.int32), np.full(total - first_terminal, len(callee), np.int32)])
     has_out = np.zeros(total, bool)
     if terminals:
         has_out[first_terminal:] = np.concatenate([dfa.has_out for dfa in terminals.values()])
-    calls_out = np.diff(np.array(call_ptr, np.int64))
     tail = np.zeros(total, bool)
-    tail[:first_terminal] = accept[:first_terminal] & (calls_out[:first_terminal] == 0)
+    tail[:first_terminal] = accept[:first_terminal] & (calls_out == 0)
     return Automaton(
         accept=accept,
-        call_ptr=np.array(call_ptr, np.int32),
+        call_ptr=call_ptr_all,
         call_callee=np.array(callee, np.int32),
         call_ret=np.array(ret, np.int32),
         has_out=has_out,

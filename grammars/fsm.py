@@ -63,6 +63,14 @@ class DFA:
             cached = self.__dict__["_has_out"] = (self.trans >= 0).any(axis=1)
         return cached
 
+    @property
+    def matches_nothing(self) -> bool:
+        """Whether no state accepts (cached: a grammar asks it of each terminal it calls)."""
+        cached = self.__dict__.get("_matches_nothing")
+        if cached is None:
+            cached = self.__dict__["_matches_nothing"] = not self.accept.any()
+        return cached
+
     def signature(self, state: int, limit: int = 256) -> bytes | None:
         """The automaton reachable from `state`, canonically numbered, as bytes (cached): equal
         signatures mean equal languages from there on, whatever DFA they sit in.  None when more
