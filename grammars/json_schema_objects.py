@@ -136,6 +136,10 @@ class _ObjectBuilder:
 
     def _classes(self, declared: list[str], witness: dict | None, whole: bool) -> list[tuple[Expr, Expr]]:
         """The key terminal and value of each class of extra keys (those matching the same patternProperties)."""
+        explicit = any(p.has("additionalProperties") for p in self.parts)
+        if not self.patterns and (any(p.get("additionalProperties") is False for p in self.parts) or
+                                  not explicit and not self.ctx.options.additional_properties):
+            return []       # most objects: no extra key at all, so no terminal for "any key but the declared"
         at: dict[str, str] = {}  # each distinct patternProperties pattern, with its first pointer
         for pattern, owner, _ in self.patterns:
             at.setdefault(pattern, owner.at("patternProperties", pattern))
@@ -143,7 +147,6 @@ class _ObjectBuilder:
         if len(regexes) > _MAX_PATTERNS:
             raise UnsupportedSchemaError(f"more than {_MAX_PATTERNS} distinct patternProperties", self.pointer)
         regex_of = {r: pattern_regexes(r, at[r]) for r in regexes}
-        explicit = any(p.has("additionalProperties") for p in self.parts)
         names = [p.sub(p.get("propertyNames"), "propertyNames") for p in self.parts if p.has("propertyNames")]
         name_parts = self._string_parts(names)
         match = tuple((r, witness["at"]) for r in witness["match"]) if witness else ()
