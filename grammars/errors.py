@@ -34,6 +34,7 @@ class SchemaError(GrammarError):
 
     def __init__(self, message: str, pointer: str = ""):
         super().__init__(f"{message} (at {pointer or '/'})")
+        self.reason = message
         self.pointer = pointer
 
 

@@ -410,11 +410,21 @@ class PatternRegexes:
         return self.regex
 
 
-@lru_cache(maxsize=MEMO_SIZE)
 def pattern_regexes(pattern: str, pointer: str = "") -> PatternRegexes:
     """`pattern_regex`, for patterns that open with lookaheads too: a lookahead at the start of the text tests a
     prefix of it, so `^(?=X)(?!Y)Z` holds where `^Z` and `^X` match and `^Y` does not.  Lookaheads anywhere
-    else, and lookbehinds, stay refused."""
+    else, and lookbehinds, stay refused (with `pointer`)."""
+    try:
+        return _pattern_regexes(pattern)
+    except UnsupportedSchemaError as exc:
+        raise UnsupportedSchemaError(exc.reason, pointer) from None
+
+
+# memoised by the pattern alone: a schema repeats one pattern under many properties (a parse of a pattern of a
+# thousand alternatives takes milliseconds), and the pointer only names where a refused one was met
+@lru_cache(maxsize=MEMO_SIZE)
+def _pattern_regexes(pattern: str) -> PatternRegexes:
+    pointer = ""    # the caller's, on a refusal
     nodes = list(_parse(pattern, pointer).data)
     if len(nodes) < 2 or not _is_start(nodes[0]) or nodes[1][0] not in _LOOKAHEADS:
         return PatternRegexes(_plain_regex(pattern, pointer, nodes))
