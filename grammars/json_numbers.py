@@ -65,14 +65,29 @@ def natural_range(lo: int, hi: int | None) -> str:
         return "(?!)"
     parts = []
     top = len(str(hi)) if hi is not None else len(str(lo))
+    whole: list[int] = []   # a run of lengths taken whole: one counted repeat, not a [0-9]{n} per length
     for length in range(len(str(lo)), top + 1):
         first = max(lo, 10 ** (length - 1) if length > 1 else 0)
         last = 10**length - 1 if hi is None else min(hi, 10**length - 1)
+        if length > 1 and first == 10 ** (length - 1) and last == 10**length - 1:
+            whole.append(length - 1)
+            continue
+        if whole:
+            parts.append(_any_digits(whole[0], whole[-1]))
+            whole = []
         if first <= last:
             parts.append(_same_length(str(first).zfill(length), str(last)))
+    if whole:
+        parts.append(_any_digits(whole[0], whole[-1]))
     if hi is None:
         parts.append(f"[1-9][0-9]{{{top},}}")
     return _alt(parts)
+
+
+def _any_digits(lo: int, hi: int) -> str:
+    """Numbers of 1 + lo to 1 + hi digits, no leading zero (a bound of 300 digits takes all the shorter
+    lengths: written one alternative per length, their automaton would be built from 45,000 nodes)."""
+    return "[1-9][0-9]" + ("" if lo == hi == 1 else f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
 
 
 def _frac_ge(f: str, strict: bool) -> str:

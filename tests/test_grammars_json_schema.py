@@ -266,6 +266,16 @@ def test_natural_ranges():
     for lo, hi in [(0, 0), (3, 17), (5, 1234), (7, None), (999, 1001)]:
         rx = re.compile(natural_range(lo, hi))
         assert all(bool(rx.fullmatch(str(i))) == (lo <= i and (hi is None or i <= hi)) for i in range(2000))
+    # bounds of many digits: the lengths below the upper bound's are one counted repeat (a float's maximum has 309)
+    rng = random.Random(3)
+    for lo, hi in [(0, 10**308 * 17976931 // 10**7), (10**5, 10**40 - 1), (12, 10**25 + 3), (0, 10**6 - 1)]:
+        pattern = natural_range(lo, hi)
+        assert pattern.count("[0-9]{") < 40, pattern     # not a counted repeat per length
+        rx = re.compile(pattern)
+        near = [lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, 10 ** (len(str(hi)) - 1), 10 ** (len(str(hi)) - 1) - 1]
+        for i in near + [rng.randrange(10 ** rng.randint(1, len(str(hi)) + 1)) for _ in range(400)]:
+            assert bool(rx.fullmatch(str(i))) == (lo <= i <= hi), (lo, hi, i)
+        assert not rx.fullmatch("0" + str(hi)[1:])
 
 
 @pytest.mark.parametrize("k", ["2", "3", "7", "20", "25", "37", "1000", "0.01", "0.25", "0.3", "1.5", "2.125", "6.75"])
