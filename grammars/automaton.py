@@ -129,7 +129,7 @@ class Automaton:
         """The byte transitions of a terminal state (int32 [256], global targets, -1: none).  Only terminal states
         consume bytes, and each terminal's rows stay in its shared DFA: a global table would copy them all on
         every compile."""
-        first, dfa = self.terminals[bisect.bisect_right(self._terminal_starts, state) - 1]
+        first, dfa = self.terminal_of(state)
         row = dfa.trans[state - first]
         return np.where(row >= 0, row + first, -1)
 
@@ -735,7 +735,8 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
                     guards.append((len(frames) - 1, *kind))
             call_ptr.append(len(callee))
     calls_out = np.diff(np.array(call_ptr, np.int64))
-    call_ptr_all = np.concatenate([np.array(call_ptr, np.int32), np.full(total - first_terminal, len(callee), np.int32)])
+    terminal_ptr = np.full(total - first_terminal, len(callee), np.int32)    # terminal states call nothing
+    call_ptr_all = np.concatenate([np.array(call_ptr, np.int32), terminal_ptr])
     has_out = np.zeros(total, bool)
     if terminals:
         has_out[first_terminal:] = np.concatenate([dfa.has_out for dfa in terminals.values()])
