@@ -924,6 +924,7 @@ def without_words(base: DFA, words: Sequence[bytes], max_states: int) -> DFA | N
 def _without_words(table, accept_base, data, ends, max_states):  # pragma: no cover - compiled
     """The kernel of `without_words`: (trans, accept, True), or False last past `max_states` trie nodes.  Every object
     of a schema excludes its own keys, so this runs once per object compiled."""
+    max_states = max(max_states, 1)     # the root always is a node: the rows below are sized for it at least
     cap = min(len(data) + 1, max_states)
     child = np.full((cap, 256), -1, np.int32)
     first_child = np.full(cap, -1, np.int32)     # the children of a node as a list: first, then next sibling

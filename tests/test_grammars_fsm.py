@@ -109,6 +109,7 @@ def test_excluding_words_behind_a_trie_is_the_difference_with_their_automaton():
     everything = DFA(np.zeros((1, 256), np.int32), np.ones(1, bool))
     assert fsm.without_words(everything, [bytes(range(40))], 10) is None    # past the budget: the caller's product
     assert fsm.without_words(everything, [bytes(range(40))], 41).num_states == 42
+    assert fsm.without_words(everything, [b"a"], 0) is None     # no room for a node past the root
 
 
 def test_products_through_the_hash_table_equal_the_flat_indexed_ones(monkeypatch):
