@@ -922,8 +922,8 @@ def without_words(base: DFA, words: Sequence[bytes], max_states: int) -> DFA | N
 
 @numba.njit(cache=True)
 def _without_words(table, accept_base, data, ends, max_states):  # pragma: no cover - compiled
-    """The kernel of `without_words`: (trans, accept, True), or False last past `max_states` trie nodes.  Every object
-    of a schema excludes its own keys, so this runs once per object compiled."""
+    """The kernel of `without_words`: (trans, accept, True), or (empty, empty, False) past `max_states` trie
+    nodes.  Every object of a schema excludes its own keys, so this runs once per object compiled."""
     max_states = max(max_states, 1)     # the root always is a node: the rows below are sized for it at least
     cap = min(len(data) + 1, max_states)
     child = np.full((cap, 256), -1, np.int32)
@@ -1020,7 +1020,7 @@ def _without_words(table, accept_base, data, ends, max_states):  # pragma: no co
             trans[kept + q, byte] = target + kept if target >= 0 else -1
     for node in range(n):
         i = index[node]
-        if i < 0 or merged[node] != node:
+        if i < 0:       # dropped, or merged into another node
             continue
         trans[i] = trans[kept + reached[node]]
         out_accept[i] = accept[node]

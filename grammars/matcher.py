@@ -41,7 +41,7 @@ class CompiledGrammar:
         self._mask_cache: dict[State, np.ndarray] = {}
         self._ids_cache: dict[State, np.ndarray] = {}
         self._out_bytes: dict[int, np.ndarray] = {}
-        self._rows: dict[int, tuple[int, np.ndarray, int]] = {}
+        self._rows: dict[int, np.ndarray] = {}     # byte rows of the terminal states met, global targets
         self._completions: Completions | None = None
         self._completion_cache: dict[State, bytes | None] = {}
         self._completion_ids: dict[State, list[int] | None] = {}
@@ -99,22 +99,16 @@ class CompiledGrammar:
             for g, s in ready:
                 row = rows.get(g)
                 if row is None:
-                    row = rows[g] = self._row(g)
-                first, table, local = row
-                target = int(table[local, b])
+                    row = rows[g] = self.automaton.byte_row(g)
+                target = int(row[b])
                 if target >= 0:
-                    moved.add((target + first, s))
+                    moved.add((target, s))
             if stacks.captures:     # a captured text records the byte
                 moved = {(g, stacks.extend(s, bytes((b,)))) for g, s in moved}
             state = tuple(sorted(moved))
             if not state:
                 return None
         return state
-
-    def _row(self, g: int) -> tuple[int, np.ndarray, int]:
-        """Where terminal state `g`'s bytes lead: its terminal's first global state, DFA table and own row there."""
-        first, dfa = self.automaton.terminal_of(g)
-        return first, dfa.trans, g - first
 
     def next_bytes(self, state: State) -> np.ndarray:
         """Sorted distinct bytes that may follow."""
