@@ -27,8 +27,10 @@ two keys is checked for both.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 import weakref
+from collections import OrderedDict
 
 import numba
 import numpy as np
@@ -178,8 +180,9 @@ def add_walk(walk: Walk, bits: np.ndarray) -> None:
         bits[words] |= values
 
 
-# per vocabulary: (terminal DFA, state, trie nodes) or (state signature, root) -> Walk, shared by every grammar
-_SHARED_WALKS: "weakref.WeakKeyDictionary[Vocabulary, dict[tuple, Walk]]" = weakref.WeakKeyDictionary()
+# per vocabulary: (terminal DFA, state, trie nodes) or (state signature, root) -> Walk, shared by every grammar,
+# least recently used first (the walks inside a JSON string serve every grammar and cost milliseconds each)
+_SHARED_WALKS: "weakref.WeakKeyDictionary[Vocabulary, OrderedDict[tuple, Walk]]" = weakref.WeakKeyDictionary()
 _ROOT = np.zeros(1, np.int32)
 _NO_POPS = np.zeros(0, np.int32)
 _ROOT_KEY = _ROOT.tobytes()
@@ -259,7 +262,7 @@ class TokenMasks:
         self.vocabulary = vocabulary
         self._walks: dict[tuple[int, bytes], Walk] = {}
         self._frames: dict[tuple[int, FrameTag, bytes], FrameAnswer] = {}
-        self._shared = _SHARED_WALKS.setdefault(vocabulary, {})
+        self._shared = _SHARED_WALKS.setdefault(vocabulary, OrderedDict())
         self._call_ptr = tuple(automaton.call_ptr.tolist())
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
         # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
@@ -285,13 +288,17 @@ class TokenMasks:
         signature = dfa.signature(state) if root else None
         key = (signature, nodes_key) if signature is not None else (dfa.uid, state, nodes_key)
         hit = self._shared.get(key)
+        if hit is not None:
+            with contextlib.suppress(KeyError):     # another thread's mask may have evicted it since
+                self._shared.move_to_end(key)
+            return hit
+        hit = self._patched_root_walk(dfa, state, depth) if root else None
         if hit is None:
-            hit = self._patched_root_walk(dfa, state, depth) if root else None
-            if hit is None:
-                hit = _run_walk(dfa, self.vocabulary, state, nodes)
-            if len(self._shared) >= _SHARED_WALKS_LIMIT:
-                del self._shared[next(iter(self._shared))]
-            self._shared[key] = hit
+            hit = _run_walk(dfa, self.vocabulary, state, nodes)
+        while len(self._shared) >= _SHARED_WALKS_LIMIT:
+            with contextlib.suppress(KeyError):
+                self._shared.popitem(last=False)
+        self._shared[key] = hit
         return hit
 
     def _patched_root_walk(self, dfa: DFA, state: int, depth: int) -> Walk | None:

@@ -303,3 +303,26 @@ def test_frames_past_the_nesting_bound_are_searched_inside_their_caller(monkeypa
             token = rng.choice(choices)
             a.advance(token)
             b.advance(token)
+
+
+def test_shared_walks_evict_the_least_recently_used(monkeypatch):
+    """The walks shared by every grammar stay within their bound, and a walk asked for again (the inside of a JSON
+    string, which every grammar needs) outlives walks asked for once since."""
+    import weakref
+
+    from leapgen.grammars import compile_regex, token_masks
+
+    monkeypatch.setattr(token_masks, "_SHARED_WALKS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(token_masks, "_SHARED_WALKS_LIMIT", 3)
+    masks = compile_regex("[a-z]+", tu.byte_level_bpe()).masks
+    dfas = [regex_dfa(p) for p in ("a[bc]*", "b[cd]*", "c[de]*", "d[ef]*")]
+    root, key = token_masks._ROOT, token_masks._ROOT_KEY
+    first = masks._shared_walk(dfas[0], 0, root, key)
+    for dfa in dfas[1:3]:
+        masks._shared_walk(dfa, 0, root, key)
+    assert masks._shared_walk(dfas[0], 0, root, key) is first     # a hit: now the most recently used
+    masks._shared_walk(dfas[3], 0, root, key)                       # evicts dfas[1]'s, the least recently used
+    assert len(masks._shared) == 3
+    assert masks._shared_walk(dfas[0], 0, root, key) is first
+    assert masks._shared_walk(dfas[1], 0, root, key) is not None    # walked again
+    assert len(masks._shared) == 3
