@@ -42,6 +42,9 @@ from .stacks import FrameTag, StackArena
 from .vocab import Vocabulary
 
 _SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary; most walks are sparse (a few words of bitmask)
+# a whole-vocabulary walk over fewer trie nodes is run again rather than shared by its state's signature: the
+# signature costs 20-50 us, as much as walking ~20k nodes (most walks of keys and enum values enter a few hundred)
+_SIGNED_WALK_NODES = 20_000
 _MAX_PATCHED_BYTES = 8  # a whole-vocabulary walk is patched from a neighbour's when it differs on this few bytes
 _MAX_PATCH_DEPTH = 4  # ...through at most this many neighbours (prefixes of an excluded key)
 _FRAME_CACHE_LIMIT = 1 << 12  # per grammar; an entry holds up to a whole bitmask (12 KB on cl100k)
@@ -138,6 +141,19 @@ def _subtree_heights(depth, end):  # pragma: no cover - compiled
             heights[i] = max(heights[i], heights[j] + 1)
             j = end[j]
     return heights
+
+
+_FIRST_BYTE_NODES: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
+def _first_byte_nodes(vocabulary: Vocabulary) -> np.ndarray:
+    """Per first byte, how many trie nodes lie below it (its subtree)."""
+    hit = _FIRST_BYTE_NODES.get(vocabulary)
+    if hit is None:
+        children = _root_children(vocabulary)
+        ends = vocabulary.trie.end[np.maximum(children, 0)]
+        hit = _FIRST_BYTE_NODES[vocabulary] = np.where(children >= 0, ends - children, 0)
+    return hit
 
 
 _HEIGHTS: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
@@ -285,7 +301,7 @@ class TokenMasks:
         # walks of the whole vocabulary are the expensive ones: share them between all states
         # with the same future (the inside of every JSON string, whatever its declared keys)
         root = nodes_key == _ROOT_KEY
-        signature = dfa.signature(state) if root else None
+        signature = dfa.signature(state) if root and self._wide(dfa, state) else None
         key = (signature, nodes_key) if signature is not None else (dfa.uid, state, nodes_key)
         hit = self._shared.get(key)
         if hit is not None:
@@ -300,6 +316,11 @@ class TokenMasks:
                 self._shared.popitem(last=False)
         self._shared[key] = hit
         return hit
+
+    def _wide(self, dfa: DFA, state: int) -> bool:
+        """Whether a whole-vocabulary walk from `state` would enter at least `_SIGNED_WALK_NODES` trie nodes below
+        its first bytes: only such a walk is worth a signature, which costs as much as walking a few thousand."""
+        return int(_first_byte_nodes(self.vocabulary)[dfa.trans[state] >= 0].sum()) >= _SIGNED_WALK_NODES
 
     def _patched_root_walk(self, dfa: DFA, state: int, depth: int) -> Walk | None:
         """The whole-vocabulary walk of a wide state that moves like its main successor on all
