@@ -899,13 +899,14 @@ def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None,
 
 
 def load_kernels(sample: DFA) -> None:
-    """Load the compiled product and key-exclusion kernels, with `sample` (any DFA) as their input: numba reads
-    each from its disk cache on first call, and the sparse one only runs for products of millions of pairs, so
-    without this it loads inside whichever compile first needs one.  (Counted products go through the plain kernel, with
-    the same argument types.)"""
+    """Load the compiled product, key-exclusion and signature kernels, with `sample` (any DFA) as their input: numba
+    reads each from its disk cache on first call, and the sparse one only runs for products of millions of pairs
+    (signatures only for walks over much of a large vocabulary), so without this it loads inside whichever compile
+    or mask first needs one.  (Counted products go through the plain kernel, with the same argument types.)"""
     product(sample, sample, True, 1 << 10)
     _sparse_pairs(sample, sample, False, 1 << 10)
     without_words(sample, [b"a"], 1 << 10)
+    _reachable_in_order(sample.trans, 0, 1)
 
 
 def without_words(base: DFA, words: Sequence[bytes], max_states: int) -> DFA | None:

@@ -109,11 +109,16 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `_set_tokens` and the trie's heights now: only a patched whole-vocabulary walk (inside a key beside
-    declared ones) and captured texts call them, so they would otherwise load, from numba's disk cache, inside
-    the first mask that needs one."""
+    """Load `_patch_walk`, `_set_tokens` and the trie's heights now: only a patched whole-vocabulary walk (inside a
+    key beside declared ones) and captured texts call them, so they would otherwise load, from numba's disk cache,
+    inside the first mask that needs one."""
     t = vocabulary.trie
-    _set_tokens(np.zeros(vocabulary.mask_words, np.uint32), t.tok_ids, 0, 0, False)
+    bits = np.zeros(vocabulary.mask_words, np.uint32)
+    _set_tokens(bits, t.tok_ids, 0, 0, False)
+    nowhere = np.full((1, 256), -1, np.int32)
+    no = np.zeros(1, bool)
+    _patch_walk(nowhere, no, no, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids, vocabulary.max_depth, 0, 0,
+                _MAX_PATCHED_BYTES, bits, _NO_POPS)
     _heights(vocabulary)
 
 
@@ -262,6 +267,111 @@ def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, 
     return dense, words, values, found
 
 
+@numba.njit(cache=True, nogil=True)
+def _child(t_byte, t_end, node, byte):  # pragma: no cover - compiled
+    """The trie node below `node` by `byte`, -1 where no token goes on with it."""
+    i, stop = node + 1, t_end[node]
+    while i < stop:
+        if t_byte[i] == byte:
+            return i
+        i = t_end[i]
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _clear_below(bits, t_tok_ptr, t_tok_ids, lo, hi):  # pragma: no cover - compiled
+    """Clear the bits of the tokens of trie nodes lo..hi-1 (a subtree, or the nodes strictly below one)."""
+    for j in range(t_tok_ptr[lo], t_tok_ptr[hi]):
+        tid = t_tok_ids[j]
+        bits[tid >> 5] &= ~(np.uint32(1) << np.uint32(tid & 31))
+
+
+@numba.njit(cache=True, nogil=True)
+def _patch_walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth, state, ref,
+                max_differ, bits, base_pops):  # pragma: no cover - compiled
+    """Turn `bits` (dense), the tokens of the whole-vocabulary walk from `ref`, into those of the walk from `state`
+    in the same DFA; returns the new walk's pop points (sorted, without trie leaves) given the old one's.
+
+    At a trie node the two walks differ only below the bytes on which their states there move apart: under each
+    such byte the node's token and pop point are decided anew and the patch goes on one level down, from the two
+    states that byte leads to, as long as they part on at most `max_differ` bytes; where they part on more (or the
+    old walk never went there) the subtree is walked afresh.  Inside a JSON string, a prefix of an excluded key
+    parts from the plain string state only on the key's next character, so this visits a node or two per level of
+    the key instead of the whole subtree of its first byte."""
+    touched = np.empty(len(bits), np.int64)
+    dropped = [(0, 1)]      # node ranges whose old pop points no longer hold; the root's is decided anew
+    added = [0]
+    added.pop()
+    if accept[state]:
+        added.append(0)
+    stack = [(0, state, ref)]
+    differ = np.empty(256, np.int64)
+    while len(stack):
+        node, q, r = stack.pop()
+        nd = 0
+        for b in range(256):
+            if trans[q, b] != trans[r, b]:
+                differ[nd] = b
+                nd += 1
+        if nd > max_differ:     # walk afresh below the node (its own token and pop point are its caller's)
+            lo, hi = node + 1, t_end[node]
+            _clear_below(bits, t_tok_ptr, t_tok_ids, lo, hi)
+            dropped.append((lo, hi))
+            found = np.empty(hi - node, np.int32)
+            npops, _ = walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
+                                  q, np.full(1, node, np.int32), bits, touched, found)
+            for k in range(npops):
+                if found[k] != node:
+                    added.append(found[k])
+            continue
+        for k in range(nd):
+            b = differ[k]
+            c = _child(t_byte, t_end, node, b)
+            if c < 0:
+                continue
+            nq, nr = trans[q, b], trans[r, b]
+            dropped.append((c, c + 1))
+            if nq < 0:
+                _clear_below(bits, t_tok_ptr, t_tok_ids, c, t_end[c])
+                dropped.append((c, t_end[c]))
+                continue
+            for j in range(t_tok_ptr[c], t_tok_ptr[c + 1]):
+                tid = t_tok_ids[j]
+                bits[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+            if accept[nq]:
+                added.append(c)
+            if nr >= 0:
+                stack.append((c, nq, nr))
+            elif has_out[nq]:   # the old walk never entered below c: nothing of it to undo there
+                found = np.empty(t_end[c] - c, np.int32)
+                npops, _ = walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids,
+                                      max_depth, nq, np.full(1, c, np.int32), bits, touched, found)
+                for m in range(npops):
+                    if found[m] != c:
+                        added.append(found[m])
+    kept = 0
+    keep = np.ones(len(base_pops), np.bool_)
+    for i in range(len(base_pops)):
+        p = base_pops[i]
+        for lo, hi in dropped:
+            if lo <= p < hi:
+                keep[i] = False
+                break
+        if keep[i]:
+            kept += 1
+    pops = np.empty(kept + len(added), np.int32)
+    kept = 0
+    for i in range(len(base_pops)):
+        if keep[i]:
+            pops[kept] = base_pops[i]
+            kept += 1
+    for p in added:
+        pops[kept] = p
+        kept += 1
+    pops = np.unique(pops)
+    return pops[t_end[pops] > pops + 1]
+
+
 def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray) -> Walk:
     t = vocabulary.trie
     bits, touched, pops = _SCRATCH.of(vocabulary)
@@ -324,8 +434,8 @@ class TokenMasks:
 
     def _patched_root_walk(self, dfa: DFA, state: int, depth: int) -> Walk | None:
         """The whole-vocabulary walk of a wide state that moves like its main successor on all
-        but a few bytes (inside a string, a prefix of an excluded key): the successor's walk with
-        the subtrees of those first bytes walked again.  None where that does not apply."""
+        but a few bytes (inside a string, a prefix of an excluded key): the successor's walk, patched
+        under those bytes (`_patch_walk`).  None where that does not apply."""
         row = dfa.trans[state]
         targets = row[row >= 0]
         if depth >= _MAX_PATCH_DEPTH or len(targets) < 128:
@@ -335,28 +445,12 @@ class TokenMasks:
         if ref == state or len(differ) > _MAX_PATCHED_BYTES:
             return None
         base = self._shared_walk(dfa, ref, _ROOT, _ROOT_KEY, depth + 1)
-        t, children = self.vocabulary.trie, _root_children(self.vocabulary)
+        t = self.vocabulary.trie
         bits = np.zeros(self.vocabulary.mask_words, np.uint32)
         add_walk(base, bits)
-        base_pops = base[2]
-        keep = np.ones(len(base_pops), bool)
-        extra = [np.zeros(1, np.int32)] if dfa.accept[state] else []
-        keep &= base_pops != 0
-        for byte in differ.tolist():
-            child = int(children[byte])
-            if child < 0:
-                continue
-            end = int(t.end[child])
-            _set_tokens(bits, t.tok_ids, t.tok_ptr[child], t.tok_ptr[end], False)
-            keep &= (base_pops < child) | (base_pops >= end)
-            nxt = int(row[byte])
-            if nxt >= 0:
-                _set_tokens(bits, t.tok_ids, t.tok_ptr[child], t.tok_ptr[child + 1], True)
-                sub = _run_walk(dfa, self.vocabulary, nxt, np.array([child], np.int32))
-                add_walk(sub, bits)
-                extra.append(sub[2])
-        pops = np.unique(np.concatenate([base_pops[keep], *extra]))
-        return new_walk(bits, pops[t.end[pops] > pops + 1])
+        pops = _patch_walk(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
+                           self.vocabulary.max_depth, state, ref, _MAX_PATCHED_BYTES, bits, base[2])
+        return new_walk(bits, pops)
 
     def add_mask(self, bits: np.ndarray, configurations: tuple[tuple[int, int], ...], stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from the configurations (state, stack) of a parser state."""

@@ -326,3 +326,69 @@ def test_shared_walks_evict_the_least_recently_used(monkeypatch):
     assert masks._shared_walk(dfas[0], 0, root, key) is first
     assert masks._shared_walk(dfas[1], 0, root, key) is not None    # walked again
     assert len(masks._shared) == 3
+
+
+def _key_vocabulary(keys: list[str]):
+    """Every byte, and every end of each key with its closing quote and what may follow the quote (a token that
+    completes a declared key is what a walk inside an extra key must refuse), and the middles of the keys."""
+    from leapgen.grammars.vocab import Vocabulary, build_trie
+
+    pieces = {bytes([b]) for b in range(256)}
+    for key in keys:
+        data = key.encode()
+        for i in range(len(data)):
+            pieces |= {data[i:] + b'"', data[i:] + b'":', data[i:] + b'", "', data[i:-1], data[i:i + 2]}
+    token_bytes = sorted(piece for piece in pieces if piece)
+    return Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),), build_trie(token_bytes))
+
+
+def _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) -> int:
+    from leapgen.grammars import token_masks
+
+    patched = 0
+    for dfa in dfas:
+        for state in range(dfa.num_states):
+            walk = masks._patched_root_walk(dfa, state, 0)
+            if walk is None:
+                continue
+            patched += 1
+            plain = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT)
+            expected, found = np.zeros(vocabulary.mask_words, np.uint32), np.zeros(vocabulary.mask_words, np.uint32)
+            token_masks.add_walk(plain, expected)
+            token_masks.add_walk(walk, found)
+            assert np.array_equal(found, expected), state
+            assert walk[2].tolist() == plain[2].tolist(), state
+    return patched
+
+
+@pytest.mark.parametrize("kind", ["keys", "cl100k"])
+def test_patched_walks_equal_walking_the_whole_trie(kind):
+    """A whole-vocabulary walk patched from a neighbouring state's (inside an extra key, a prefix of declared keys)
+    allows the same tokens and stops at the same trie nodes as walking the trie from the state itself."""
+    from leapgen.grammars import compile_json_schema
+
+    keys = ["servicename", "server", "service", "serial", "s", "port", "ports", "porta\u00e9", "x\"q", "a\\b", "my_"]
+    vocabulary = _key_vocabulary(keys) if kind == "keys" else tu.cl100k()
+    g = compile_json_schema({"type": "object", "properties": {k: {"type": "integer"} for k in keys}}, vocabulary)
+    patched = _assert_patched_walks_are_whole_walks(g.masks, g.vocabulary, [dfa for _, dfa in g.automaton.terminals])
+    assert patched >= len("servicename")    # every proper prefix of a key beside the others, at least
+
+
+def test_patched_walks_where_acceptance_parts():
+    """Patched walks of states whose successors accept where their neighbour's do not, and the other way round
+    (a pop point that comes or goes under a patched byte), over tokens that run through several patched levels."""
+    from leapgen.grammars.vocab import Vocabulary, build_trie
+
+    rng = random.Random(7)
+    pieces = {bytes([b]) for b in range(256)} | {bytes(rng.choices(b"abcdxy01", k=rng.randint(2, 6)))
+                                                  for _ in range(600)}
+    token_bytes = sorted(pieces)
+    vocabulary = Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),),
+                            build_trie(token_bytes))
+    masks = compile_regex("[a-z]+", vocabulary).masks
+    dfas = [regex_dfa(p) for p in (r"(?s:.*abc)", r"(?s:.*ab(c|dd)x?)", r"(?s:(.*[^a])?)", r"(?s:.*(ab|b)y?)",
+                                   r"(?s:[^a]*a[^b]*b?.*)", r"(?s:(.*x)?y.*)", r"(?s:.*a.?b)",
+                                   r"(?s:.*[^a]b|b)",      # after "a", "b" no longer ends it: a pop point goes
+                                   # after "a", "b" leaves only digits: below it the walk starts afresh
+                                   r"(?s:(?:[^a]|a+[^ab])*a*(?:ab[0-9](?:[^a]|a+[^ab])*a*)*)")]
+    assert _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) >= 10
