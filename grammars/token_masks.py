@@ -27,7 +27,6 @@ two keys is checked for both.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -408,24 +407,42 @@ class TokenMasks:
         return hit
 
     def _shared_walk(self, dfa: DFA, state: int, nodes: np.ndarray, nodes_key: bytes, depth: int = 0) -> Walk:
-        # walks of the whole vocabulary are the expensive ones: share them between all states
-        # with the same future (the inside of every JSON string, whatever its declared keys)
+        # kept per DFA state, and walks of the whole vocabulary from a wide state also by the state's signature:
+        # they are the expensive ones, shared between all states with the same future (the inside of every JSON
+        # string, whatever its declared keys)
+        key = (dfa.uid, state, nodes_key)
+        hit = self._shared_hit(key)
+        if hit is not None:
+            return hit
         root = nodes_key == _ROOT_KEY
         signature = dfa.signature(state) if root and self._wide(dfa, state) else None
-        key = (signature, nodes_key) if signature is not None else (dfa.uid, state, nodes_key)
+        signed = (signature, nodes_key) if signature is not None else None
+        hit = self._shared_hit(signed) if signed is not None else None
+        if hit is None:
+            hit = self._patched_root_walk(dfa, state, depth) if root else None
+            if hit is None:
+                hit = _run_walk(dfa, self.vocabulary, state, nodes)
+            if signed is not None:
+                self._share(signed, hit)
+        self._share(key, hit)
+        return hit
+
+    def _shared_hit(self, key: tuple) -> Walk | None:
         hit = self._shared.get(key)
         if hit is not None:
-            with contextlib.suppress(KeyError):     # another thread's mask may have evicted it since
+            try:
                 self._shared.move_to_end(key)
-            return hit
-        hit = self._patched_root_walk(dfa, state, depth) if root else None
-        if hit is None:
-            hit = _run_walk(dfa, self.vocabulary, state, nodes)
-        while len(self._shared) >= _SHARED_WALKS_LIMIT:
-            with contextlib.suppress(KeyError):
-                self._shared.popitem(last=False)
-        self._shared[key] = hit
+            except KeyError:    # another thread's mask evicted it since
+                pass
         return hit
+
+    def _share(self, key: tuple, walk: Walk) -> None:
+        while len(self._shared) >= _SHARED_WALKS_LIMIT:
+            try:
+                self._shared.popitem(last=False)
+            except KeyError:    # another thread emptied it
+                break
+        self._shared[key] = walk
 
     def _wide(self, dfa: DFA, state: int) -> bool:
         """Whether a whole-vocabulary walk from `state` would enter at least `_SIGNED_WALK_NODES` trie nodes below
