@@ -41,8 +41,9 @@ from .stacks import FrameTag, StackArena
 from .vocab import Vocabulary
 
 _SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary; most walks are sparse (a few words of bitmask)
-# a whole-vocabulary walk over fewer trie nodes is run again rather than shared by its state's signature: the
-# signature costs 20-50 us, as much as walking ~20k nodes (most walks of keys and enum values enter a few hundred)
+# a whole-vocabulary walk over fewer trie nodes is kept per DFA state only, not shared between DFAs by its state's
+# signature: the signature costs 20-50 us, as much as walking ~20k nodes (walks of keys and enum values enter a few
+# hundred)
 _SIGNED_WALK_NODES = 20_000
 _MAX_PATCHED_BYTES = 8  # a whole-vocabulary walk is patched from a neighbour's when it differs on this few bytes
 _MAX_PATCH_DEPTH = 4  # ...through at most this many neighbours (prefixes of an excluded key)
@@ -348,27 +349,43 @@ def _patch_walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok
                 for m in range(npops):
                     if found[m] != c:
                         added.append(found[m])
-    kept = 0
-    keep = np.ones(len(base_pops), np.bool_)
-    for i in range(len(base_pops)):
-        p = base_pops[i]
-        for lo, hi in dropped:
-            if lo <= p < hi:
-                keep[i] = False
-                break
-        if keep[i]:
-            kept += 1
-    pops = np.empty(kept + len(added), np.int32)
-    kept = 0
-    for i in range(len(base_pops)):
-        if keep[i]:
-            pops[kept] = base_pops[i]
-            kept += 1
-    for p in added:
-        pops[kept] = p
-        kept += 1
-    pops = np.unique(pops)
-    return pops[t_end[pops] > pops + 1]
+    return _merge_pops(base_pops, dropped, added, t_end)
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_pops(base_pops, dropped, added, t_end):  # pragma: no cover - compiled
+    """The sorted pop points `base_pops` outside the node ranges `dropped`, merged with `added`: sorted, each once,
+    without trie leaves.  Merged, not sorted whole: numba's quicksort is quadratic on a sorted run with a few
+    values after it (147k pop points and the root took 1.5 s)."""
+    nd = len(dropped)
+    los, his = np.empty(nd, np.int64), np.empty(nd, np.int64)
+    for k in range(nd):
+        los[k], his[k] = dropped[k]
+    order = np.argsort(los, kind="mergesort")
+    extra = np.empty(len(added), np.int64)
+    for k in range(len(added)):
+        extra[k] = added[k]
+    extra = extra[np.argsort(extra, kind="mergesort")]
+    out = np.empty(len(base_pops) + len(extra), np.int32)
+    n, i, j, r, last = 0, 0, 0, 0, -1
+    hi = -1     # the end of the dropped ranges that start at or before the current base pop point
+    while i < len(base_pops) or j < len(extra):
+        if j >= len(extra) or (i < len(base_pops) and base_pops[i] <= extra[j]):
+            p = base_pops[i]
+            i += 1
+            while r < nd and los[order[r]] <= p:
+                hi = max(hi, his[order[r]])
+                r += 1
+            if p < hi:
+                continue
+        else:
+            p = extra[j]
+            j += 1
+        if p != last and t_end[p] > p + 1:
+            out[n] = p
+            n += 1
+        last = p
+    return out[:n]
 
 
 def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray) -> Walk:
@@ -445,8 +462,9 @@ class TokenMasks:
         self._shared[key] = walk
 
     def _wide(self, dfa: DFA, state: int) -> bool:
-        """Whether a whole-vocabulary walk from `state` would enter at least `_SIGNED_WALK_NODES` trie nodes below
-        its first bytes: only such a walk is worth a signature, which costs as much as walking a few thousand."""
+        """Whether the first bytes `state` takes lead into at least `_SIGNED_WALK_NODES` trie nodes (a bound on what
+        its whole-vocabulary walk visits): only such a walk is worth a signature, which costs as much as walking
+        ~20k nodes."""
         return int(_first_byte_nodes(self.vocabulary)[dfa.trans[state] >= 0].sum()) >= _SIGNED_WALK_NODES
 
     def _patched_root_walk(self, dfa: DFA, state: int, depth: int) -> Walk | None:
