@@ -109,12 +109,13 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `_patch_walk`, `_set_tokens` and the trie's heights now: only a patched whole-vocabulary walk (inside a
-    key beside declared ones) and captured texts call them, so they would otherwise load, from numba's disk cache,
-    inside the first mask that needs one."""
+    """Load `_patch_walk`, `_set_tokens`, `_child` and the trie's heights now: only a patched whole-vocabulary walk
+    (inside a key beside declared ones) and captured texts call them, so they would otherwise load, from numba's disk
+    cache, inside the first mask that needs one."""
     t = vocabulary.trie
     bits = np.zeros(vocabulary.mask_words, np.uint32)
     _set_tokens(bits, t.tok_ids, 0, 0, False)
+    _child(t.byte, t.end, 0, 0)
     nowhere = np.full((1, 256), -1, np.int32)
     no = np.zeros(1, bool)
     _patch_walk(nowhere, no, no, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids, vocabulary.max_depth, 0, 0,
@@ -279,14 +280,6 @@ def _child(t_byte, t_end, node, byte):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _clear_below(bits, t_tok_ptr, t_tok_ids, lo, hi):  # pragma: no cover - compiled
-    """Clear the bits of the tokens of trie nodes lo..hi-1 (a subtree, or the nodes strictly below one)."""
-    for j in range(t_tok_ptr[lo], t_tok_ptr[hi]):
-        tid = t_tok_ids[j]
-        bits[tid >> 5] &= ~(np.uint32(1) << np.uint32(tid & 31))
-
-
-@numba.njit(cache=True, nogil=True)
 def _patch_walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth, state, ref,
                 max_differ, bits, base_pops):  # pragma: no cover - compiled
     """Turn `bits` (dense), the tokens of the whole-vocabulary walk from `ref`, into those of the walk from `state`
@@ -315,7 +308,7 @@ def _patch_walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok
                 nd += 1
         if nd > max_differ:     # walk afresh below the node (its own token and pop point are its caller's)
             lo, hi = node + 1, t_end[node]
-            _clear_below(bits, t_tok_ptr, t_tok_ids, lo, hi)
+            _set_tokens(bits, t_tok_ids, t_tok_ptr[lo], t_tok_ptr[hi], False)
             dropped.append((lo, hi))
             found = np.empty(hi - node, np.int32)
             npops, _ = walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
@@ -332,12 +325,10 @@ def _patch_walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok
             nq, nr = trans[q, b], trans[r, b]
             dropped.append((c, c + 1))
             if nq < 0:
-                _clear_below(bits, t_tok_ptr, t_tok_ids, c, t_end[c])
+                _set_tokens(bits, t_tok_ids, t_tok_ptr[c], t_tok_ptr[t_end[c]], False)
                 dropped.append((c, t_end[c]))
                 continue
-            for j in range(t_tok_ptr[c], t_tok_ptr[c + 1]):
-                tid = t_tok_ids[j]
-                bits[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+            _set_tokens(bits, t_tok_ids, t_tok_ptr[c], t_tok_ptr[c + 1], True)
             if accept[nq]:
                 added.append(c)
             if nr >= 0:
@@ -660,18 +651,10 @@ class TokenMasks:
     def _descend(self, node: int, data: bytes) -> int:
         """The trie node `data` below `node`, -1 where no token goes on with it."""
         t = self.vocabulary.trie
-        for i, byte in enumerate(data):
-            if node == 0 and i == 0:
-                node = int(_root_children(self.vocabulary)[byte])
-                if node < 0:
-                    return -1
-                continue
-            child, stop = node + 1, t.end[node]
-            while child < stop and t.byte[child] != byte:
-                child = t.end[child]
-            if child >= stop:
+        for byte in data:
+            node = int(_child(t.byte, t.end, node, byte))
+            if node < 0:
                 return -1
-            node = child
         return node
 
     def _path(self, node: int) -> bytes:
