@@ -31,6 +31,13 @@ __all__ = ["MAX_DOCUMENT_DEPTH", "MAX_LENGTH_CAP", "MAX_SUBSCHEMAS", "MAX_SUBSCH
 def compile_json_schema(schema: Any, tokenizer: Any, **options: Any) -> CompiledGrammar:
     """Compile a JSON schema (dict, bool or JSON text) for an HF tokenizer or a Vocabulary; options: see
     JsonSchemaOptions."""
+    # One pause over both halves, the IR freed inside it: with the collector back on in between, the next
+    # allocation ran a collection over every object of the IR (62,508 objects, 28 ms, on a Github_hard schema)
+    with collector_paused():
+        return _compiled(schema, tokenizer, options)
+
+
+def _compiled(schema: Any, tokenizer: Any, options: dict[str, Any]) -> CompiledGrammar:
     grammar = json_schema_to_grammar(schema, **options)
     try:
         return CompiledGrammar.from_ir(grammar, tokenizer)

@@ -169,50 +169,63 @@ def _containing(ctx: SchemaContext, prefixes: list[list[Part]], rest: list[Part]
 
     positions = [ways(ps, "") for ps in prefixes]
     tail = ways(rest, "_item") if tail_needed else [NEVER] * len(counting)
-    none = len(counting) - 1   # the way that counts the item for no contains
-    leasts = [least for _, least, _ in contains]
-    memo: dict[tuple[int, tuple[int, ...]], Expr] = {}
-
-    def counted(items: list[Expr], ms: tuple[int, ...], c: int) -> list[Expr]:
-        """Each way the next item may be written with `ms` matches so far, then what may follow (c items out)."""
-        out = []
-        for way, adds in enumerate(counting):
-            if any(adds):
-                more = tuple(m + a for m, a in zip(ms, adds))
-                if all(m <= top for m, top in zip(more, tops)):
-                    out.append(seq(items[way], after(c, more)))
-        return out
-
-    def after(c: int, ms: tuple[int, ...]) -> Expr:
-        """What may follow once c items (ms[k] of them matching contains k) are out."""
-        if (c, ms) in memo:
-            return memo[c, ms]
-        enough = all(m >= least for m, least in zip(ms, leasts))
-        if hi is None and c == cap:          # enough items counted: only the matches are
-            ends = ([EMPTY] if enough else []) + [seq(pu.comma, alt) for alt in counted(tail, ms, c)]
-            body = seq(repeat(seq(pu.comma, tail[none])), choice(ends))
-        else:
-            alts = [EMPTY] if c >= lo and enough else []
-            if hi is None or c < hi:
-                items = positions[c] if c < n else tail
-                alts.append(seq(pu.comma, items[none], after(c + 1, ms)))
-                alts += [seq(pu.comma, alt) for alt in counted(items, ms, c + 1)]
-            body = choice(alts)
-        body = ctx.share(body, f"{pointer}_contains")
-        memo[c, ms] = body
-        return body
-
+    follow = _ContainsRules(ctx, positions, tail, counting, tops, [least for _, least, _ in contains], lo, hi, cap,
+                           pointer)
     first = positions[0] if n else tail
     zeros = (0,) * len(contains)
-    alternatives = [pu.arr_empty] if lo == 0 and not any(leasts) else []
+    alternatives = [pu.arr_empty] if lo == 0 and not any(follow.leasts) else []
     if hi != 0:
-        starts = [seq(first[none], after(1, zeros))] + counted(first, zeros, 1)
+        starts = [seq(first[follow.none], follow.after(1, zeros))] + follow.counted(first, zeros, 1)
         alternatives.append(seq(pu.arr_open, choice(starts), pu.arr_close))
     body = choice(alternatives)
     if body == NEVER:
-        wanted = " and ".join(str(least) for least in leasts)
+        wanted = " and ".join(str(least) for least in follow.leasts)
         return ctx.never(f"no array of {lo}..{hi} items has {wanted} matching contains", contains[0][0].pointer)
     return body
+
+
+class _ContainsRules:
+    """The rules of `_containing` after each count of items and matches.  A class, not two closures calling each
+    other: those would be a reference cycle holding the compiler and all its IR until a full collection, which
+    then lands in some later token mask."""
+
+    def __init__(self, ctx: SchemaContext, positions: list[list[Expr]], tail: list[Expr],
+                 counting: list[tuple[int, ...]], tops: list[int], leasts: list[int], lo: int, hi: int | None,
+                 cap: int, pointer: str):
+        self.ctx, self.positions, self.tail, self.counting = ctx, positions, tail, counting
+        self.tops, self.leasts, self.lo, self.hi, self.cap, self.pointer = tops, leasts, lo, hi, cap, pointer
+        self.none = len(counting) - 1   # the way that counts the item for no contains
+        self.memo: dict[tuple[int, tuple[int, ...]], Expr] = {}
+
+    def counted(self, items: list[Expr], ms: tuple[int, ...], c: int) -> list[Expr]:
+        """Each way the next item may be written with `ms` matches so far, then what may follow (c items out)."""
+        out = []
+        for way, adds in enumerate(self.counting):
+            if any(adds):
+                more = tuple(m + a for m, a in zip(ms, adds))
+                if all(m <= top for m, top in zip(more, self.tops)):
+                    out.append(seq(items[way], self.after(c, more)))
+        return out
+
+    def after(self, c: int, ms: tuple[int, ...]) -> Expr:
+        """What may follow once c items (ms[k] of them matching contains k) are out."""
+        if (c, ms) in self.memo:
+            return self.memo[c, ms]
+        pu, hi, tail, none = self.ctx.punct, self.hi, self.tail, self.none
+        enough = all(m >= least for m, least in zip(ms, self.leasts))
+        if hi is None and c == self.cap:          # enough items counted: only the matches are
+            ends = ([EMPTY] if enough else []) + [seq(pu.comma, alt) for alt in self.counted(tail, ms, c)]
+            body = seq(repeat(seq(pu.comma, tail[none])), choice(ends))
+        else:
+            alts = [EMPTY] if c >= self.lo and enough else []
+            if hi is None or c < hi:
+                items = self.positions[c] if c < len(self.positions) else tail
+                alts.append(seq(pu.comma, items[none], self.after(c + 1, ms)))
+                alts += [seq(pu.comma, alt) for alt in self.counted(items, ms, c + 1)]
+            body = choice(alts)
+        body = self.ctx.share(body, f"{self.pointer}_contains")
+        self.memo[c, ms] = body
+        return body
 
 
 def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:

@@ -60,31 +60,36 @@ class Strings:
 def _formula_dfa(formula: Strings) -> DFA:
     """The minimal DFA of a formula, each node built once; fsm.BudgetExceeded past MAX_DFA_STATES in any step or
     past _MAX_FORMULA_WORK states built in all of them (a formula nesting deep enough takes seconds otherwise)."""
-    built: dict[int, DFA] = {}
-    work = 0
+    return _FormulaBuilder().build(formula)
 
-    def counted(dfa: DFA) -> DFA:
-        nonlocal work
-        work += dfa.num_states
-        if work > _MAX_FORMULA_WORK:
+
+class _FormulaBuilder:
+    """One formula's DFAs, node by node.  Methods, not a closure calling itself: that closure would be a reference
+    cycle holding every DFA built here until a full collection, which then lands in some later token mask."""
+
+    def __init__(self) -> None:
+        self.built: dict[int, DFA] = {}
+        self.work = 0
+
+    def counted(self, dfa: DFA) -> DFA:
+        self.work += dfa.num_states
+        if self.work > _MAX_FORMULA_WORK:
             raise BudgetExceeded(_MAX_FORMULA_WORK, "automaton states built")
         return dfa
 
-    def build(item: Strings | Terminal) -> DFA:
+    def build(self, item: Strings | Terminal) -> DFA:
         if isinstance(item, Terminal):
             return terminal_for(item)
-        if id(item) not in built:
-            dfas = sorted((build(i) for i in item.items), key=lambda d: d.num_states)
+        if id(item) not in self.built:
+            dfas = sorted((self.build(i) for i in item.items), key=lambda d: d.num_states)
             if item.op == "all":   # smallest first: each product stays within what the smaller ones allow
-                out = functools.reduce(lambda a, b: counted(product(a, b, True, MAX_DFA_STATES)), dfas)
+                out = functools.reduce(lambda a, b: self.counted(product(a, b, True, MAX_DFA_STATES)), dfas)
             else:
-                out = dfas[0] if len(dfas) == 1 else counted(union(dfas, MAX_DFA_STATES))
+                out = dfas[0] if len(dfas) == 1 else self.counted(union(dfas, MAX_DFA_STATES))
                 if item.op == "none":
-                    out = counted(product(regex_dfa(ANY_STRING), out, False, MAX_DFA_STATES))
-            built[id(item)] = out
-        return built[id(item)]
-
-    return build(formula)
+                    out = self.counted(product(regex_dfa(ANY_STRING), out, False, MAX_DFA_STATES))
+            self.built[id(item)] = out
+        return self.built[id(item)]
 
 
 def _combined(op: str, items: list[Item]) -> Item:

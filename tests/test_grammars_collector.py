@@ -6,7 +6,9 @@ import gc
 import os
 import threading
 
+import numpy as np
 import pytest
+import tokenizers_util as tu
 
 from leapgen.grammars import json_schema
 from leapgen.grammars.collector import collector_paused
@@ -87,3 +89,55 @@ def test_a_child_forked_during_another_threads_compile_runs_its_collector(collec
     thread.join(10)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0 and gc.isenabled()
+
+
+def _featureful_schemas(tag: str) -> list[dict]:
+    """Schemas through the paths that once left reference cycles (`contains` counting, string formulas), and
+    others; `tag` makes their patterns new, so no memo hands back what an earlier compile built."""
+    return [
+        {"type": "array", "contains": {"type": "string", "pattern": f"^{tag}"}, "minContains": 1, "maxContains": 2},
+        {"type": "array", "prefixItems": [{"type": "integer"}], "contains": {"const": tag}},
+        {"type": "string", "anyOf": [{"pattern": f"^{tag}[a-z]+$"}, {"not": {"pattern": f"{tag}[0-9]"}}]},
+        # three negations deep over three branches: one formula (json_schema_string_logic), not 27 alternatives
+        {"type": "string", "maxLength": 40,
+         "not": {"anyOf": [{"not": {"anyOf": [{"pattern": f"{tag}{k}{j}"} for j in range(3)]}} for k in range(3)]}},
+        {"type": "object", "properties": {"a": {"oneOf": [{"type": "string", "pattern": f"^{tag}"}, {"type": "integer"}]},
+                                          "b": {"$ref": "#"}}, "patternProperties": {f"^{tag}_": {"type": "boolean"}}},
+        {"type": "array", "items": {"enum": [f"{tag}1", f"{tag}2", 3]}, "uniqueItems": True},
+    ]
+
+
+def test_a_compile_leaves_no_reference_cycles(collector_state, tokenizer):
+    # cyclic garbage lives until a full collection, which then frees it inside some later token mask
+    for schema in _featureful_schemas("warm"):      # first uses build some classes and caches once
+        json_schema.compile_json_schema(schema, tokenizer).matcher().fill_bitmask(_buffer(tokenizer))
+    gc.collect()
+    gc.disable()
+    for schema in _featureful_schemas("fresh"):
+        compiled = json_schema.compile_json_schema(schema, tokenizer)
+        compiled.matcher().fill_bitmask(_buffer(tokenizer))
+        del compiled
+    assert gc.collect() == 0
+
+
+def test_the_collector_stays_paused_from_the_schema_to_the_compiled_grammar(collector_state, monkeypatch, tokenizer):
+    # back on in between, the next allocation would run a collection over every object of the IR
+    seen, real = [], json_schema.CompiledGrammar.from_ir
+
+    def spy(*args):
+        seen.append(gc.isenabled())
+        return real(*args)
+
+    monkeypatch.setattr(json_schema.CompiledGrammar, "from_ir", spy)
+    gc.enable()
+    json_schema.compile_json_schema({"type": "object", "properties": {"a": {"type": "string"}}}, tokenizer)
+    assert seen == [False] and gc.isenabled()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tu.cl100k()
+
+
+def _buffer(tokenizer):
+    return np.zeros((len(tokenizer) + 31) // 32, np.int32)
