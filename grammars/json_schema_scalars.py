@@ -20,8 +20,8 @@ from .json_schema_context import (STRING_KEYS, Part, SchemaContext, count_of, en
                                   satisfying)
 from .json_schema_ir import (INTEGRAL_TAIL, NEVER, choice, json_text, literal, number_literal_parts,
                              number_literal_regex, repeat, seq)
-from .json_strings import (ANY_STRING, FORMATS, UNENFORCEABLE_FORMATS, Length, capped_length, chars_regex,
-                           format_pattern, pattern_regexes, regex_escape)
+from .json_strings import (ANY_STRING, ANY_STRING_END, FORMATS, UNENFORCEABLE_FORMATS, Length, StringEnd,
+                           capped_length, chars_regex, format_pattern, pattern_regexes, regex_escape)
 from .regex import MAX_DFA_STATES
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
@@ -278,23 +278,27 @@ def _excluded_regexes(patterns: Patterns) -> tuple[str, ...]:
 
 _CHUNK = 32  # longer length bounds count in chunks of this many characters: one terminal would unroll each one
 _STATES_PER_CHARACTER = 14  # a quoted string's DFA, per character its length bound counts
-_FLAT = 1024  # chunks counted one by one (a state each) before the count goes in base _CHUNK
+# chunks counted one by one (a state each) before the count goes in base _CHUNK: flat, a maxLength of 10,000 took
+# 310 call states, built in every schema naming it (a tenth of Snowplow's compiles took over 10 ms); counted in
+# base _CHUNK, its whole string rule has 132 states, for a second parser configuration inside such strings
+# (advance ~15% slower there)
+_FLAT = 32
 
 
 def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
     """A quoted string of lo..hi characters as chunks of _CHUNK characters and a shorter remainder: every
     length is chunks * _CHUNK + remainder in exactly one way, and the chunk and remainder terminals are the
     same few DFAs in every schema.  One rule per pair of bounds, so that where its count is long it is built
-    once and called (a schema bounding fifty fields at 32,767 characters builds its thousand counting states
+    once and called (a schema bounding fifty fields at 32,767 characters builds its 190 counting states
     once).  Past _FLAT chunks the count goes in base _CHUNK (`_exactly`, `_at_most`), so a maxLength of
-    1,000,000 costs about 1,200 call states instead of 31,250."""
+    1,000,000 costs about 300 call states instead of 31,250."""
     name = f"<string of {lo} to {hi} characters>"   # not a name `rule_name` makes
     if name in ctx.rules:
         return Ref(name)
 
     def chars(a: int, b: int | None) -> Expr:
         # the closing quote belongs to the remainder, so token walks stop only where the string may end
-        return Lit('"') if b == 0 else Terminal(chars_regex(a, b) + '"')
+        return Lit('"') if b == 0 else Terminal(ANY_STRING_END, (StringEnd(a, b),))
 
     first, rest = divmod(lo, _CHUNK)
     if hi is None:

@@ -14,13 +14,13 @@ import pytest
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars import json_schema_combinators, json_schema_scalars
 from leapgen.grammars.automaton import _Compiler, compile_automaton
-from leapgen.grammars.fsm import MEMO_SIZE, NFA, determinize_calls, product
+from leapgen.grammars.fsm import MEMO_SIZE, NFA, BudgetExceeded, determinize_calls, product
 from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
-from leapgen.grammars.json_strings import (FORMATS, Length, format_regex, length_dfa, pattern_regex, pattern_regexes,
-                                          string_regex)
+from leapgen.grammars.json_strings import (ANY_STRING_END, FORMATS, Length, StringEnd, chars_regex, format_regex,
+                                          length_dfa, pattern_regex, pattern_regexes, string_regex)
 from leapgen.grammars.regex import dfa_fullmatch, regex_dfa
 from tokenizers_util import accepts, byte_level_bpe
 
@@ -207,6 +207,19 @@ def test_length_automaton_laid_out_directly_is_the_regex_s(lo, hi):
     assert not product(compiled, direct, False, 10**5).accept.any()
     if hi is not None:
         assert direct.num_states == compiled.num_states
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 1), (1, 1), (0, 31), (5, 31), (0, None), (3, None)])
+def test_string_end_automaton_laid_out_directly_is_the_regex_s(lo, hi):
+    """json_strings.StringEnd (a chunked string's remainder: characters, then the closing quote) is the language
+    of chars_regex(lo, hi) + '"' and its minimal automaton, laid out without the regex compiler."""
+    direct = StringEnd(lo, hi).intersect(regex_dfa(ANY_STRING_END), 10**5)
+    compiled = regex_dfa(chars_regex(lo, hi) + '"')
+    assert not product(direct, compiled, False, 10**5).accept.any()
+    assert not product(compiled, direct, False, 10**5).accept.any()
+    assert direct.num_states == compiled.num_states
+    with pytest.raises(BudgetExceeded):
+        StringEnd(lo, hi).intersect(regex_dfa(ANY_STRING_END), direct.num_states - 1)
 
 
 @pytest.mark.parametrize("pattern", [r"^\S+@\S+$", r"^[a-z][-a-z0-9.+]*$", "ab", "^(a|é)+$", "x$", "[\u00e9\n]"])
@@ -877,6 +890,16 @@ def test_long_length_bounds_count_in_chunks_exactly(lo, hi):
     check(schema, valid=[t for t in texts if lo <= len(t) <= (hi if hi is not None else len(t))],
           invalid=[t for t in texts if not lo <= len(t) <= (hi if hi is not None else len(t))])
     assert compile_automaton(json_schema_to_grammar(schema)).num_states < 2000  # unrolled: 10,000 x 15 states
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 1025), (1000, 1100), (1500, 10_000)])
+def test_long_length_bounds_hold_at_both_edges(lo, hi):
+    """Past _FLAT chunks with the real constants: both bounds hold exactly, whatever the levels of the count."""
+    tokenizer = byte_level_bpe()
+    compiled = compile_json_schema({"type": "string", "minLength": lo, "maxLength": hi}, tokenizer)
+    for n in {*range(max(0, lo - 2), lo + 3), *range(hi - 2, hi + 3)}:
+        text = json.dumps("ab\"é\n"[n % 5] * n, ensure_ascii=False)
+        assert accepts(compiled, tokenizer, text) == (lo <= n <= hi), n
 
 
 @pytest.mark.parametrize("lo,hi", [(0, 7), (0, 64), (3, 64), (10, 97), (33, 130), (0, 200), (64, 129), (91, None)])
