@@ -199,11 +199,12 @@ class StringEnd:
 
     def intersect(self, dfa: DFA, max_states: int) -> DFA:
         """`dfa`'s strings that end a string within the bounds; laid out directly where `dfa` is ANY_STRING_END."""
+        own = self.dfa()
         if dfa is not regex_dfa(ANY_STRING_END):
-            return product(dfa, self.dfa(), True, max_states)
-        if self.dfa().num_states > max_states:
+            return product(dfa, own, True, max_states)
+        if own.num_states > max_states:
             raise BudgetExceeded(max_states, "automaton states")
-        return self.dfa()
+        return own
 
 
 @lru_cache(maxsize=MEMO_SIZE)
