@@ -909,14 +909,20 @@ def load_kernels(sample: DFA) -> None:
     _reachable_in_order(sample.trans, 0, 1)
 
 
+def packed_bytes(words: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """`words` for a kernel: their bytes end to end (uint8) and where each ends (int64, a leading 0): word k is
+    data[ends[k]:ends[k + 1]]."""
+    return (np.frombuffer(b"".join(words), np.uint8),
+            np.cumsum([0] + [len(word) for word in words], dtype=np.int64))
+
+
 def without_words(base: DFA, words: Sequence[bytes], max_states: int) -> DFA | None:
     """`base` (a minimal DFA) without the strings `words` (a finite set): base's automaton behind a trie of the
     words, each trie node falling back to base's row at the state its prefix reaches (the declared keys of an
     object excluded from any string).  Trie nodes that reach no accepting state are dropped and those with equal
     futures merged; the result is nearly minimal (base's start may stay unreachable, and a prefix that no longer
     excludes anything stays apart from base's state).  None where the trie alone passes `max_states`."""
-    data = np.frombuffer(b"".join(words), np.uint8)
-    ends = np.cumsum([0] + [len(word) for word in words], dtype=np.int64)
+    data, ends = packed_bytes(words)
     trans, accept, fits = _without_words(base.trans, base.accept, data, ends, max_states)
     return DFA(trans, accept) if fits else None
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from .automaton import CAPTURE_FRAME, Automaton
 from .completion import terminal_distances
-from .fsm import DFA
+from .fsm import DFA, packed_bytes
 from .stacks import FrameTag, StackArena
 from .vocab import Vocabulary
 
@@ -109,15 +109,16 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `_patch_walk`, `_set_tokens`, `_child` and the trie's heights now: only a patched whole-vocabulary walk
-    (inside a key beside declared ones) and captured texts call them, so they would otherwise load, from numba's disk
-    cache, inside the first mask that needs one."""
+    """Load `_patch_walk`, the captured texts' kernels and the trie's heights now: only a patched whole-vocabulary
+    walk (inside a key beside declared ones) and captured texts call them, so they would otherwise load, from numba's
+    disk cache, inside the first mask that needs one."""
     t = vocabulary.trie
     bits = np.zeros(vocabulary.mask_words, np.uint32)
-    _set_tokens(bits, t.tok_ids, 0, 0, False)
-    _child(t.byte, t.end, 0, 0)
     nowhere = np.full((1, 256), -1, np.int32)
     no = np.zeros(1, bool)
+    data, ends = packed_bytes([b"a"])
+    _goes_on(nowhere, no, 0, data, ends)
+    _clear_below(bits, t.end, t.tok_ptr, t.tok_ids, _descend_texts(t.byte, t.end, 0, 1, data, ends, no))
     _patch_walk(nowhere, no, no, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids, vocabulary.max_depth, 0, 0,
                 _MAX_PATCHED_BYTES, bits, _NO_POPS)
     _heights(vocabulary)
@@ -277,6 +278,46 @@ def _child(t_byte, t_end, node, byte):  # pragma: no cover - compiled
             return i
         i = t_end[i]
     return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _goes_on(trans, has_out, state, data, ends):  # pragma: no cover - compiled
+    """Per text data[ends[k]:ends[k + 1]], whether a call-free DFA goes on from `state` after reading it (False
+    where it leaves the automaton)."""
+    out = np.zeros(len(ends) - 1, np.bool_)
+    for k in range(len(out)):
+        q = state
+        for i in range(ends[k], ends[k + 1]):
+            q = trans[q, data[i]]
+            if q < 0:
+                break
+        out[k] = q >= 0 and has_out[q]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _descend_texts(t_byte, t_end, node, height, data, ends, chosen):  # pragma: no cover - compiled
+    """Per chosen text data[ends[k]:ends[k + 1]], the trie node it leads to below `node`; -1 where no token goes on
+    with it, where it is longer than `height` bytes, and for a text not chosen."""
+    out = np.full(len(ends) - 1, -1, np.int32)
+    for k in range(len(out)):
+        if not chosen[k] or ends[k + 1] - ends[k] > height:
+            continue
+        below = node
+        for i in range(ends[k], ends[k + 1]):
+            below = _child(t_byte, t_end, below, data[i])
+            if below < 0:
+                break
+        out[k] = below
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _clear_below(bits, t_end, t_tok_ptr, t_tok_ids, nodes):  # pragma: no cover - compiled
+    """Clear the bits of the tokens at and below each trie node of `nodes` (-1: none)."""
+    for node in nodes:
+        if node >= 0:
+            _set_tokens(bits, t_tok_ids, t_tok_ptr[node], t_tok_ptr[t_end[node]], False)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -608,29 +649,36 @@ class TokenMasks:
 
     def _add_captured(self, bits: np.ndarray, g: int, s: int, nodes: np.ndarray, stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed in a captured terminal, from each trie node on its own (the text
-        written since differs per node)."""
+        written since differs per node).  The written texts go to the kernels packed: an array of a few hundred
+        unique items checked them one Python call per text and byte, 5-30 ms a mask."""
         t, text = self.vocabulary.trie, stacks.tag[s]
         written = [w[len(text):] for w in stacks.written(s) if w.startswith(text)]
         first, dfa = self.a.terminal_of(g)
+        data, ends = packed_bytes(written)
         # a written text the terminal cannot go on from (a string, its quote closed) cuts every token that writes
         # it; one it can (a number: 10 after 1) only cuts the readings that end the text there
-        goes_on = [bool(dfa.has_out[dfa.after(g - first, w)]) for w in written]
-        ended = [w for w, more in zip(written, goes_on) if not more]
-        going_on = [w for w, more in zip(written, goes_on) if more]
-        cuts = ended + (_dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else [])
+        goes_on = _goes_on(dfa.trans, dfa.has_out, g - first, data, ends)
+        ended = ~goes_on
+        dead = _dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else []
         heights = _heights(self.vocabulary)
         for node in nodes.tolist():
+            depth, height = int(t.depth[node]), int(heights[node])
+            # the tokens that write a text written already (or a start only such texts complete): every token this
+            # node adds lies below it, so where none does they go straight into `bits`
+            cut = _descend_texts(t.byte, t.end, node, height, data, ends, ended)
+            if dead:
+                cut = np.concatenate([cut, _descend_texts(t.byte, t.end, node, height, *packed_bytes(dead),
+                                                          np.ones(len(dead), bool))])
+            cut = cut[cut >= 0]
+            own = np.zeros_like(bits) if len(cut) else bits
             one = np.array([node], np.int32)
             found = self.walk(g, one, one.tobytes())
-            own = np.zeros_like(bits)
             add_walk(found, own)
             pops = found[2]
-            depth = int(t.depth[node])
             follow = []
             short = pops[(heights[pops] > 0) & (heights[pops] < self._follow_height)]
-            if len(short) and going_on:
-                repeated = [self._descend(node, w) for w in going_on if len(w) <= int(heights[node])]
-                short = short[~np.isin(short, repeated)]
+            if len(short) and goes_on.any():
+                short = short[~np.isin(short, _descend_texts(t.byte, t.end, node, height, data, ends, goes_on))]
             if len(short):      # too little left to write another text: the texts of the object do not matter
                 follow.append((stacks.ret[s], stacks.parent[s], short, short.tobytes()))
             for pop in pops[heights[pops] >= max(self._follow_height, 1)].tolist():
@@ -640,22 +688,9 @@ class TokenMasks:
                     follow.append((*popped, pop_nodes, pop_nodes.tobytes()))
             if follow:
                 self._search(own, follow, stacks)
-            if cuts:    # the tokens that write a text written already (or a start only such texts complete)
-                height = int(heights[node])
-                for cut in cuts:
-                    below = self._descend(node, cut) if len(cut) <= height else -1
-                    if below >= 0:
-                        _set_tokens(own, t.tok_ids, int(t.tok_ptr[below]), int(t.tok_ptr[t.end[below]]), False)
-            np.bitwise_or(bits, own, out=bits)
-
-    def _descend(self, node: int, data: bytes) -> int:
-        """The trie node `data` below `node`, -1 where no token goes on with it."""
-        t = self.vocabulary.trie
-        for byte in data:
-            node = int(_child(t.byte, t.end, node, byte))
-            if node < 0:
-                return -1
-        return node
+            if len(cut):
+                _clear_below(own, t.end, t.tok_ptr, t.tok_ids, cut)
+                np.bitwise_or(bits, own, out=bits)
 
     def _path(self, node: int) -> bytes:
         """The bytes from the trie's root to `node`: the start of any token below it."""

@@ -39,6 +39,20 @@ def _completes(grammar, state) -> bool:
     return end is not None and grammar.closure(end)[1]
 
 
+def assert_mask_exact(grammar, matcher, text: bytes) -> set[int]:
+    """The matcher's mask (less eos) is the set of tokens after which the text can still be completed; returns it."""
+    vocab = grammar.vocabulary
+    allowed = set(matcher.allowed_token_ids().tolist()) - set(vocab.eos_ids)
+    expected = set()
+    for tid, data in enumerate(vocab.token_bytes):
+        if data is not None:
+            nxt = grammar.step(matcher._state, data)
+            if nxt is not None and _completes(grammar, nxt):
+                expected.add(tid)
+    assert allowed == expected, (text, sorted(vocab.token_bytes[t] for t in allowed ^ expected))
+    return allowed
+
+
 def oracle_walk(grammar, schema, rng: random.Random, steps: int) -> str:
     """Random tokens, each mask compared with the tokens after which the text can still be completed; returns
     the text once completed."""
@@ -46,15 +60,7 @@ def oracle_walk(grammar, schema, rng: random.Random, steps: int) -> str:
     validator = jsonschema.Draft202012Validator(schema)
     matcher, text = grammar.matcher(), b""
     for _ in range(steps):
-        state = matcher._state
-        allowed = set(matcher.allowed_token_ids().tolist()) - set(vocab.eos_ids)
-        expected = set()
-        for tid, data in enumerate(vocab.token_bytes):
-            if data is not None:
-                nxt = grammar.step(state, data)
-                if nxt is not None and _completes(grammar, nxt):
-                    expected.add(tid)
-        assert allowed == expected, (text, sorted(vocab.token_bytes[t] for t in allowed ^ expected))
+        allowed = assert_mask_exact(grammar, matcher, text)
         if not allowed:
             break
         tid = rng.choice(sorted(allowed))
@@ -103,6 +109,35 @@ def test_unique_string_items():
     assert accepts(grammar, tok, '["a@b.c","b@b.c"]')
     assert not accepts(grammar, tok, '["a@b.c","a@b.c"]')
     assert not accepts(grammar, tok, '["a@b.c","b@b.c","a@b.c"]')
+
+
+@pytest.mark.parametrize("items", [{"type": "string"}, {"type": "integer"}], ids=["strings", "integers"])
+def test_masks_stay_exact_after_many_items(items):
+    """Eighty items written, the texts of the spanning tokens among them: each mask while writing more refuses
+    exactly the tokens that would repeat one (the written texts go to the mask kernels packed)."""
+    schema = {"type": "array", "items": items, "uniqueItems": True}
+    vocab = small_vocabulary()
+    grammar = compile_json_schema(schema, vocab, whitespace="compact")
+    if items["type"] == "string":
+        written = ["", "a", "b", "ab"] + [f"{c}{d}" for c in "cdefghijkl" for d in range(8)][:76]
+        more = '"abc","m","zz","c7"]'
+        texts = [json.dumps(w) for w in written]
+    else:
+        texts = [str(n) for n in [0, 1, 2, 10, 12] + list(range(20, 95))]
+        more = "11,5,120,1]"
+    matcher = grammar.matcher()
+    for byte in ("[" + ",".join(texts) + ",").encode():
+        matcher.advance(byte - 32)     # the small vocabulary's first tokens are the printable bytes in order
+    text = b""
+    for byte in more.encode():
+        allowed = assert_mask_exact(grammar, matcher, text)
+        if byte - 32 not in allowed:
+            break
+        matcher.advance(byte - 32)
+        text += bytes((byte,))
+    assert text == more.encode()[:len(text)]
+    # "c7" and 1 are written already: the last item is refused at its closing quote, or where it can only end
+    assert text in (b'"abc","m","zz","c7', b"11,5,120,1")
 
 
 def test_finite_strings_run_out():
