@@ -35,6 +35,8 @@ class BudgetExceeded(Exception):
 _DFA_UIDS = itertools.count()
 
 
+# a run of a state in a loop on its main bytes (DFA.byte_runs): longer than any token
+RUN_CAP = 1 << 16
 COUNT_CAP = 1 << 40  # string counts of an automaton stop here (DFA.counts): more than any object or array holds
 
 
@@ -103,6 +105,18 @@ class DFA:
     def counts(self) -> np.ndarray:
         """Per state, how many strings it accepts from there, clipped to COUNT_CAP (infinitely many: COUNT_CAP)."""
         return self._counted()[1]
+
+    @property
+    def byte_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per state, (how many bytes can follow it that all keep to a main path, at most RUN_CAP; the bytes of that
+        path's first step as four 64-bit words): each step goes to the state most of its bytes lead to (more than
+        half of those that lead anywhere), never an accepting one, and each next step takes at least the bytes of
+        the one before.  A token walk skips a trie subtree whose bytes are all such bytes and that is no deeper than
+        the run (cached)."""
+        cached = self.__dict__.get("_byte_runs")
+        if cached is None:
+            cached = self.__dict__["_byte_runs"] = _byte_runs(self.trans, self.accept, RUN_CAP)
+        return cached
 
     def size(self, limit: int) -> int | None:
         """How many strings it accepts, None when more than `limit` (or infinitely many)."""
@@ -898,15 +912,70 @@ def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None,
     return minimize(DFA(rows[:n], accept))
 
 
+@numba.njit(cache=True, nogil=True)
+def _byte_runs(trans, accept, cap):  # pragma: no cover - compiled
+    """The kernel of `DFA.byte_runs`: each state's main successor and its bytes, then the runs grown along the main
+    successors until none grows (a loop of several states grows by one a pass, up to `cap`)."""
+    n = trans.shape[0]
+    main = np.full(n, -1, np.int64)
+    bits = np.zeros((n, 4), np.uint64)
+    for g in range(n):
+        # the target of most of the bytes that have one, where one has most (Boyer-Moore majority vote, then counted)
+        best, votes, total = -1, 0, 0
+        for b in range(256):
+            q = trans[g, b]
+            if q < 0:
+                continue
+            total += 1
+            if votes == 0:
+                best, votes = q, 1
+            elif q == best:
+                votes += 1
+            else:
+                votes -= 1
+        if best < 0 or accept[best]:
+            continue
+        most = 0
+        for b in range(256):
+            if trans[g, b] == best:
+                most += 1
+        if 2 * most <= total:
+            continue
+        main[g] = best
+        for b in range(256):
+            if trans[g, b] == best:
+                bits[g, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+    runs = np.zeros(n, np.int32)
+    for g in range(n):
+        if main[g] >= 0:
+            runs[g] = cap if main[g] == g else 1
+    grown = True
+    while grown:
+        grown = False
+        for g in range(n):
+            m = main[g]
+            if m < 0 or runs[m] == 0 or min(cap, runs[m] + 1) <= runs[g]:
+                continue
+            wider = True
+            for k in range(4):
+                if bits[m, k] & bits[g, k] != bits[g, k]:
+                    wider = False
+            if wider:
+                runs[g] = min(cap, runs[m] + 1)
+                grown = True
+    return runs, bits
+
+
 def load_kernels(sample: DFA) -> None:
-    """Load the compiled product, key-exclusion and signature kernels, with `sample` (any DFA) as their input: numba
-    reads each from its disk cache on first call, and the sparse one only runs for products of millions of pairs
-    (signatures only for walks over much of a large vocabulary), so without this it loads inside whichever compile
-    or mask first needs one.  (Counted products go through the plain kernel, with the same argument types.)"""
+    """Load the compiled product, key-exclusion, signature and byte-run kernels, with `sample` (any DFA) as their
+    input: numba reads each from its disk cache on first call, and the sparse one only runs for products of millions
+    of pairs (signatures only for walks over much of a large vocabulary), so without this it loads inside whichever
+    compile or mask first needs one.  (Counted products go through the plain kernel, with the same argument types.)"""
     product(sample, sample, True, 1 << 10)
     _sparse_pairs(sample, sample, False, 1 << 10)
     without_words(sample, [b"a"], 1 << 10)
     _reachable_in_order(sample.trans, 0, 1)
+    _byte_runs(sample.trans, sample.accept, RUN_CAP)
 
 
 def packed_bytes(words: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:

@@ -53,15 +53,17 @@ _MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls 
 
 
 @numba.njit(cache=True, nogil=True)
-def walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
-               start, nodes, bits, touched, pops):  # pragma: no cover - compiled
+def walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, t_height,
+               t_below, max_depth, start, nodes, bits, touched, pops):  # pragma: no cover - compiled
     """Mark in `bits` (all zero on entry) the tokens strictly below each trie node of `nodes` that a call-free
     DFA can consume from `start`, listing in `touched` each word it makes non-zero; write the nodes where it may
     stop (accept) into `pops`.  Returns (number of pops, number of touched words).
 
     One scratch row of states serves every node: a walk from the pop points of a string that may end after
     any character starts below tens of thousands of nodes, five trie nodes each on average, where allocating
-    the row per node took four fifths of the time."""
+    the row per node took four fifths of the time.  A subtree whose bytes (`t_below`) all keep to the state's
+    main path for as many bytes as it is deep (`DFA.byte_runs`, `t_height`) has all its tokens and no pop point
+    below its root, and is not entered: inside a JSON string most of the trie is such subtrees."""
     npops = 0
     ntouched = 0
     if not accept[start] and not has_out[start]:
@@ -82,7 +84,12 @@ def walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_
             if g < 0:
                 i = t_end[i]
                 continue
-            for j in range(t_tok_ptr[i], t_tok_ptr[i + 1]):
+            skip = runs[g] > 0 and t_end[i] > i + 1 and runs[g] >= t_height[i]
+            if skip:
+                for k in range(4):
+                    if t_below[i, k] & ~run_bytes[g, k]:
+                        skip = False
+            for j in range(t_tok_ptr[i], t_tok_ptr[t_end[i] if skip else i + 1]):
                 tid = t_tok_ids[j]
                 w = tid >> 5
                 if bits[w] == 0:
@@ -93,7 +100,7 @@ def walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_
                 pops[npops] = i
                 npops += 1
             states[lv] = g
-            i = i + 1 if has_out[g] else t_end[i]
+            i = i + 1 if has_out[g] and not skip else t_end[i]
     return npops, ntouched
 
 
@@ -109,9 +116,9 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `_patch_walk`, the captured texts' kernels and the trie's heights now: only a patched whole-vocabulary
-    walk (inside a key beside declared ones) and captured texts call them, so they would otherwise load, from numba's
-    disk cache, inside the first mask that needs one."""
+    """Load `_patch_walk`, the captured texts' kernels and the trie's subtree tables now: only a patched
+    whole-vocabulary walk (inside a key beside declared ones) and captured texts call them, so they would otherwise
+    load, from numba's disk cache, inside the first mask that needs one."""
     t = vocabulary.trie
     bits = np.zeros(vocabulary.mask_words, np.uint32)
     nowhere = np.full((1, 256), -1, np.int32)
@@ -119,9 +126,10 @@ def load_kernels(vocabulary: Vocabulary) -> None:
     data, ends = packed_bytes([b"a"])
     _goes_on(nowhere, no, 0, data, ends)
     _clear_below(bits, t.end, t.tok_ptr, t.tok_ids, _descend_texts(t.byte, t.end, 0, 1, data, ends, no))
-    _patch_walk(nowhere, no, no, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids, vocabulary.max_depth, 0, 0,
-                _MAX_PATCHED_BYTES, bits, _NO_POPS)
-    _heights(vocabulary)
+    nowhere_dfa = DFA(nowhere, no)
+    _patch_walk(*_skipping_args(nowhere_dfa, vocabulary), 0, 0, _MAX_PATCHED_BYTES, bits, _NO_POPS)
+    scratch = _SCRATCH.of(vocabulary)
+    _walk_skipping(*_skipping_args(nowhere_dfa, vocabulary), 0, _ROOT, *scratch)
 
 
 _ROOT_CHILDREN: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
@@ -139,15 +147,20 @@ def _root_children(vocabulary: Vocabulary) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _subtree_heights(depth, end):  # pragma: no cover - compiled
-    """Per trie node, the most bytes a token goes on below it (children come after their parent, in order)."""
-    heights = np.zeros(len(depth), np.int32)
-    for i in range(len(depth) - 1, -1, -1):
+def _subtrees(byte, end):  # pragma: no cover - compiled
+    """Per trie node, the most bytes a token goes on below it and the bytes below it (four 64-bit words); children
+    come after their parent, in order."""
+    heights = np.zeros(len(byte), np.int32)
+    below = np.zeros((len(byte), 4), np.uint64)
+    for i in range(len(byte) - 1, -1, -1):
         j = i + 1
         while j < end[i]:
             heights[i] = max(heights[i], heights[j] + 1)
+            below[i, byte[j] >> 6] |= np.uint64(1) << np.uint64(byte[j] & 63)
+            for k in range(4):
+                below[i, k] |= below[j, k]
             j = end[j]
-    return heights
+    return heights, below
 
 
 _FIRST_BYTE_NODES: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
@@ -163,15 +176,26 @@ def _first_byte_nodes(vocabulary: Vocabulary) -> np.ndarray:
     return hit
 
 
-_HEIGHTS: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
+_SUBTREES: "weakref.WeakKeyDictionary[Vocabulary, tuple[np.ndarray, np.ndarray]]" = weakref.WeakKeyDictionary()
+
+
+def _subtree_tables(vocabulary: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
+    """(heights, bytes below) per trie node (see `_subtrees`; 7 MB for cl100k)."""
+    hit = _SUBTREES.get(vocabulary)
+    if hit is None:
+        hit = _SUBTREES[vocabulary] = _subtrees(vocabulary.trie.byte, vocabulary.trie.end)
+    return hit
 
 
 def _heights(vocabulary: Vocabulary) -> np.ndarray:
-    hit = _HEIGHTS.get(vocabulary)
-    if hit is None:
-        t = vocabulary.trie
-        hit = _HEIGHTS[vocabulary] = _subtree_heights(t.depth, t.end)
-    return hit
+    return _subtree_tables(vocabulary)[0]
+
+
+def _skipping_args(dfa: DFA, vocabulary: Vocabulary) -> tuple:
+    """The DFA's and the trie's arrays as the skipping walk kernels take them."""
+    t = vocabulary.trie
+    return (dfa.trans, dfa.accept, dfa.has_out, *dfa.byte_runs, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
+            *_subtree_tables(vocabulary), vocabulary.max_depth)
 
 
 # One walk's result, a plain tuple (words, values, pops, pops_key): the allowed tokens as a bitmask (`words`
@@ -232,8 +256,19 @@ _SCRATCH = _Scratch()
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth, start, nodes,
-          bits, touched, pops):  # pragma: no cover - compiled
+def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth, start, nodes, bits,
+          touched, pops):  # pragma: no cover - compiled
+    """`_walk_skipping` with runs of none: no subtree is left out, and the subtree tables are never read (most walks
+    are small: four arrays fewer to pass from Python)."""
+    runs = np.zeros(len(accept), np.int32)
+    nothing = np.zeros((1, 4), np.uint64)
+    return _walk_skipping(trans, accept, has_out, runs, nothing, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, runs,
+                          nothing, max_depth, start, nodes, bits, touched, pops)
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_skipping(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, t_height,
+                   t_below, max_depth, start, nodes, bits, touched, pops):  # pragma: no cover - compiled
     """`walk_nodes` into the scratch rows (`bits` all zero, left so), as a result: (dense, words, values, pops),
     the words sorted (none when dense: `values` is then the whole bitmask) and the pop points a sorted set
     without trie leaves (nothing goes on below a leaf, so what follows it adds no token)."""
@@ -242,8 +277,8 @@ def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, 
         needed += t_end[t0] - t0
     if needed > len(pops):     # nested start nodes: a node may be reached from each
         pops = np.empty(needed, np.int32)
-    npops, ntouched = walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
-                                 start, nodes, bits, touched, pops)
+    npops, ntouched = walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr,
+                                 t_tok_ids, t_height, t_below, max_depth, start, nodes, bits, touched, pops)
     disjoint = True     # walks from sorted disjoint subtrees list their pop points in order, once
     for i in range(len(nodes) - 1):
         if t_end[nodes[i]] > nodes[i + 1]:
@@ -321,8 +356,8 @@ def _clear_below(bits, t_end, t_tok_ptr, t_tok_ids, nodes):  # pragma: no cover 
 
 
 @numba.njit(cache=True, nogil=True)
-def _patch_walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth, state, ref,
-                max_differ, bits, base_pops):  # pragma: no cover - compiled
+def _patch_walk(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, t_height,
+                t_below, max_depth, state, ref, max_differ, bits, base_pops):  # pragma: no cover - compiled
     """Turn `bits` (dense), the tokens of the whole-vocabulary walk from `ref`, into those of the walk from `state`
     in the same DFA; returns the new walk's pop points (sorted, without trie leaves) given the old one's.
 
@@ -352,8 +387,9 @@ def _patch_walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok
             _set_tokens(bits, t_tok_ids, t_tok_ptr[lo], t_tok_ptr[hi], False)
             dropped.append((lo, hi))
             found = np.empty(hi - node, np.int32)
-            npops, _ = walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth,
-                                  q, np.full(1, node, np.int32), bits, touched, found)
+            npops, _ = walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr,
+                                  t_tok_ids, t_height, t_below, max_depth, q, np.full(1, node, np.int32), bits,
+                                  touched, found)
             for k in range(npops):
                 if found[k] != node:
                     added.append(found[k])
@@ -376,8 +412,9 @@ def _patch_walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok
                 stack.append((c, nq, nr))
             elif has_out[nq]:   # the old walk never entered below c: nothing of it to undo there
                 found = np.empty(t_end[c] - c, np.int32)
-                npops, _ = walk_nodes(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids,
-                                      max_depth, nq, np.full(1, c, np.int32), bits, touched, found)
+                npops, _ = walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr,
+                                      t_tok_ids, t_height, t_below, max_depth, nq, np.full(1, c, np.int32), bits,
+                                      touched, found)
                 for m in range(npops):
                     if found[m] != c:
                         added.append(found[m])
@@ -420,11 +457,18 @@ def _merge_pops(base_pops, dropped, added, t_end):  # pragma: no cover - compile
     return out[:n]
 
 
-def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray) -> Walk:
-    t = vocabulary.trie
+def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray, skipping: bool = False) -> Walk:
+    """The walk from `state` below `nodes`; `skipping`: leaving out the subtrees of the state's main paths, which
+    pays only on walks over much of the trie (`DFA.byte_runs` costs a few microseconds per DFA, the checks a little
+    on every node)."""
     bits, touched, pops = _SCRATCH.of(vocabulary)
-    dense, words, values, found = _walk(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr,
-                                        t.tok_ids, vocabulary.max_depth, state, nodes, bits, touched, pops)
+    if skipping:
+        dense, words, values, found = _walk_skipping(*_skipping_args(dfa, vocabulary), state, nodes, bits, touched,
+                                                     pops)
+    else:
+        t = vocabulary.trie
+        dense, words, values, found = _walk(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr,
+                                            t.tok_ids, vocabulary.max_depth, state, nodes, bits, touched, pops)
     return None if dense else words, values, found, found.tobytes()
 
 
@@ -464,13 +508,14 @@ class TokenMasks:
         if hit is not None:
             return hit
         root = nodes_key == _ROOT_KEY
-        signature = dfa.signature(state) if root and self._wide(dfa, state) else None
+        wide = root and self._wide(dfa, state)
+        signature = dfa.signature(state) if wide else None
         signed = (signature, nodes_key) if signature is not None else None
         hit = self._shared_hit(signed) if signed is not None else None
         if hit is None:
             hit = self._patched_root_walk(dfa, state, depth) if root else None
             if hit is None:
-                hit = _run_walk(dfa, self.vocabulary, state, nodes)
+                hit = _run_walk(dfa, self.vocabulary, state, nodes, skipping=wide)
             if signed is not None:
                 self._share(signed, hit)
         self._share(key, hit)
@@ -512,11 +557,9 @@ class TokenMasks:
         if ref == state or len(differ) > _MAX_PATCHED_BYTES:
             return None
         base = self._shared_walk(dfa, ref, _ROOT, _ROOT_KEY, depth + 1)
-        t = self.vocabulary.trie
         bits = np.zeros(self.vocabulary.mask_words, np.uint32)
         add_walk(base, bits)
-        pops = _patch_walk(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
-                           self.vocabulary.max_depth, state, ref, _MAX_PATCHED_BYTES, bits, base[2])
+        pops = _patch_walk(*_skipping_args(dfa, self.vocabulary), state, ref, _MAX_PATCHED_BYTES, bits, base[2])
         return new_walk(bits, pops)
 
     def add_mask(self, bits: np.ndarray, configurations: tuple[tuple[int, int], ...], stacks: StackArena) -> None:

@@ -394,3 +394,55 @@ def test_patched_walks_where_acceptance_parts():
                                    # accepting nearly everywhere: the old walk's pop points are most of the trie
                                    r"(?s:[^x]*(x[^y][^x]*)*x?)")]
     assert _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) >= 10
+
+
+def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int]]:
+    """What a whole-vocabulary walk from `state` must find, token by token: the tokens the DFA reads to the end
+    and the trie nodes (with something below them) where it may stop."""
+    from leapgen.grammars import token_masks
+
+    t = vocabulary.trie
+    allowed, pops = set(), {0} if dfa.accept[state] else set()
+    for tid, data in enumerate(vocabulary.token_bytes):
+        q, node = state, 0
+        for byte in data or b"":
+            q, node = int(dfa.trans[q, byte]), int(token_masks._child(t.byte, t.end, node, byte))
+            if q < 0:
+                break
+            if dfa.accept[q] and t.end[node] > node + 1:
+                pops.add(node)
+        else:
+            if data:
+                allowed.add(tid)
+    return allowed, pops
+
+
+@pytest.mark.parametrize("pattern", [
+    r'"[^"\\]*"', r'"(?:[^"\\]|\\.){0,40}"', r'"[a-z]{0,5}"', r'(?s:.*(customer|maker).*)', r'[0-9]+',
+    r'"[a-zé中😀 ]{2,10}"', r'(?s:(ab)*a?)', r'"(?:[^"\\]|\\.){3,}x"', r'(?s:[^x]*(x[^y][^x]*)*x?)'])
+def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
+    """Walks that leave out the trie subtrees whose bytes all keep to a state's main path (`DFA.byte_runs`) allow
+    the same tokens and stop at the same trie nodes as reading every token through the DFA, from every state,
+    over a vocabulary of quotes, escapes, UTF-8 and long runs of letters."""
+    from leapgen.grammars import token_masks
+    from leapgen.grammars.vocab import Vocabulary, build_trie
+
+    rng = random.Random(3)
+    alphabet = 'abcmxy"\\ é中'
+    pieces = {bytes([b]) for b in range(256)} | {"".join(rng.choices(alphabet, k=rng.randint(2, 12))).encode()
+                                                  for _ in range(3000)}
+    token_bytes = sorted(pieces)
+    vocabulary = Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),),
+                            build_trie(token_bytes))
+    dfa = regex_dfa(pattern)
+    skipping = 0
+    for state in range(dfa.num_states):
+        walk = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT, skipping=True)
+        bits = np.zeros(vocabulary.mask_words, np.uint32)
+        token_masks.add_walk(walk, bits)
+        found = set(np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")).tolist())
+        allowed, pops = _walk_by_tokens(dfa, vocabulary, state)
+        assert found == allowed, (state, sorted(found ^ allowed)[:5])
+        assert set(walk[2].tolist()) == pops, state
+        skipping += int(dfa.byte_runs[0][state] > 1)
+    assert skipping or pattern in (r'[0-9]+', r'(?s:(ab)*a?)')
