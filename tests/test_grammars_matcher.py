@@ -396,13 +396,16 @@ def test_patched_walks_where_acceptance_parts():
     assert _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) >= 10
 
 
-def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int]]:
+def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], int]:
     """What a whole-vocabulary walk from `state` must find, token by token: the tokens the DFA reads to the end
-    and the trie nodes (with something below them) where it may stop."""
+    and the trie nodes (with something below them) where it may stop; and how many of the nodes it reaches are
+    roots of subtrees a skipping walk leaves out (`walk_nodes`)."""
     from leapgen.grammars import token_masks
 
     t = vocabulary.trie
-    allowed, pops = set(), {0} if dfa.accept[state] else set()
+    heights, below = token_masks._subtree_tables(vocabulary)
+    runs, run_bytes = dfa.byte_runs
+    allowed, pops, skipped = set(), {0} if dfa.accept[state] else set(), set()
     for tid, data in enumerate(vocabulary.token_bytes):
         q, node = state, 0
         for byte in data or b"":
@@ -411,15 +414,19 @@ def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int]]:
                 break
             if dfa.accept[q] and t.end[node] > node + 1:
                 pops.add(node)
+            if t.end[node] > node + 1 and 0 < heights[node] <= runs[q] and not (below[node] & ~run_bytes[q]).any():
+                skipped.add(node)
         else:
             if data:
                 allowed.add(tid)
-    return allowed, pops
+    return allowed, pops, len(skipped)
 
 
 @pytest.mark.parametrize("pattern", [
     r'"[^"\\]*"', r'"(?:[^"\\]|\\.){0,40}"', r'"[a-z]{0,5}"', r'(?s:.*(customer|maker).*)', r'[0-9]+',
-    r'"[a-zé中😀 ]{2,10}"', r'(?s:(ab)*a?)', r'"(?:[^"\\]|\\.){3,}x"', r'(?s:[^x]*(x[^y][^x]*)*x?)'])
+    r'"[a-zé中😀 ]{2,10}"', r'(?s:(ab)*a?)', r'"(?:[^"\\]|\\.){3,}x"', r'(?s:[^x]*(x[^y][^x]*)*x?)',
+    # the main path narrows after a byte (a run must not go on into it), and loops of two states
+    r'"[a-z][a-c]*"', r'"(?:[0-9a-f]{2})*"', r'"(?:[a-z ]{2})*"'])
 def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     """Walks that leave out the trie subtrees whose bytes all keep to a state's main path (`DFA.byte_runs`) allow
     the same tokens and stop at the same trie nodes as reading every token through the DFA, from every state,
@@ -435,14 +442,31 @@ def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     vocabulary = Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),),
                             build_trie(token_bytes))
     dfa = regex_dfa(pattern)
-    skipping = 0
+    skipped = 0
     for state in range(dfa.num_states):
         walk = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT, skipping=True)
         bits = np.zeros(vocabulary.mask_words, np.uint32)
         token_masks.add_walk(walk, bits)
         found = set(np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")).tolist())
-        allowed, pops = _walk_by_tokens(dfa, vocabulary, state)
+        allowed, pops, skips = _walk_by_tokens(dfa, vocabulary, state)
         assert found == allowed, (state, sorted(found ^ allowed)[:5])
         assert set(walk[2].tolist()) == pops, state
-        skipping += int(dfa.byte_runs[0][state] > 1)
-    assert skipping or pattern in (r'[0-9]+', r'(?s:(ab)*a?)')
+        skipped += skips
+    assert skipped or pattern in (r'[0-9]+', r'(?s:(ab)*a?)', r'(?s:[^x]*(x[^y][^x]*)*x?)')   # accepting runs
+
+
+def test_walks_do_not_skip_where_the_main_path_narrows():
+    """After `x` any letter, then only a-c: a subtree below `x` of letters as deep as three holds tokens the DFA
+    refuses (`xmm`), so a run from after `x` must stop where the next state's bytes no longer hold its own."""
+    from leapgen.grammars import token_masks
+    from leapgen.grammars.vocab import Vocabulary, build_trie
+
+    token_bytes = sorted({bytes([b]) for b in range(256)} | {b"xab", b"xabc", b"xmm", b"xmab", b"xa"})
+    vocabulary = Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),),
+                            build_trie(token_bytes))
+    dfa = regex_dfa(r"x[a-z][a-c]*y")
+    walk = token_masks._run_walk(dfa, vocabulary, 0, token_masks._ROOT, skipping=True)
+    bits = np.zeros(vocabulary.mask_words, np.uint32)
+    token_masks.add_walk(walk, bits)
+    found = {token_bytes[t] for t in np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))}
+    assert found == {b"x", b"xa", b"xab", b"xabc", b"xmab"}
