@@ -63,11 +63,13 @@ def walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, 
     any character starts below tens of thousands of nodes, five trie nodes each on average, where allocating
     the row per node took four fifths of the time.  A subtree whose bytes (`t_below`) all keep to the state's
     main path for as many bytes as it is deep (`DFA.byte_runs`, `t_height`) has all its tokens and no pop point
-    below its root, and is not entered: inside a JSON string most of the trie is such subtrees."""
+    below its root, and is not entered (inside a JSON string most of the trie is such subtrees; with `runs` empty,
+    none is)."""
     npops = 0
     ntouched = 0
     if not accept[start] and not has_out[start]:
         return npops, ntouched
+    skipping = len(runs) > 0    # empty tables: a plain walk
     states = np.empty(max_depth + 1, np.int32)
     states[0] = start
     for t0 in nodes:
@@ -84,7 +86,7 @@ def walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, 
             if g < 0:
                 i = t_end[i]
                 continue
-            skip = runs[g] > 0 and t_end[i] > i + 1 and runs[g] >= t_height[i]
+            skip = skipping and runs[g] > 0 and t_end[i] > i + 1 and runs[g] >= t_height[i]
             if skip:
                 for k in range(4):
                     if t_below[i, k] & ~run_bytes[g, k]:
@@ -258,10 +260,10 @@ _SCRATCH = _Scratch()
 @numba.njit(cache=True, nogil=True)
 def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, max_depth, start, nodes, bits,
           touched, pops):  # pragma: no cover - compiled
-    """`_walk_skipping` with runs of none: no subtree is left out, and the subtree tables are never read (most walks
-    are small: four arrays fewer to pass from Python)."""
-    runs = np.zeros(len(accept), np.int32)
-    nothing = np.zeros((1, 4), np.uint64)
+    """`_walk_skipping` with no runs at all (empty tables, never read): no subtree is left out (most walks are small:
+    four arrays fewer to pass from Python)."""
+    runs = np.zeros(0, np.int32)
+    nothing = np.zeros((0, 4), np.uint64)
     return _walk_skipping(trans, accept, has_out, runs, nothing, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, runs,
                           nothing, max_depth, start, nodes, bits, touched, pops)
 
