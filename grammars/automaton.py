@@ -109,9 +109,12 @@ class Automaton:
     frames: tuple[ObjectFrame, ...] = ()
     # the first states of `terminals`, a tuple: once it survives a collection the collector stops walking it
     _terminal_starts: tuple[int, ...] = field(init=False, repr=False)
+    # every state from here on is a terminal's (structural states come first, then the terminals end to end)
+    first_terminal: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._terminal_starts = tuple(first for first, _ in self.terminals)
+        self.first_terminal = self._terminal_starts[0] if self.terminals else len(self.accept)
 
     @property
     def num_states(self) -> int:

@@ -591,7 +591,7 @@ class TokenMasks:
         and the trie nodes where it does (cached).  Guards read only the tag of their own frame, so this
         depends on g, that tag and the nodes, not on the frames below: a new parser state deep in a document
         shares the answers of the frames it has in common with earlier ones."""
-        if self.a.terminal_of(g) is not None:
+        if g >= self.a.first_terminal:
             found = self.walk(g, nodes, nodes_key)
             return (found,), (((found[2], found[3]),) if len(found[2]) else ())
         key = (g, stacks.tag[s], nodes_key)
@@ -611,6 +611,7 @@ class TokenMasks:
         (left recursion is refused), but each level of it is a Python call: past `_MAX_FRAME_NESTING` the
         search goes on inside the pushed frames instead."""
         a, call_ptr, parent, ret = self.a, self._call_ptr, stacks.parent, stacks.ret
+        first_terminal = a.first_terminal
         base = (parent[s], ret[s])
         nested = depth < _MAX_FRAME_NESTING
         walks: dict[int, Walk] = {}
@@ -620,7 +621,7 @@ class TokenMasks:
         while todo:
             g, s, nodes, nodes_key = todo.pop()
             nexts = []
-            if a.terminal_of(g) is not None:
+            if g >= first_terminal:
                 found = self.walk(g, nodes, nodes_key)
                 walks[id(found)] = found
                 ends, ends_key = found[2], found[3]
@@ -671,7 +672,7 @@ class TokenMasks:
             nexts = []
             if type(stacks.tag[s]) is bytes:
                 self._add_captured(bits, g, s, nodes, stacks)
-            elif self.a.terminal_of(g) is not None:
+            elif g >= a.first_terminal:
                 found = self.walk(g, nodes, nodes_key)
                 add_walk(found, bits)
                 pops, pops_key = found[2], found[3]

@@ -60,3 +60,19 @@ def test_ignored_whitespace_loops_stay_cheap_on_long_space_tokens():
     assert not accepts(grammar, tok, "[1," + " " * 40 + "]")
     ids = grammar.matcher().allowed_token_ids()
     assert len(ids) and np.all(np.diff(ids) > 0)
+
+
+def test_terminal_states_follow_every_structural_state():
+    """Masks tell a terminal state by `state >= first_terminal`: every state from there on is a terminal's, none
+    before it, in grammars from a schema (objects, captures), a lark grammar and an IR with a lone terminal."""
+    grammars = [
+        compile_json_schema({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"},
+                                                                   "uniqueItems": True}},
+                             "minProperties": 2, "additionalProperties": {"type": "integer"}}, tu.byte_level_bpe()),
+        compile_lark('start: "(" item ("," item)* ")"\nitem: /[a-z]+/ | start', tu.byte_level_bpe()),
+    ]
+    automata = [g.automaton for g in grammars] + [compile_automaton(ir.Grammar({"start": ir.Terminal("[0-9]+")}))]
+    for a in automata:
+        assert 0 < a.first_terminal < a.num_states
+        assert [a.terminal_of(s) is not None for s in range(a.num_states)] == [
+            s >= a.first_terminal for s in range(a.num_states)]
