@@ -328,18 +328,22 @@ def test_shared_walks_evict_the_least_recently_used(monkeypatch):
     assert len(masks._shared) == 3
 
 
+def _vocabulary_of(token_bytes: list[bytes]):
+    """A vocabulary of `token_bytes` (in this order) and eos after them."""
+    from leapgen.grammars.vocab import Vocabulary, build_trie
+
+    return Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),), build_trie(token_bytes))
+
+
 def _key_vocabulary(keys: list[str]):
     """Every byte, and every end of each key with its closing quote and what may follow the quote (a token that
     completes a declared key is what a walk inside an extra key must refuse), and the middles of the keys."""
-    from leapgen.grammars.vocab import Vocabulary, build_trie
-
     pieces = {bytes([b]) for b in range(256)}
     for key in keys:
         data = key.encode()
         for i in range(len(data)):
             pieces |= {data[i:] + b'"', data[i:] + b'":', data[i:] + b'", "', data[i:-1], data[i:i + 2]}
-    token_bytes = sorted(piece for piece in pieces if piece)
-    return Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),), build_trie(token_bytes))
+    return _vocabulary_of(sorted(piece for piece in pieces if piece))
 
 
 def _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) -> int:
@@ -377,14 +381,11 @@ def test_patched_walks_equal_walking_the_whole_trie(kind):
 def test_patched_walks_where_acceptance_parts():
     """Patched walks of states whose successors accept where their neighbour's do not, and the other way round
     (a pop point that comes or goes under a patched byte), over tokens that run through several patched levels."""
-    from leapgen.grammars.vocab import Vocabulary, build_trie
-
     rng = random.Random(7)
     pieces = {bytes([b]) for b in range(256)} | {bytes(rng.choices(b"abcdxy01", k=rng.randint(2, 6)))
                                                   for _ in range(600)}
     token_bytes = sorted(pieces)
-    vocabulary = Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),),
-                            build_trie(token_bytes))
+    vocabulary = _vocabulary_of(token_bytes)
     masks = compile_regex("[a-z]+", vocabulary).masks
     dfas = [regex_dfa(p) for p in (r"(?s:.*abc)", r"(?s:.*ab(c|dd)x?)", r"(?s:(.*[^a])?)", r"(?s:.*(ab|b)y?)",
                                    r"(?s:[^a]*a[^b]*b?.*)", r"(?s:(.*x)?y.*)", r"(?s:.*a.?b)",
@@ -394,6 +395,15 @@ def test_patched_walks_where_acceptance_parts():
                                    # accepting nearly everywhere: the old walk's pop points are most of the trie
                                    r"(?s:[^x]*(x[^y][^x]*)*x?)")]
     assert _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) >= 10
+
+
+def _walk_tokens(walk, vocabulary) -> set[int]:
+    """The ids of the tokens a walk allows."""
+    from leapgen.grammars import token_masks
+
+    bits = np.zeros(vocabulary.mask_words, np.uint32)
+    token_masks.add_walk(walk, bits)
+    return set(np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")).tolist())
 
 
 def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], int]:
@@ -432,22 +442,18 @@ def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     the same tokens and stop at the same trie nodes as reading every token through the DFA, from every state,
     over a vocabulary of quotes, escapes, UTF-8 and long runs of letters."""
     from leapgen.grammars import token_masks
-    from leapgen.grammars.vocab import Vocabulary, build_trie
 
     rng = random.Random(3)
     alphabet = 'abcmxy"\\ é中'
     pieces = {bytes([b]) for b in range(256)} | {"".join(rng.choices(alphabet, k=rng.randint(2, 12))).encode()
                                                   for _ in range(3000)}
     token_bytes = sorted(pieces)
-    vocabulary = Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),),
-                            build_trie(token_bytes))
+    vocabulary = _vocabulary_of(token_bytes)
     dfa = regex_dfa(pattern)
     skipped = 0
     for state in range(dfa.num_states):
         walk = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT, skipping=True)
-        bits = np.zeros(vocabulary.mask_words, np.uint32)
-        token_masks.add_walk(walk, bits)
-        found = set(np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")).tolist())
+        found = _walk_tokens(walk, vocabulary)
         allowed, pops, skips = _walk_by_tokens(dfa, vocabulary, state)
         assert found == allowed, (state, sorted(found ^ allowed)[:5])
         assert set(walk[2].tolist()) == pops, state
@@ -459,14 +465,10 @@ def test_walks_do_not_skip_where_the_main_path_narrows():
     """After `x` any letter, then only a-c: a subtree below `x` of letters as deep as three holds tokens the DFA
     refuses (`xmm`), so a run from after `x` must stop where the next state's bytes no longer hold its own."""
     from leapgen.grammars import token_masks
-    from leapgen.grammars.vocab import Vocabulary, build_trie
 
     token_bytes = sorted({bytes([b]) for b in range(256)} | {b"xab", b"xabc", b"xmm", b"xmab", b"xa"})
-    vocabulary = Vocabulary(len(token_bytes) + 1, [*token_bytes, None], {}, (len(token_bytes),),
-                            build_trie(token_bytes))
+    vocabulary = _vocabulary_of(token_bytes)
     dfa = regex_dfa(r"x[a-z][a-c]*y")
     walk = token_masks._run_walk(dfa, vocabulary, 0, token_masks._ROOT, skipping=True)
-    bits = np.zeros(vocabulary.mask_words, np.uint32)
-    token_masks.add_walk(walk, bits)
-    found = {token_bytes[t] for t in np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))}
+    found = {token_bytes[t] for t in _walk_tokens(walk, vocabulary)}
     assert found == {b"x", b"xa", b"xab", b"xabc", b"xmab"}
