@@ -234,16 +234,22 @@ def _origin(expr: ir.Expr) -> tuple[str, str] | None:
     return expr.origin if isinstance(expr, ir.Terminal) else None
 
 
-@functools.lru_cache(maxsize=MEMO_SIZE)
 def terminal_for(expr: ir.Expr) -> DFA:
     """The shared, memoised DFA of a terminal expression (see `_is_terminal`): equal expressions
     get the same DFA object in every grammar, so token walks inside it are reused."""
+    # All but repetitions go to memos keyed by their texts, which the garbage collector stops scanning; a memo
+    # keyed by the expressions would keep every literal object and its key tracked.
     if isinstance(expr, ir.Terminal):
         return terminal_dfa(expr.pattern, tuple(expr.also), tuple(expr.excluding))
     if isinstance(expr, ir.Lit):
         return literal_dfa(expr.text)
     if isinstance(expr, ir.Choice):
         return literals_dfa(tuple(sorted({item.text for item in expr.items})))
+    return _repeated_terminal(expr)
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _repeated_terminal(expr: ir.Repeat) -> DFA:
     item = terminal_for(_unwrap(expr.item))
     nfa = NFA(MAX_RULE_STATES)
     src, dst = nfa.node(), nfa.node()

@@ -18,10 +18,12 @@ from numba import types
 from numba.typed import Dict
 
 # Automata each memo (terminals, regexes, literals, patterns) keeps.  Every one stays an object that each full
-# garbage collection visits: at 8k-64k entries a memo, collections of 60-115 ms landed inside token masks
-# after a few thousand MaskBench schemas; at 2,048 they take 20-30 ms, and compiling those schemas took no
-# longer (what recurs across schemas, strings and numbers and punctuation, stays in).
-MEMO_SIZE = 2048
+# garbage collection visits, at about half a microsecond each (the collector chases pointers through a scattered
+# heap): at 8k-64k entries a memo, collections of 60-115 ms landed inside token masks after a few thousand
+# MaskBench schemas.  512 keeps what recurs across schemas (strings, numbers, punctuation, common keys): against
+# 2,048, time to first mask and total mask time were level on Github_medium, Github_easy, Kubernetes and Snowplow
+# (in-process A/B), and the objects in the old generation fell from about 8,600 to 6,200.
+MEMO_SIZE = 512
 
 
 class BudgetExceeded(Exception):
@@ -40,7 +42,7 @@ RUN_CAP = 1 << 16
 COUNT_CAP = 1 << 40  # string counts of an automaton stop here (DFA.counts): more than any object or array holds
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class DFA:
     """A deterministic automaton over bytes (plus optional call edges); start state 0."""
 
@@ -52,6 +54,14 @@ class DFA:
     # States of the products built on the way to this automaton (its own included): what it cost to build,
     # for the compile budgets
     built_states: int = field(default=0, init=False, repr=False)
+    # What the properties below compute once.  Slots, not an instance dict: a dict would be one more object per
+    # memoised DFA for every full garbage collection to visit.
+    _has_out: np.ndarray | None = field(default=None, init=False, repr=False)
+    _matches_nothing: bool | None = field(default=None, init=False, repr=False)
+    _signatures: dict[int, bytes | None] | None = field(default=None, init=False, repr=False)
+    _byte_runs: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
+    _counted_states: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
+    _edge_table: np.ndarray | None = field(default=None, init=False, repr=False)
 
     @property
     def num_states(self) -> int:
@@ -60,24 +70,26 @@ class DFA:
     @property
     def has_out(self) -> np.ndarray:
         """Per state, whether some byte transition leaves it (cached)."""
-        cached = self.__dict__.get("_has_out")
+        cached = self._has_out
         if cached is None:
-            cached = self.__dict__["_has_out"] = (self.trans >= 0).any(axis=1)
+            cached = self._has_out = (self.trans >= 0).any(axis=1)
         return cached
 
     @property
     def matches_nothing(self) -> bool:
         """Whether no state accepts (cached: a grammar asks it of each terminal it calls)."""
-        cached = self.__dict__.get("_matches_nothing")
+        cached = self._matches_nothing
         if cached is None:
-            cached = self.__dict__["_matches_nothing"] = not self.accept.any()
+            cached = self._matches_nothing = not self.accept.any()
         return cached
 
     def signature(self, state: int, limit: int = 256) -> bytes | None:
         """The automaton reachable from `state`, canonically numbered, as bytes (cached): equal
         signatures mean equal languages from there on, whatever DFA they sit in.  None when more
         than `limit` states are reachable."""
-        cache = self.__dict__.setdefault("_signatures", {})
+        cache = self._signatures
+        if cache is None:
+            cache = self._signatures = {}
         if state not in cache:
             old = _reachable_in_order(self.trans, state, limit)
             if len(old) > limit:
@@ -113,9 +125,9 @@ class DFA:
         half of those that lead anywhere), never an accepting one, and each next step takes at least the bytes of
         the one before.  A token walk skips a trie subtree whose bytes are all such bytes and that is no deeper than
         the run (cached)."""
-        cached = self.__dict__.get("_byte_runs")
+        cached = self._byte_runs
         if cached is None:
-            cached = self.__dict__["_byte_runs"] = _byte_runs(self.trans, self.accept, RUN_CAP)
+            cached = self._byte_runs = _byte_runs(self.trans, self.accept, RUN_CAP)
         return cached
 
     def size(self, limit: int) -> int | None:
@@ -126,7 +138,7 @@ class DFA:
     def _counted(self) -> tuple[np.ndarray, np.ndarray]:
         """(finite, counts), by Kahn's peeling over distinct successors from the states with none: a state is
         counted once all its successors are (cached)."""
-        cached = self.__dict__.get("_counted_states")
+        cached = self._counted_states
         if cached is None:
             n = self.num_states
             src, byte = np.nonzero(self.trans >= 0)
@@ -148,15 +160,15 @@ class DFA:
                     left[p] -= 1
                     if left[p] == 0:
                         todo.append(p)
-            cached = self.__dict__["_counted_states"] = (finite, counts)
+            cached = self._counted_states = (finite, counts)
         return cached
 
     def edge_table(self) -> np.ndarray:
         """Its transitions as int32 rows (state, lo byte, hi byte, target), one per maximal byte range
         (cached)."""
-        cached = self.__dict__.get("_edge_table")
+        cached = self._edge_table
         if cached is None:
-            cached = self.__dict__["_edge_table"] = _edge_table(self.trans)
+            cached = self._edge_table = _edge_table(self.trans)
         return cached
 
 

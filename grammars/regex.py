@@ -80,26 +80,32 @@ def complement_ranges(ranges) -> tuple[tuple[int, int], ...]:
     return normalize_ranges(out)
 
 
-@functools.lru_cache(maxsize=4096)
 def _class_ranges(items: tuple, flags: int) -> tuple[tuple[int, int], ...]:
     """Code point ranges of a parsed character class `[...]` (memoised: a JSON string's character class recurs
     in every string regex of a schema)."""
-    negate = bool(items) and items[0][0] is C.NEGATE
+    # The memo keys on plain ints: the parser's opcodes are objects the garbage collector tracks, and keys
+    # holding them would stay in every full collection.
+    return _memoised_class_ranges(tuple((int(op), int(av) if isinstance(av, int) else av) for op, av in items), flags)
+
+
+@functools.lru_cache(maxsize=4096)
+def _memoised_class_ranges(items: tuple[tuple[int, object], ...], flags: int) -> tuple[tuple[int, int], ...]:
+    negate = bool(items) and items[0][0] == C.NEGATE
     body = items[1:] if negate else items
-    simple = all(op in (C.LITERAL, C.RANGE) for op, _ in body)
+    simple = all(op == C.LITERAL or op == C.RANGE for op, _ in body)
     if simple and not flags & re.IGNORECASE:
-        ranges = [(av, av) if op is C.LITERAL else av for op, av in body]
+        ranges = [(av, av) if op == C.LITERAL else av for op, av in body]
         return complement_ranges(ranges) if negate else normalize_ranges(ranges)
     parts = []
     for op, av in body:
-        if op is C.LITERAL:
+        if op == C.LITERAL:
             parts.append(f"\\U{av:08x}")
-        elif op is C.RANGE:
+        elif op == C.RANGE:
             parts.append(f"\\U{av[0]:08x}-\\U{av[1]:08x}")
-        elif op is C.CATEGORY and av in _CATEGORY_ESCAPES:
+        elif op == C.CATEGORY and av in _CATEGORY_ESCAPES:
             parts.append(_CATEGORY_ESCAPES[av])
         else:
-            raise ValueError(f"unsupported class item {op}")
+            raise ValueError(f"unsupported class item {C.OPCODES[op]}")
     keep = flags & (re.IGNORECASE | re.ASCII)
     return _scan_class(f"[{'^' if negate else ''}{''.join(parts)}]", keep)
 
