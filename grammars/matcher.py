@@ -37,7 +37,11 @@ class CompiledGrammar:
         self.masks = TokenMasks(automaton, vocabulary)
         self.stacks = StackArena(automaton)
         self.initial: State = ((automaton.start, 0),)
-        self._closures: dict[State, tuple[tuple[tuple[int, int], ...], bool]] = {}
+        # A state's ready configurations, and apart from them the states that are complete: an answer cached as a
+        # (configurations, complete) pair would stay tracked by the garbage collector into its old generation
+        # (a collection untracks a tuple only after the tuples inside it, and it meets the pair first).
+        self._closures: dict[State, tuple[tuple[int, int], ...]] = {}
+        self._complete: set[State] = set()
         self._mask_cache: dict[State, np.ndarray] = {}
         self._ids_cache: dict[State, np.ndarray] = {}
         self._out_bytes: dict[int, np.ndarray] = {}
@@ -65,7 +69,7 @@ class CompiledGrammar:
         whether the text so far is complete (the outermost rule can return)."""
         hit = self._closures.get(state)
         if hit is not None:
-            return hit
+            return hit, state in self._complete
         a, stacks = self.automaton, self.stacks
         seen, todo, ready, complete = set(state), list(state), [], False
         while todo:
@@ -87,8 +91,11 @@ class CompiledGrammar:
                     todo.append(cfg)
         if len(self._closures) >= _MASK_CACHE_LIMIT:
             self._closures.clear()
-        hit = self._closures[state] = (tuple(sorted(ready)), complete)
-        return hit
+            self._complete.clear()
+        hit = self._closures[state] = tuple(sorted(ready))
+        if complete:
+            self._complete.add(state)
+        return hit, complete
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`, or None if the grammar cannot continue with it."""
