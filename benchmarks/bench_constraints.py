@@ -19,6 +19,10 @@ invalid one must be refused somewhere.  Printed as a markdown table:
 then, with two engines or more, each one's time to first mask p50/p90 over the schemas every engine compiled
 (an engine compiling more schemas also compiles harder ones, which only its own p50 and p90 count).
 
+Engines take turns: per subset, each one in turn, the first alternating from subset to subset, so that a
+machine whose speed drifts during the run slows them alike (run `leapgen` and `leapgen-any` in processes of
+their own: in one process they share leapgen's memoised automata, which would flatter the second).
+
 Each engine warms up on a small schema (leapgen through `grammars.warm_up`, which `leapgen serve` runs at
 start: numba's kernels loaded), then its startup heap (imports, tokenizer, vocabulary tables) is frozen out of
 the garbage collector's full collections, as `leapgen serve` does; what compiling and masking allocate is not.
@@ -279,26 +283,31 @@ def main() -> None:
     import tokenizers_util
 
     tokenizer = getattr(tokenizers_util, args.tokenizer)()
-    rows, large = [], []
+    rows, large, engines = [], [], {}
     for name in args.engines.split(","):
         try:
-            engine = ENGINES[name](tokenizer)
+            engines[name] = ENGINES[name](tokenizer)
         except ImportError as exc:
             print(f"skipping {name}: {exc}", file=sys.stderr)
             continue
-        engine.mask(engine.start(engine.compile({"type": "object"})))   # warm-up: JIT, vocabulary tables
-        # What the process keeps from here on (imports, tokenizer, vocabulary tables) leaves the full garbage
-        # collections, as in `leapgen serve`: otherwise each one scans ~300k objects (~100 ms) inside some mask.
-        with frozen_startup_heap():
-            if args.large:
+        engines[name].mask(engines[name].start(engines[name].compile({"type": "object"})))  # warm-up: JIT, tables
+    # What the process keeps from here on (imports, tokenizer, vocabulary tables) leaves the full garbage
+    # collections, as in `leapgen serve`: otherwise each one scans ~300k objects (~100 ms) inside some mask.
+    with frozen_startup_heap():
+        if args.large:
+            for name, engine in engines.items():
                 large.append((name, {label: _time_to_first_mask(engine, schema) for label, schema in LARGE.items()}))
                 print(f"{name} large: {large[-1][1]}", file=sys.stderr, flush=True)
-            for subset in args.subsets.split(","):
-                files = sorted((MASKBENCH / subset).glob("*.json"))[: args.n]
-                r = bench(engine, files, tokenizer, instances=not args.compile_only)
+        for turn, subset in enumerate(args.subsets.split(",")):
+            files = sorted((MASKBENCH / subset).glob("*.json"))[: args.n]
+            # engines take turns per subset, the first one alternating: a machine whose speed drifts over the
+            # minutes of a run then slows every engine alike
+            for name in list(engines)[:: -1 if turn % 2 else 1]:
+                r = bench(engines[name], files, tokenizer, instances=not args.compile_only)
                 rows.append((name, subset, r))
                 print(f"{name} {subset}: { {k: v for k, v in r.items() if k != 'by_schema'} }", file=sys.stderr,
                       flush=True)
+    rows.sort(key=lambda row: list(engines).index(row[0]))     # stable: each engine's subsets in order
     if large:
         print("\n| engine | " + " | ".join(LARGE) + " |")
         print("|---|" + "---:|" * len(LARGE))
