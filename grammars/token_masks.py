@@ -481,7 +481,10 @@ class TokenMasks:
         self.a = automaton
         self.vocabulary = vocabulary
         self._walks: dict[tuple[int, bytes], Walk] = {}
-        self._frames: dict[tuple[int, FrameTag, bytes], FrameAnswer] = {}
+        # a frame's answer, its walks and its returns kept apart: cached as one nested pair it would stay tracked by
+        # the garbage collector into its old generation (see CompiledGrammar's closures)
+        self._frame_walks: dict[tuple[int, FrameTag, bytes], tuple[Walk, ...]] = {}
+        self._frame_returns: dict[tuple[int, FrameTag, bytes], tuple[tuple[np.ndarray, bytes], ...]] = {}
         self._shared = _SHARED_WALKS.setdefault(vocabulary, OrderedDict())
         self._call_ptr = tuple(automaton.call_ptr.tolist())
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
@@ -595,12 +598,15 @@ class TokenMasks:
             found = self.walk(g, nodes, nodes_key)
             return (found,), (((found[2], found[3]),) if len(found[2]) else ())
         key = (g, stacks.tag[s], nodes_key)
-        hit = self._frames.get(key)
-        if hit is None:
-            if len(self._frames) >= _FRAME_CACHE_LIMIT:
-                self._frames.clear()
-            hit = self._frames[key] = self._frame_search(g, s, nodes, nodes_key, stacks, depth)
-        return hit
+        walks = self._frame_walks.get(key)
+        if walks is not None:
+            return walks, self._frame_returns[key]
+        if len(self._frame_walks) >= _FRAME_CACHE_LIMIT:
+            self._frame_walks.clear()
+            self._frame_returns.clear()
+        walks, returns = self._frame_search(g, s, nodes, nodes_key, stacks, depth)
+        self._frame_walks[key], self._frame_returns[key] = walks, returns
+        return walks, returns
 
     def _frame_search(self, g: int, s: int, nodes: np.ndarray, nodes_key: bytes, stacks: StackArena,
                       depth: int) -> FrameAnswer:
