@@ -6,6 +6,8 @@ import collections
 import gc
 import json
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -136,29 +138,49 @@ def test_the_collector_stays_paused_from_the_schema_to_the_compiled_grammar(coll
     assert seen == [False] and gc.isenabled()
 
 
-def test_what_a_compile_keeps_for_the_collector_is_its_memoised_automata(collector_state, tokenizer):
+_KEPT_BY_A_COMPILE = """
+import collections, gc, json, sys
+import numpy as np
+import tokenizers_util as tu
+from leapgen.grammars import json_schema
+
+tokenizer = tu.cl100k()
+buffer = np.zeros((len(tokenizer) + 31) // 32, np.int32)
+
+def run(tag):
+    schema = {"type": "object", "properties": {
+        f"{tag}_{i}": {"type": "string", "pattern": f"^{tag}[0-9a-f]{{{i % 5 + 1}}}$"} for i in range(40)}}
+    matcher = json_schema.compile_json_schema(schema, tokenizer).matcher()
+    for token in tokenizer.encode(json.dumps({f"{tag}_1": f"{tag}12"}), add_special_tokens=False):
+        matcher.fill_bitmask(buffer)
+        matcher.advance(token)
+
+run("warm")
+gc.collect()
+gc.collect()
+before = set(map(id, gc.get_objects()))
+run("fresh")
+gc.collect()
+gc.collect()
+kept = collections.Counter()
+for o in gc.get_objects():      # a loop, not a comprehension: one would hold `before` in a new cell
+    if id(o) not in before and o is not before and o is not kept:
+        kept[type(o).__name__] += 1
+print(json.dumps(kept))
+"""
+
+
+def test_what_a_compile_keeps_for_the_collector_is_its_memoised_automata():
     # every object a compile leaves tracked is walked by each later full collection (about half a microsecond
     # each, inside whichever token mask it lands in): memo keys of IR objects or opcodes, instance dicts and
-    # nested cached answers once tripled what the memoised automata alone keep
-    def run(tag: str) -> None:
-        schema = {"type": "object", "properties": {
-            f"{tag}_{i}": {"type": "string", "pattern": f"^{tag}[0-9a-f]{{{i % 5 + 1}}}$"} for i in range(40)}}
-        matcher = json_schema.compile_json_schema(schema, tokenizer).matcher()
-        for token in tokenizer.encode(json.dumps({f"{tag}_1": f"{tag}12"}), add_special_tokens=False):
-            matcher.fill_bitmask(_buffer(tokenizer))
-            matcher.advance(token)
-
-    run("warm")
-    gc.collect()
-    gc.collect()
-    before = set(map(id, gc.get_objects()))
-    run("fresh")
-    gc.collect()
-    gc.collect()
-    kept = collections.Counter()
-    for o in gc.get_objects():      # a loop, not a comprehension: one would hold `before` in a new cell
-        if id(o) not in before and o is not before and o is not kept:
-            kept[type(o).__name__] += 1
+    # nested cached answers once tripled what the memoised automata alone keep.  Counted in a process of its
+    # own: threads other tests leave running would allocate objects of their own in between.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", _KEPT_BY_A_COMPILE], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    kept = json.loads(done.stdout.splitlines()[-1])
     assert kept.keys() <= {"DFA", "PatternRegexes"}, kept
     assert kept["DFA"] >= 40            # the new keys' and patterns' automata are memoised
 
