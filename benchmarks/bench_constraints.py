@@ -218,8 +218,9 @@ def bench(engine, files: list[str], tokenizer, instances: bool = True) -> dict:
     # the collector tracks, 2,000 for a subset of 1,000 schemas).
     compile_times, first_masks, mask_times = array.array("d"), array.array("d"), array.array("d")
     by_schema: dict[str, float] = {}     # each compiled schema's time to first mask, for the common-schema table
-    for path in files:
-        doc = json.loads(Path(path).read_text())
+    for name in files:
+        path = Path(name)       # one per schema, freed with the next
+        doc = json.loads(path.read_text())
         t = time.perf_counter()
         try:
             compiled = engine.compile(doc["schema"])
@@ -227,7 +228,7 @@ def bench(engine, files: list[str], tokenizer, instances: bool = True) -> dict:
             continue
         compile_times.append(time.perf_counter() - t)
         first_masks.append(compile_times[-1] + _first_mask_time(engine, compiled))
-        by_schema[Path(path).stem] = first_masks[-1]
+        by_schema[path.stem] = first_masks[-1]
         compiled_n += 1
         ok = True
         for case in doc["tests"] if instances else ():

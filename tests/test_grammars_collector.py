@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import gc
 import json
 import os
