@@ -62,6 +62,13 @@ class DFA:
     _byte_runs: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
     _counted_states: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
     _edge_table: np.ndarray | None = field(default=None, init=False, repr=False)
+    # Where it reads like another automaton for a while (a length-bounded string like any string, short of its
+    # bound), so that a token walk narrows the other's walk instead of walking the trie (`token_masks`): the
+    # other, and per state its state in step with this one (every byte this one reads, the other reads too, into
+    # the states in step; the two accept alike), and for how many bytes from there they read alike.
+    like: DFA | None = field(default=None, init=False, repr=False)
+    like_states: np.ndarray | None = field(default=None, init=False, repr=False)    # int32 [n]
+    like_depths: np.ndarray | None = field(default=None, init=False, repr=False)    # int32 [n]
 
     @property
     def num_states(self) -> int:

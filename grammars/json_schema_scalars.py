@@ -20,8 +20,8 @@ from .json_schema_context import (STRING_KEYS, Part, SchemaContext, count_of, en
                                   satisfying)
 from .json_schema_ir import (INTEGRAL_TAIL, NEVER, choice, json_text, literal, number_literal_parts,
                              number_literal_regex, repeat, seq)
-from .json_strings import (ANY_STRING, ANY_STRING_END, FORMATS, UNENFORCEABLE_FORMATS, Length, StringEnd,
-                           capped_length, chars_regex, format_pattern, pattern_regexes, regex_escape)
+from .json_strings import (ANY_CHARS, ANY_STRING, ANY_STRING_END, FORMATS, UNENFORCEABLE_FORMATS, Chars, Length,
+                           StringEnd, capped_length, format_pattern, pattern_regexes, regex_escape)
 from .regex import MAX_DFA_STATES
 
 Patterns = tuple[tuple[str, str], ...]  # ECMA patterns, each with its JSON pointer
@@ -323,7 +323,7 @@ def _units(ctx: SchemaContext, level: int) -> Expr:
     each level above calls the one below _CHUNK times."""
     name = f"<{_CHUNK ** (level + 1)} string characters>"   # not a name `rule_name` makes
     if name not in ctx.rules:
-        ctx.rules[name] = (Terminal(chars_regex(_CHUNK, _CHUNK)) if level == 0
+        ctx.rules[name] = (Terminal(ANY_CHARS, (Chars(_CHUNK),)) if level == 0
                            else repeat(_units(ctx, level - 1), _CHUNK, _CHUNK))
     # the chunk rule is inlined to its terminal call; the levels above are called, so each stays one rule
     return Ref(name, call=level > 0)

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 from .errors import RegexError, UnsupportedSchemaError
-from .fsm import DFA, MEMO_SIZE, BudgetExceeded, counted_product, minimize, product
+from .fsm import DFA, MEMO_SIZE, RUN_CAP, BudgetExceeded, counted_product, minimize, product
 from .regex import (REGEX_META, check_group_depth, complement_ranges, normalize_ranges, parse_quietly, regex_dfa,
                     terminal_dfa)
 
@@ -182,7 +182,28 @@ def length_dfa(min_length: int, max_length: int | None) -> DFA:
     trans[1 + np.arange(min_length, top + 1) * width, quote] = last
     accept = np.zeros(last + 1, bool)
     accept[last] = True
-    return DFA(trans, accept)
+    dfa = DFA(trans, accept)
+    if min_length or max_length is not None:
+        dfa.like = length_dfa(0, None)
+        dfa.like_states, dfa.like_depths = _like_any_string(min_length, max_length, width)
+    return dfa
+
+
+def _like_any_string(min_length: int, max_length: int | None, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """How `length_dfa(min_length, max_length)` reads like `length_dfa(0, None)` (see `DFA.like`): a state in
+    step with each of its states (the same place inside a character; the lone state past the last position, a
+    character's start; the closing quote's), and for how many bytes they read alike: at a position from
+    `min_length` on, as many as the characters left to `max_length` (no byte adds more than one character);
+    before it, none (the closing quote parts them)."""
+    positions = max_length if max_length is not None else min_length + 1
+    body = np.arange(positions * width, dtype=np.int32)
+    position = body // width
+    left = max_length - position if max_length is not None else np.full_like(position, RUN_CAP)
+    depths = np.concatenate(([0], np.where(position >= min_length, left, 0), [0] * (max_length is not None),
+                             [RUN_CAP])).astype(np.int32)
+    depths[0] = 0 if min_length else depths[1] + 1     # the opening quote, then as from the first position
+    states = np.concatenate(([0], 1 + body % width, [1] * (max_length is not None), [1 + width])).astype(np.int32)
+    return states, depths
 
 
 @dataclass(frozen=True)
@@ -199,12 +220,31 @@ class StringEnd:
 
     def intersect(self, dfa: DFA, max_states: int) -> DFA:
         """`dfa`'s strings that end a string within the bounds; laid out directly where `dfa` is ANY_STRING_END."""
-        own = self.dfa()
-        if dfa is not regex_dfa(ANY_STRING_END):
-            return product(dfa, own, True, max_states)
-        if own.num_states > max_states:
-            raise BudgetExceeded(max_states, "automaton states")
-        return own
+        return _laid_out(self.dfa(), dfa, ANY_STRING_END, max_states)
+
+
+@dataclass(frozen=True)
+class Chars:
+    """Exactly `count` characters of a JSON string's body, no quote (a chunk of a long string's count), as a
+    Language laid out like `Length`, so that it reads like any string's body until its count is reached."""
+
+    count: int
+
+    def dfa(self) -> DFA:
+        return chars_dfa(self.count)
+
+    def intersect(self, dfa: DFA, max_states: int) -> DFA:
+        """`dfa`'s strings of `count` characters; laid out directly where `dfa` is ANY_CHARS."""
+        return _laid_out(self.dfa(), dfa, ANY_CHARS, max_states)
+
+
+def _laid_out(own: DFA, dfa: DFA, anything: str, max_states: int) -> DFA:
+    """The product of `dfa` with a Language's automaton `own`: `own` itself where `dfa` is `anything`'s."""
+    if dfa is not regex_dfa(anything):
+        return product(dfa, own, True, max_states)
+    if own.num_states > max_states:
+        raise BudgetExceeded(max_states, "automaton states")
+    return own
 
 
 @lru_cache(maxsize=MEMO_SIZE)
@@ -214,7 +254,40 @@ def string_end_dfa(min_length: int, max_length: int | None) -> DFA:
     trans = whole.trans[1:] - 1     # no transition leads back to the first state: -1 (none) becomes -2
     trans[trans < 0] = -1
     dfa = DFA(np.ascontiguousarray(trans), whole.accept[1:].copy())
-    return dfa if max_length is not None else minimize(dfa)   # bounded, it stays minimal
+    if max_length is None:
+        return minimize(dfa)
+    dfa.like, dfa.like_states, dfa.like_depths = whole.like, whole.like_states[1:], whole.like_depths[1:]
+    return dfa      # bounded, it stays minimal
+
+
+@lru_cache(maxsize=MEMO_SIZE)
+def chars_dfa(count: int) -> DFA:
+    """`length_dfa(count, count)` less its quotes: `count` characters, then a lone accepting state.  It reads like
+    `body_dfa()` up to the last character (see `DFA.like`)."""
+    whole = length_dfa(count, count)
+    lone = 1 + count * _char_width()
+    trans = whole.trans[1:lone + 1] - 1
+    trans[trans < 0] = -1
+    trans[-1] = -1      # the closing quote's way out
+    accept = np.zeros(lone, bool)
+    accept[-1] = True
+    dfa = DFA(trans, accept)
+    dfa.like, dfa.like_states = body_dfa(), whole.like_states[1:lone + 1] - 1
+    position = np.arange(lone, dtype=np.int32) // _char_width()
+    # bytes short of the last character's end keep it inside the body; the lone state accepts where the body does not
+    dfa.like_depths = np.where(position < count, count - 1 - position, -1).astype(np.int32)
+    return dfa
+
+
+@lru_cache(maxsize=1)
+def body_dfa() -> DFA:
+    """The characters of a JSON string's body, never accepting: what `chars_dfa` reads like."""
+    any_string = length_dfa(0, None)
+    width = _char_width()
+    trans = any_string.trans[1:1 + width] - 1
+    trans[trans < 0] = -1
+    trans[trans >= width] = -1      # the closing quote
+    return DFA(trans, np.zeros(width, bool))
 
 
 def _char_width() -> int:
@@ -244,6 +317,8 @@ def chars_regex(min_length: int = 0, max_length: int | None = None) -> str:
 ANY_STRING = string_regex()
 #: The characters of a JSON string and its closing quote: with a StringEnd beside it, a bounded number of them.
 ANY_STRING_END = chars_regex() + '"'
+#: The characters of a JSON string's body: with a Chars beside it, exactly so many of them.
+ANY_CHARS = chars_regex()
 
 
 # ECMA-262 character classes (JSON Schema patterns are ECMA regexes).

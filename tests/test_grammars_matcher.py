@@ -461,6 +461,37 @@ def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     assert skipped or pattern in (r'[0-9]+', r'(?s:(ab)*a?)', r'(?s:[^x]*(x[^y][^x]*)*x?)')   # accepting runs
 
 
+@pytest.mark.parametrize("bounds", [(0, 5), (2, 6), (0, 1), (3, 9), (1, None), ("end", 0, 4), ("end", 2, 7),
+                                    ("chars", 4), ("chars", 8)])
+def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bounds):
+    """A length-bounded string's walks, narrowed from any string's (`DFA.like`), allow the same tokens and stop at
+    the same trie nodes as reading every token through the DFA, from every state: tokens longer than the
+    characters left, ending on the bound, running through a closing quote, mid-character and escaped."""
+    from leapgen.grammars import token_masks
+    from leapgen.grammars.json_strings import chars_dfa, length_dfa, string_end_dfa
+
+    rng = random.Random(5)
+    alphabet = 'abx"\\ é中😀'
+    pieces = {bytes([b]) for b in range(256)} | {"".join(rng.choices(alphabet, k=rng.randint(2, 12))).encode()
+                                                  for _ in range(3000)}
+    pieces |= {piece[:cut] for piece in list(pieces) for cut in (1, 2, 3) if len(piece) > cut}  # mid-character
+    vocabulary = _vocabulary_of(sorted(pieces))
+    masks = compile_regex("[a-z]+", vocabulary).masks
+    dfa = {"end": lambda lo, hi: string_end_dfa(lo, hi), "chars": chars_dfa}.get(bounds[0], length_dfa)(
+        *[b for b in bounds if not isinstance(b, str)])
+    narrowed = 0
+    for state in range(dfa.num_states):
+        if dfa.like_depths[state] <= 0:
+            continue
+        walk = masks._narrowed_root_walk(dfa, state)
+        allowed, pops, _ = _walk_by_tokens(dfa, vocabulary, state)
+        found = _walk_tokens(walk, vocabulary)
+        assert found == allowed, (state, sorted(found ^ allowed)[:5])
+        assert set(walk[2].tolist()) == pops, state
+        narrowed += 1
+    assert narrowed >= 5
+
+
 def test_walks_do_not_skip_where_the_main_path_narrows():
     """After `x` any letter, then only a-c: a subtree below `x` of letters as deep as three holds tokens the DFA
     refuses (`xmm`), so a run from after `x` must stop where the next state's bytes no longer hold its own."""
