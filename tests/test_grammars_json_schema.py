@@ -19,8 +19,8 @@ from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq,
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
-from leapgen.grammars.json_strings import (ANY_STRING_END, FORMATS, Length, StringEnd, chars_regex, format_regex,
-                                          length_dfa, pattern_regex, pattern_regexes, string_regex)
+from leapgen.grammars.json_strings import (ANY_CHARS, ANY_STRING_END, FORMATS, Chars, Length, StringEnd, chars_regex,
+                                          format_regex, length_dfa, pattern_regex, pattern_regexes, string_regex)
 from leapgen.grammars.regex import dfa_fullmatch, regex_dfa
 from tokenizers_util import accepts, byte_level_bpe
 
@@ -220,6 +220,17 @@ def test_string_end_automaton_laid_out_directly_is_the_regex_s(lo, hi):
     assert direct.num_states == compiled.num_states
     with pytest.raises(BudgetExceeded):
         StringEnd(lo, hi).intersect(regex_dfa(ANY_STRING_END), direct.num_states - 1)
+
+
+@pytest.mark.parametrize("count", [1, 2, 32])
+def test_chunk_automaton_laid_out_directly_is_the_regex_s(count):
+    """json_strings.Chars (a chunk of a long string: so many characters, no quote) is the language of
+    chars_regex(count, count) and its minimal automaton, laid out without the regex compiler."""
+    direct = Chars(count).intersect(regex_dfa(ANY_CHARS), 10**5)
+    compiled = regex_dfa(chars_regex(count, count))
+    assert not product(direct, compiled, False, 10**5).accept.any()
+    assert not product(compiled, direct, False, 10**5).accept.any()
+    assert direct.num_states == compiled.num_states
 
 
 @pytest.mark.parametrize("pattern", [r"^\S+@\S+$", r"^[a-z][-a-z0-9.+]*$", "ab", "^(a|é)+$", "x$", "[\u00e9\n]"])
