@@ -554,11 +554,11 @@ class TokenMasks:
         if hit is not None:
             return hit
         root = nodes_key == _ROOT_KEY
-        if root and dfa.like is not None and dfa.like_depths[state] >= _NARROWED_DEPTH:
+        wide = root and self._wide(dfa, state)
+        if wide and dfa.like is not None and dfa.like_depths[state] >= _NARROWED_DEPTH:
             hit = self._narrowed_root_walk(dfa, state)
             self._share(key, hit)
             return hit
-        wide = root and self._wide(dfa, state)
         signature = dfa.signature(state) if wide else None
         signed = (signature, nodes_key) if signature is not None else None
         hit = self._shared_hit(signed) if signed is not None else None
