@@ -467,7 +467,6 @@ def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bou
     """A length-bounded string's walks, narrowed from any string's (`DFA.like`), allow the same tokens and stop at
     the same trie nodes as reading every token through the DFA, from every state: tokens longer than the
     characters left, ending on the bound, running through a closing quote, mid-character and escaped."""
-    from leapgen.grammars import token_masks
     from leapgen.grammars.json_strings import chars_dfa, length_dfa, string_end_dfa
 
     rng = random.Random(5)
@@ -477,7 +476,7 @@ def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bou
     pieces |= {piece[:cut] for piece in list(pieces) for cut in (1, 2, 3) if len(piece) > cut}  # mid-character
     vocabulary = _vocabulary_of(sorted(pieces))
     masks = compile_regex("[a-z]+", vocabulary).masks
-    dfa = {"end": lambda lo, hi: string_end_dfa(lo, hi), "chars": chars_dfa}.get(bounds[0], length_dfa)(
+    dfa = {"end": string_end_dfa, "chars": chars_dfa}.get(bounds[0], length_dfa)(
         *[b for b in bounds if not isinstance(b, str)])
     narrowed = 0
     for state in range(dfa.num_states):
