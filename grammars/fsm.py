@@ -65,7 +65,9 @@ class DFA:
     # Where it reads like another automaton for a while (a length-bounded string like any string, short of its
     # bound), so that a token walk narrows the other's walk instead of walking the trie (`token_masks`): the
     # other, and per state its state in step with this one (every byte this one reads, the other reads too, into
-    # the states in step; the two accept alike), and for how many bytes from there they read alike.
+    # the states in step) and for how many bytes d from there they read alike: on every string of at most d bytes
+    # this one reads it where the other does and accepts after it where the other does (d >= 0); -1: in step,
+    # but accepting unlike the other there.
     like: DFA | None = field(default=None, init=False, repr=False)
     like_states: np.ndarray | None = field(default=None, init=False, repr=False)    # int32 [n]
     like_depths: np.ndarray | None = field(default=None, init=False, repr=False)    # int32 [n]

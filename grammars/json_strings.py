@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -183,27 +183,24 @@ def length_dfa(min_length: int, max_length: int | None) -> DFA:
     accept = np.zeros(last + 1, bool)
     accept[last] = True
     dfa = DFA(trans, accept)
-    if min_length or max_length is not None:
+    if max_length is not None:     # unbounded, the automaton is minimized before use (`Length.intersect`)
         dfa.like = length_dfa(0, None)
         dfa.like_states, dfa.like_depths = _like_any_string(min_length, max_length, width)
     return dfa
 
 
-def _like_any_string(min_length: int, max_length: int | None, width: int) -> tuple[np.ndarray, np.ndarray]:
+def _like_any_string(min_length: int, max_length: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """How `length_dfa(min_length, max_length)` reads like `length_dfa(0, None)` (see `DFA.like`): a state in
     step with each of its states (the same place inside a character; the lone state past the last position, a
     character's start; the closing quote's), and for how many bytes they read alike: at a position from
     `min_length` on, as many as the characters left to `max_length` (no byte adds more than one character);
     before it, none (the closing quote parts them)."""
-    positions = max_length if max_length is not None else min_length + 1
-    body = np.arange(positions * width, dtype=np.int32)
+    body = np.arange(max_length * width, dtype=np.int32)
     position = body // width
-    left = max_length - position if max_length is not None else np.full_like(position, RUN_CAP)
-    depths = np.concatenate(([0], np.where(position >= min_length, left, 0), [0] * (max_length is not None),
-                             [RUN_CAP])).astype(np.int32)
-    depths[0] = 0 if min_length else depths[1] + 1     # the opening quote, then as from the first position
-    states = np.concatenate(([0], 1 + body % width, [1] * (max_length is not None), [1 + width])).astype(np.int32)
-    return states, depths
+    opening = max_length + 1 if min_length == 0 else 0      # the opening quote, then as from the first position
+    depths = np.concatenate(([opening], np.where(position >= min_length, max_length - position, 0), [0, RUN_CAP]))
+    states = np.concatenate(([0], 1 + body % width, [1, 1 + width]))
+    return states.astype(np.int32), depths.astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -279,7 +276,7 @@ def chars_dfa(count: int) -> DFA:
     return dfa
 
 
-@lru_cache(maxsize=1)
+@cache
 def body_dfa() -> DFA:
     """The characters of a JSON string's body, never accepting: what `chars_dfa` reads like."""
     any_string = length_dfa(0, None)

@@ -440,7 +440,8 @@ def _narrow_walk(trans, accept, depths, t_byte, t_end, t_tok_ptr, t_tok_ids, t_h
     points (sorted, without trie leaves) given the old one's.  Below a trie node no deeper than the two read alike
     from its state (`depths`), the old walk holds; elsewhere the walk goes on: where this one reads no further, the
     tokens below are cleared and the old pop points there dropped, and where it accepts unlike the other (depth
-    -1), its own pop point replaces the other's."""
+    -1), its own pop point replaces the other's.  The root's token and pop point are the other walk's: `state`
+    must read alike with its own (depth 0 or more)."""
     dropped = [(0, 0)]
     dropped.pop()
     added = [0]

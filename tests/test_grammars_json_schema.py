@@ -231,6 +231,13 @@ def test_chunk_automaton_laid_out_directly_is_the_regex_s(count):
     assert not product(direct, compiled, False, 10**5).accept.any()
     assert not product(compiled, direct, False, 10**5).accept.any()
     assert direct.num_states == compiled.num_states
+    with pytest.raises(BudgetExceeded):
+        Chars(count).intersect(regex_dfa(ANY_CHARS), direct.num_states - 1)
+    # beside another pattern, the product
+    letters = Chars(count).intersect(regex_dfa("[a-z]*"), 10**5)
+    expected = regex_dfa(f"[a-z]{{{count}}}")
+    assert not product(letters, expected, False, 10**5).accept.any()
+    assert not product(expected, letters, False, 10**5).accept.any()
 
 
 @pytest.mark.parametrize("pattern", [r"^\S+@\S+$", r"^[a-z][-a-z0-9.+]*$", "ab", "^(a|é)+$", "x$", "[\u00e9\n]"])

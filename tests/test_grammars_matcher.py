@@ -461,34 +461,42 @@ def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     assert skipped or pattern in (r'[0-9]+', r'(?s:(ab)*a?)', r'(?s:[^x]*(x[^y][^x]*)*x?)')   # accepting runs
 
 
-@pytest.mark.parametrize("bounds", [(0, 5), (2, 6), (0, 1), (3, 9), (1, None), ("end", 0, 4), ("end", 2, 7),
-                                    ("chars", 4), ("chars", 8)])
-def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bounds):
+@pytest.mark.parametrize("bounds", [(0, 5), (2, 6), (0, 1), (3, 9), (0, 20), ("end", 0, 4), ("end", 2, 7),
+                                    ("chars", 4), ("chars", 32)])
+def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bounds, monkeypatch):
     """A length-bounded string's walks, narrowed from any string's (`DFA.like`), allow the same tokens and stop at
-    the same trie nodes as reading every token through the DFA, from every state: tokens longer than the
-    characters left, ending on the bound, running through a closing quote, mid-character and escaped."""
+    the same trie nodes as reading every token through the DFA: tokens longer than the characters left, ending on
+    the bound, running through a closing quote, mid-character and escaped; from every state the kernel narrows
+    (at any depth), and as the masks take them (narrowed only where the two read alike for long enough)."""
+    from leapgen.grammars import token_masks
     from leapgen.grammars.json_strings import chars_dfa, length_dfa, string_end_dfa
 
     rng = random.Random(5)
-    alphabet = 'abx"\\ é中😀'
+    alphabet = 'abx"\\ é中😀u0aF'
     pieces = {bytes([b]) for b in range(256)} | {"".join(rng.choices(alphabet, k=rng.randint(2, 12))).encode()
                                                   for _ in range(3000)}
     pieces |= {piece[:cut] for piece in list(pieces) for cut in (1, 2, 3) if len(piece) > cut}  # mid-character
     vocabulary = _vocabulary_of(sorted(pieces))
     masks = compile_regex("[a-z]+", vocabulary).masks
+    monkeypatch.setattr(token_masks, "_SIGNED_WALK_NODES", 0)     # a small vocabulary: every state counts as wide
     dfa = {"end": string_end_dfa, "chars": chars_dfa}.get(bounds[0], length_dfa)(
         *[b for b in bounds if not isinstance(b, str)])
+    # every state of the small automata; of the large ones, each character's start and a spread of the others
+    first = 0 if isinstance(bounds[0], str) else 1     # the first character's start (after the opening quote)
+    states = set(range(0, dfa.num_states, 1 + dfa.num_states // 60)) | set(
+        np.flatnonzero(dfa.like_states == dfa.like_states[first]).tolist())
     narrowed = 0
-    for state in range(dfa.num_states):
-        if dfa.like_depths[state] <= 0:
-            continue
-        walk = masks._narrowed_root_walk(dfa, state)
+    for state in sorted(states):
         allowed, pops, _ = _walk_by_tokens(dfa, vocabulary, state)
-        found = _walk_tokens(walk, vocabulary)
-        assert found == allowed, (state, sorted(found ^ allowed)[:5])
-        assert set(walk[2].tolist()) == pops, state
-        narrowed += 1
-    assert narrowed >= 5
+        walks = [masks._shared_walk(dfa, state, token_masks._ROOT, token_masks._ROOT_KEY)]
+        if dfa.like_depths[state] > 0:
+            walks.append(masks._narrowed_root_walk(dfa, state))
+        narrowed += dfa.like_depths[state] >= token_masks._NARROWED_DEPTH
+        for walk in walks:
+            found = _walk_tokens(walk, vocabulary)
+            assert found == allowed, (state, sorted(found ^ allowed)[:5])
+            assert set(walk[2].tolist()) == pops, state
+    assert narrowed or max(b for b in bounds if not isinstance(b, str)) < token_masks._NARROWED_DEPTH
 
 
 def test_walks_do_not_skip_where_the_main_path_narrows():
