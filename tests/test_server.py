@@ -377,12 +377,21 @@ def test_engine_failure_in_one_request_is_a_500_for_it_alone(llm, server, client
     assert client.completions.create(model=MODEL, prompt="p", max_tokens=3, temperature=0).choices
 
 
+def _sigint_raises() -> None:
+    """Let SIGINT raise KeyboardInterrupt.  A non-interactive shell starts a background job with SIGINT ignored,
+    and Python then installs no handler for it: run that way, the suite would see Ctrl-C do nothing, here and in the
+    servers it starts."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def test_ctrl_c_caught_by_another_thread_still_stops_the_engine_loop(llm):
     """The kernel hands a process's SIGINT to any of its threads; Python then only sets a flag, which the main
     thread must wake up to act on (the cause of an intermittent hang of `leapgen serve` on Ctrl-C)."""
     from leapgen.server.engine_loop import EngineLoop
 
     loop = EngineLoop(llm.engine)
+    previous = signal.getsignal(signal.SIGINT)
+    _sigint_raises()
 
     def interrupt_from_here() -> None:
         time.sleep(0.2)
@@ -392,8 +401,11 @@ def test_ctrl_c_caught_by_another_thread_still_stops_the_engine_loop(llm):
 
     threading.Thread(target=interrupt_from_here, daemon=True).start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        loop.run()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 3
 
 
@@ -418,7 +430,7 @@ def test_the_serve_command_starts_answers_and_refuses_bad_flags(byte_level_model
     command = [sys.executable, "-m", "leapgen.cli", "serve", "--model", str(byte_level_model_dir), "--port", "0",
                "--served-model-name", "mine", "--api-key", "k", "--threads", "1"]
     # PYTHONFAULTHANDLER: should it hang, SIGABRT makes it print every thread's stack
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_raises,
                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     lines: queue.Queue = queue.Queue()
     stderr: list[str] = []
