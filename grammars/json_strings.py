@@ -248,9 +248,7 @@ def _laid_out(own: DFA, dfa: DFA, anything: str, max_states: int) -> DFA:
 def string_end_dfa(min_length: int, max_length: int | None) -> DFA:
     """`length_dfa` less its first state (before the opening quote): the characters and the closing quote."""
     whole = length_dfa(min_length, max_length)
-    trans = whole.trans[1:] - 1     # no transition leads back to the first state: -1 (none) becomes -2
-    trans[trans < 0] = -1
-    dfa = DFA(np.ascontiguousarray(trans), whole.accept[1:].copy())
+    dfa = DFA(_less_first_state(whole.trans[1:]), whole.accept[1:].copy())
     if max_length is None:
         return minimize(dfa)
     dfa.like, dfa.like_states, dfa.like_depths = whole.like, whole.like_states[1:], whole.like_depths[1:]
@@ -262,15 +260,15 @@ def chars_dfa(count: int) -> DFA:
     """`length_dfa(count, count)` less its quotes: `count` characters, then a lone accepting state.  It reads like
     `body_dfa()` up to the last character (see `DFA.like`)."""
     whole = length_dfa(count, count)
-    lone = 1 + count * _char_width()
-    trans = whole.trans[1:lone + 1] - 1
-    trans[trans < 0] = -1
+    width = _char_width()
+    lone = 1 + count * width
+    trans = _less_first_state(whole.trans[1:lone + 1])
     trans[-1] = -1      # the closing quote's way out
     accept = np.zeros(lone, bool)
     accept[-1] = True
     dfa = DFA(trans, accept)
     dfa.like, dfa.like_states = body_dfa(), whole.like_states[1:lone + 1] - 1
-    position = np.arange(lone, dtype=np.int32) // _char_width()
+    position = np.arange(lone, dtype=np.int32) // width
     # bytes short of the last character's end keep it inside the body; the lone state accepts where the body does not
     dfa.like_depths = np.where(position < count, count - 1 - position, -1).astype(np.int32)
     return dfa
@@ -279,12 +277,18 @@ def chars_dfa(count: int) -> DFA:
 @cache
 def body_dfa() -> DFA:
     """The characters of a JSON string's body, never accepting: what `chars_dfa` reads like."""
-    any_string = length_dfa(0, None)
     width = _char_width()
-    trans = any_string.trans[1:1 + width] - 1
-    trans[trans < 0] = -1
+    trans = _less_first_state(length_dfa(0, None).trans[1:1 + width])
     trans[trans >= width] = -1      # the closing quote
     return DFA(trans, np.zeros(width, bool))
+
+
+def _less_first_state(rows: np.ndarray) -> np.ndarray:
+    """Rows of a laid-out automaton (`length_dfa`) renumbered without its first state, before the opening quote:
+    every target one less, and no transition stays none (none leads back to the first state)."""
+    trans = rows - 1
+    trans[trans < 0] = -1
+    return trans
 
 
 def _char_width() -> int:

@@ -48,11 +48,11 @@ _SIGNED_WALK_NODES = 20_000
 # a whole-vocabulary walk is patched from a neighbour's when it differs on this few bytes: up to a class of hex
 # digits (a key pattern of 32 hex digits beside any key: each position of it walked the trie afresh, 6 ms a mask)
 _MAX_PATCHED_BYTES = 32
+_MAX_PATCH_DEPTH = 4  # ...through at most this many neighbours (prefixes of an excluded key)
 # a whole-vocabulary walk is narrowed from another automaton's when the two read alike for this many bytes (a
 # length-bounded string's short of its bound): closer to the bound, most of the trie lies deeper, and a walk of
 # its own skips more of it (cl100k: at 7 bytes, 4.7 ms narrowed against 3.3 walked; at 15, 0.5 against 1.3)
 _NARROWED_DEPTH = 12
-_MAX_PATCH_DEPTH = 4  # ...through at most this many neighbours (prefixes of an excluded key)
 _FRAME_CACHE_LIMIT = 1 << 12  # per grammar; an entry holds up to a whole bitmask (12 KB on cl100k)
 _MAX_FRAME_WALKS = 8  # a frame's answer keeps this many walks as they are, more merged into one bitmask
 _MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls each), well inside the recursion limit
