@@ -33,6 +33,7 @@ from .object_members import CLAIM, CLOSE, EMPTY_TAG, EXTRA, FIRST, SEPARATOR, Me
 from .regex import literal_dfa, literals_dfa, terminal_dfa
 
 MAX_RULE_STATES = 200_000
+MEMOISED_RULE_NODES = 200  # rule automata built from NFAs of at most this many nodes are kept (_RULE_DFAS)
 CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this is called, not inlined
 # All terminal DFAs of one grammar together: the global table takes 1 KiB a state, and building them is most
 # of a compile's time, so past this a schema that multiplies its strings (negations distributed into many
@@ -40,6 +41,12 @@ CALLED_RULE_SIZE = 400  # a rule written out in more automaton nodes than this i
 MAX_TERMINAL_STATES = 150_000
 MAX_TERMINAL_WORK = 400_000  # states of every product built for them, the emptied ones too
 MEMBERS_FRAME, CAPTURE_FRAME = 1, 2
+# Rule automata built by subset construction, by body, across grammars (the bodies every schema shares: any JSON
+# value, an array of strings): a body whose references are all calls reads the same in any grammar, but for the
+# labels of its terminals, which each grammar numbers itself.  Only small rules, a few hundred at most: the bodies
+# kept are objects every full garbage collection visits.
+_RULE_DFAS: dict[ir.Expr, "_BuiltRule"] = {}
+_RULE_DFAS_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,17 @@ class _MemberLabels:
         """Split labels listed in the order of `body.parts()`."""
         n = len(body.members)
         return cls(labels[0], tuple(labels[1:n + 1]), labels[n + 1], labels[n + 2], tuple(labels[n + 3:]))
+
+
+@dataclass(frozen=True)
+class _BuiltRule:
+    """A rule automaton as `_RULE_DFAS` keeps it: its calls of terminals name them by their place in `terminals`
+    (the terminal expressions in the order the build labels them, each flagged where captured); `refs`, the rules
+    its body refers to, all of them called when it was built."""
+
+    dfa: CallDFA
+    terminals: tuple[tuple[bool, ir.Expr], ...]
+    refs: frozenset[str]
 
 
 @dataclass(eq=False)
@@ -138,16 +156,21 @@ class Automaton:
 
 
 def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
-    if isinstance(expr, ir.Ref):
-        out.add(expr.name)
-    elif isinstance(expr, (ir.Seq, ir.Choice)):
-        for item in expr.items:
-            _refs(item, out)
-    elif isinstance(expr, ir.Repeat):
-        _refs(expr.item, out)
-    elif isinstance(expr, ir.Members):
-        for item in expr.parts():
-            _refs(item, out)
+    # by exact type, leaves skipped first: every compile walks every rule body here
+    todo = [expr]
+    while todo:
+        expr = todo.pop()
+        kind = type(expr)
+        if kind is ir.Lit or kind is ir.Terminal:
+            continue
+        if kind is ir.Ref:
+            out.add(expr.name)
+        elif kind is ir.Seq or kind is ir.Choice:
+            todo.extend(expr.items)
+        elif kind is ir.Repeat:
+            todo.append(expr.item)
+        elif kind is ir.Members:
+            todo.extend(expr.parts())
     return out
 
 
@@ -162,7 +185,7 @@ def _cyclic(graph: dict[str, set[str]]) -> set[str]:
 
     def visit(root: str) -> None:
         # iterative Tarjan: deep JSON-schema $ref chains must not hit Python's recursion limit
-        work = [(root, iter(sorted(graph[root])))]
+        work = [(root, iter(graph[root]))]   # the components do not depend on the order
         index[root] = low[root] = counter[0]
         counter[0] += 1
         stack.append(root)
@@ -176,7 +199,7 @@ def _cyclic(graph: dict[str, set[str]]) -> set[str]:
                     counter[0] += 1
                     stack.append(child)
                     on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
+                    work.append((child, iter(graph[child])))
                 elif child in on_stack:
                     low[node] = min(low[node], index[child])
                 continue
@@ -217,13 +240,14 @@ def _is_terminal(expr: ir.Expr) -> bool:
     """Expressions compiled to one shared terminal DFA: terminals, literals, choices of literals,
     and short repetitions of those (a repeated terminal as a call loop could end after any of its
     repetitions, and token walks would follow every split of the text)."""
-    if isinstance(expr, (ir.Terminal, ir.Lit)):
+    kind = type(expr)   # exact types (the IR has no subclasses): asked of every node by each walk
+    if kind is ir.Terminal or kind is ir.Lit:
         return True
-    if isinstance(expr, ir.Choice):
-        return len(expr.items) > 1 and all(isinstance(i, ir.Lit) for i in expr.items)
-    if isinstance(expr, ir.Repeat):
+    if kind is ir.Choice:
+        return len(expr.items) > 1 and all(type(i) is ir.Lit for i in expr.items)
+    if kind is ir.Repeat:
         item = _unwrap(expr.item)
-        return _is_terminal(item) and not isinstance(item, ir.Repeat) and (expr.max or expr.min) <= 16
+        return _is_terminal(item) and type(item) is not ir.Repeat and (expr.max or expr.min) <= 16
     return False
 
 
@@ -287,9 +311,13 @@ class _Compiler:
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
         self._dfas: dict[ir.Expr, DFA] = {}
+        self._label_of: dict[int, tuple[ir.Expr, str]] = {}    # terminal_label by id (see there)
         self.capture_labels: dict[DFA, str] = {}
         self._terminal_states = self._terminal_work = 0
         self._sizes: dict[str, int] = {}
+        # while a rule is built for _RULE_DFAS: the terminals it labels, in order, and whether it inlined a rule
+        self._labelled: list[tuple[bool, ir.Expr, str]] | None = None
+        self._inlined = False
         # members rules: always called, each part called through a label of its own
         self.members_rules: dict[str, _MemberLabels] = {}
         for name, body in list(self.rules.items()):
@@ -317,7 +345,10 @@ class _Compiler:
         """About how many NFA nodes `expr` takes written out, where called rules count one; a rule over
         CALLED_RULE_SIZE joins the called ones, so a subschema used in many places is built once and a
         large schema is not inlined into one automaton."""
-        if isinstance(expr, ir.Ref):
+        kind = type(expr)
+        if kind is ir.Lit or kind is ir.Terminal or kind is ir.Capture:
+            return 1
+        if kind is ir.Ref:
             name = expr.name
             if expr.call:
                 self.called.add(name)
@@ -327,9 +358,16 @@ class _Compiler:
                 if size > CALLED_RULE_SIZE:
                     self.called.add(name)
             return 1 if name in self.called else self._sizes[name]
-        if _is_terminal(expr) or isinstance(expr, ir.Capture):
-            return 1
-        if isinstance(expr, ir.Repeat):
+        if kind is ir.Seq or kind is ir.Choice:
+            if kind is ir.Choice and _is_terminal(expr):
+                return 1
+            size = 0
+            for item in expr.items:
+                size += self._size(item)
+            return max(size, 1)
+        if kind is ir.Repeat:
+            if _is_terminal(expr):
+                return 1
             count = max(expr.max if expr.max is not None else expr.min + 1, 1)
             size = self._size(expr.item)
             if count > 1 and count * size > CALLED_RULE_SIZE:
@@ -338,9 +376,7 @@ class _Compiler:
                 self._call_refs(expr.item)
                 size = self._size(expr.item)
             return count * size
-        if isinstance(expr, (ir.Seq, ir.Choice)):
-            return max(sum(self._size(item) for item in expr.items), 1)
-        if isinstance(expr, ir.Members):
+        if kind is ir.Members:
             for item in expr.parts():
                 self._size(item)
         return 1
@@ -379,6 +415,7 @@ class _Compiler:
             if expr.name in self.called or expr.call:
                 nfa.call(src, expr.name, dst)
             else:
+                self._inlined = True
                 self.build(nfa, self.rules[expr.name], src, dst)
         elif isinstance(expr, ir.Seq):
             items, cur, k = expr.items, src, 0
@@ -438,14 +475,27 @@ class _Compiler:
 
     def terminal_label(self, expr: ir.Expr) -> str:
         """The pseudo-rule name under which a terminal is called (one per distinct DFA)."""
-        return self._label(self._terminal_dfa(expr), expr, self._labels, "terminal")
+        # by the expression's identity first: rules share their punctuation and strings as objects, and hashing an
+        # expression hashes all of it (the entry holds the expression, so that its id is not reused meanwhile)
+        known = self._label_of.get(id(expr))
+        if known is not None:
+            label = known[1]
+        else:
+            label = self._label(self._terminal_dfa(expr), expr, self._labels, "terminal")
+            self._label_of[id(expr)] = (expr, label)
+        if self._labelled is not None:
+            self._labelled.append((False, expr, label))
+        return label
 
     def capture_label(self, expr: ir.Capture) -> str:
         """The pseudo-rule name of a captured terminal: a copy of the terminal's DFA, under a label of its own, so
         that only the calls into the copy record their text."""
         if not _is_terminal(expr.item):
             raise GrammarError(f"only a terminal can be captured, not {expr.item!r}")
-        return self._label(self._terminal_dfa(expr.item), expr.item, self.capture_labels, "capture")
+        label = self._label(self._terminal_dfa(expr.item), expr.item, self.capture_labels, "capture")
+        if self._labelled is not None:
+            self._labelled.append((True, expr, label))
+        return label
 
     def _terminal_dfa(self, expr: ir.Expr) -> DFA:
         # the grammar's own memo first: past MEMO_SIZE terminals the shared one would hand an expression back
@@ -505,10 +555,44 @@ class _Compiler:
                 raise BudgetExceeded(MAX_RULE_STATES, "automaton states")
             return CallDFA([False] * len(labels) + [True], [((label, k + 1),) for k, label in enumerate(labels)] + [()],
                            trimmed=True)
+        body = self.rules[name]
+        built = _RULE_DFAS.get(body)
+        if built is not None and all(ref in self.called for ref in built.refs):
+            return self._relabelled(built)
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()
-        self.build(nfa, self.rules[name], src, dst)
-        return determinize_calls(nfa, src, dst, MAX_RULE_STATES)
+        self._labelled, self._inlined = [], False
+        try:
+            self.build(nfa, body, src, dst)
+            labelled = self._labelled
+        finally:
+            self._labelled = None
+        dfa = determinize_calls(nfa, src, dst, MAX_RULE_STATES)
+        if not self._inlined and nfa.count <= MEMOISED_RULE_NODES:
+            self._memoise(body, dfa, labelled)
+        return dfa
+
+    def _memoise(self, body: ir.Expr, dfa: CallDFA, labelled: list[tuple[bool, ir.Expr, str]]) -> None:
+        """Keep `dfa`, the automaton of `body`, in _RULE_DFAS with its terminal labels replaced by their places."""
+        places: dict[str, int] = {}
+        terminals = []
+        for captured, expr, label in labelled:
+            if label not in places:
+                places[label] = len(terminals)
+                terminals.append((captured, expr))
+        calls = [tuple((places.get(label, label), t) for label, t in row) for row in dfa.calls]
+        refs = frozenset(label for row in calls for label, _ in row if type(label) is str)
+        if len(_RULE_DFAS) >= _RULE_DFAS_KEPT:
+            del _RULE_DFAS[next(iter(_RULE_DFAS))]
+        _RULE_DFAS[body] = _BuiltRule(CallDFA(dfa.accept, calls), tuple(terminals), refs)
+
+    def _relabelled(self, built: _BuiltRule) -> CallDFA:
+        """A kept rule automaton with this grammar's labels, made in the order its build would make them."""
+        labels = [self.capture_label(expr) if captured else self.terminal_label(expr)
+                  for captured, expr in built.terminals]
+        calls = [tuple((labels[label] if type(label) is int else label, t) for label, t in row)
+                 for row in built.dfa.calls]
+        return CallDFA(built.dfa.accept, calls)
 
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
         """`labels` and then the labels `expr` calls one after the other, where it is a plain sequence of calls
@@ -569,7 +653,11 @@ def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[str, 
     for name, rule in rules.items():
         for calls in rule.calls:
             for label, _ in calls:
-                callers.setdefault(label, set()).add(name)
+                known = callers.get(label)   # (setdefault would make a set for every call)
+                if known is None:
+                    callers[label] = {name}
+                else:
+                    known.add(name)
     found = set(seed)
     todo = list(rules)
     while todo:
@@ -723,7 +811,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     for rule in rules.values():
         structural_accept += rule.accept
     accept = np.concatenate([np.array(structural_accept, bool), *(dfa.accept for dfa in terminals.values())])
-    call_ptr, callee, ret, call_guard, guards, frames = [0], [], [], [], [], []
+    call_ptr, callee, ret, guarded_calls, guards, frames = [0], [], [], [], [], []
     framed = np.zeros(total, np.int8)
     for label in compiler.capture_labels.values():
         framed[offsets[label]] = CAPTURE_FRAME
@@ -734,15 +822,24 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
             frames.append(_object_frame(compiler, name, offsets, compiler.member_set(name, live[name], productive)))
             framed[offsets[name]] = MEMBERS_FRAME
         base = offsets[name]
+        if not guarded:     # all but members rules
+            for calls in rule.calls:
+                for lab, t in calls:
+                    callee.append(offsets[lab])
+                    ret.append(t + base)
+                call_ptr.append(len(callee))
+            continue
         for state, calls in enumerate(rule.calls):
             for lab, t in calls:
                 callee.append(offsets[lab])
                 ret.append(t + base)
-                kind = guarded.get((state, lab)) if guarded else None
-                call_guard.append(-1 if kind is None else len(guards))
+                kind = guarded.get((state, lab))
                 if kind is not None:
+                    guarded_calls.append(len(callee) - 1)
                     guards.append((len(frames) - 1, *kind))
             call_ptr.append(len(callee))
+    call_guard = np.full(len(callee), -1, np.int32)    # per call edge: its guard's index
+    call_guard[guarded_calls] = np.arange(len(guards), dtype=np.int32)
     calls_out = np.diff(np.array(call_ptr, np.int64))
     terminal_ptr = np.full(total - first_terminal, len(callee), np.int32)    # terminal states call nothing
     call_ptr_all = np.concatenate([np.array(call_ptr, np.int32), terminal_ptr])
@@ -761,7 +858,7 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         tail=tail,
         terminals=tuple((offsets[label], dfa) for label, dfa in terminals.items()),
         framed=framed,
-        call_guard=np.array(call_guard, np.int32),
+        call_guard=call_guard,
         guards=tuple(guards),
         frames=tuple(frames),
     )

@@ -48,6 +48,12 @@ _FRAMES_PER_LEVEL = 16
 
 _UNSUPPORTED = frozenset(UNSUPPORTED)
 _CONSTRAINTS = VALIDATION - {"allOf"}   # what a conjunct constrains once its allOf and $ref are expanded
+_EXPANDED = frozenset({"allOf", "$ref"})
+_ENUMERATED = frozenset({"enum", "const"})
+_REWRITTEN = frozenset({"not", "dependentSchemas", "dependencies"})
+# The any_value rule's body per set of options (a handful in a process: each whitespace style and cap a caller uses)
+_ANY_VALUE: dict[JsonSchemaOptions, Expr] = {}
+_ANY_VALUE_KEPT = 16
 # Validation keywords later drafts added, and the older drafts that do not define them.
 _LATER_KEYWORDS = (
     ((3, 4, 5), frozenset({"const", "contains", "propertyNames"})),
@@ -158,29 +164,30 @@ class SchemaCompiler:
             # A part's base is its parent's until its own id is applied, once: a relative id applied twice
             # would nest its path in itself
             ident = self.refs.id_keyword
-            base = part.base
-            if ident not in part.skip:
-                base = self.refs.base_for(schema, part.base)
-                part = Part(schema, part.pointer, base, part.skip | {ident}, part.variant)
+            base, skip, pointer = part.base, part.skip, part.pointer
+            if ident not in skip:
+                base = self.refs.base_for(schema, base)
+                skip = skip | {ident}
+            present = schema.keys() - skip
             pending: list[Part] = []
-            if part.has("$ref"):
-                target = self.refs.resolve(schema["$ref"], base, part.pointer)
+            if "$ref" in present:
+                target = self.refs.resolve(schema["$ref"], base, pointer)
                 pending.append(Part(target.schema, target.pointer, target.base, frozenset({ident})))
                 via_ref = True
                 if self.legacy:  # before 2019-09 a $ref replaces its siblings
                     stack.extend(reversed(pending))
                     continue
-            if part.has("allOf"):
+            if "allOf" in present:
                 subs = schema["allOf"]
                 if not (isinstance(subs, list) and subs):
-                    raise SchemaError("allOf must be a non-empty array", part.at("allOf"))
-                pending += [part.sub(s, "allOf", i) for i, s in enumerate(subs)]
-            present = schema.keys() - part.skip
+                    raise SchemaError("allOf must be a non-empty array", pointer + "/allOf")
+                pending += [Part(s, f"{pointer}/allOf/{i}", base, frozenset(), part.variant)
+                            for i, s in enumerate(subs)]
             if not _UNSUPPORTED.isdisjoint(present):
                 keyword = next(k for k in UNSUPPORTED if k in present)
                 raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
             if not _CONSTRAINTS.isdisjoint(present):   # the part with its allOf and $ref expanded, once
-                out.append(Part(schema, part.pointer, base, part.skip | {"allOf", "$ref"}, part.variant))
+                out.append(Part(schema, pointer, base, skip | _EXPANDED, part.variant))
             stack.extend(reversed(pending))
         return out, via_ref
 
@@ -256,16 +263,29 @@ class SchemaCompiler:
     def _any_value(self) -> Expr:
         """Any JSON value (one shared recursive rule)."""
         if "any_value" not in self.rules:
-            pu = self.punct
-            value = Ref("any_value")
-            string = string_terminal(self, [], [])
-            member = seq(string, pu.colon, value)
-            self.rules["any_value"] = choice([
-                Lit("null"), Lit("true"), Lit("false"), number(self, [], False, []), string,
-                choice([pu.obj_empty, seq(pu.obj_open, member, repeat(seq(pu.comma, member)), pu.obj_close)]),
-                sequence(self, [], value, 0, item_cap(self, 0, [], value), "any_value"),
-            ])
+            # Its body follows from the options alone, and most schemas have one (an object's extras): built once
+            # per process, it is also one object for the automaton's memo of rule automata.  Not with an item
+            # cap, which sizes the body against this schema's other rules.
+            body = _ANY_VALUE.get(self.options) if self.options.max_items is None else None
+            if body is None:
+                body = self._any_value_body()
+                if self.options.max_items is None:
+                    if len(_ANY_VALUE) >= _ANY_VALUE_KEPT:
+                        _ANY_VALUE.clear()
+                    _ANY_VALUE[self.options] = body
+            self.rules["any_value"] = body
         return Ref("any_value")
+
+    def _any_value_body(self) -> Expr:
+        pu = self.punct
+        value = Ref("any_value")
+        string = string_terminal(self, [], [])
+        member = seq(string, pu.colon, value)
+        return choice([
+            Lit("null"), Lit("true"), Lit("false"), number(self, [], False, []), string,
+            choice([pu.obj_empty, seq(pu.obj_open, member, repeat(seq(pu.comma, member)), pu.obj_close)]),
+            sequence(self, [], value, 0, item_cap(self, 0, [], value), "any_value"),
+        ])
 
     def nested(self, parts: list[Part]) -> Expr:
         """Compile a subschema one structural level down (inside an object or array)."""
@@ -276,24 +296,29 @@ class SchemaCompiler:
             self._depth -= 1
 
     def _compile_parts(self, parts: list[Part]) -> Expr:
-        if any(p.has("enum") or p.has("const") for p in parts):
+        # the keywords of all parts at once: most conjunctions have none of those read one part at a time below
+        present = set().union(*(p.schema.keys() - p.skip for p in parts))
+        if not _ENUMERATED.isdisjoint(present):
             return enumerated(self, parts)
         formula = string_formula(self, parts)
         if formula is not None:
             return formula
-        for part in parts:
-            rewritten = rewritten_negation(self, parts, part) if part.has("not") else None
-            if rewritten is None and (part.has("dependentSchemas") or part.has("dependencies")):
-                rewritten = dependent_schemas(self, parts, part)
-            if rewritten is not None:
-                return rewritten
-        for part in parts:
-            for keyword in ("anyOf", "oneOf"):
-                if part.has(keyword):
-                    return distribute(self, parts, part, keyword)
-        for part in parts:
-            if part.has("if"):
-                return conditional(self, parts, part)
+        if not _REWRITTEN.isdisjoint(present):
+            for part in parts:
+                rewritten = rewritten_negation(self, parts, part) if part.has("not") else None
+                if rewritten is None and (part.has("dependentSchemas") or part.has("dependencies")):
+                    rewritten = dependent_schemas(self, parts, part)
+                if rewritten is not None:
+                    return rewritten
+        if "anyOf" in present or "oneOf" in present:
+            for part in parts:
+                for keyword in ("anyOf", "oneOf"):
+                    if part.has(keyword):
+                        return distribute(self, parts, part, keyword)
+        if "if" in present:
+            for part in parts:
+                if part.has("if"):
+                    return conditional(self, parts, part)
         branches = Branches()
         for part in parts:
             narrow_types(part, branches)
@@ -371,11 +396,24 @@ def _holds_keys(validator: Any, witnesses: list[dict], instance: Any, schema: di
 
 def _check_document_depth(document: Any) -> None:
     """Refuse a document nested deeper than MAX_DOCUMENT_DEPTH (without recursing itself)."""
-    stack: list[tuple[Any, Path, int]] = [(document, (), 1)] if isinstance(document, (dict, list)) else []
+    # level by level, paths only for the error: every compile walks the whole document here
+    level = [document] if isinstance(document, (dict, list)) else []
+    for _ in range(MAX_DOCUMENT_DEPTH):
+        level = [v for value in level for v in (value.values() if isinstance(value, dict) else value)
+                 if isinstance(v, (dict, list))]
+        if not level:
+            return
+    raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays",
+                                 pointer_of(_deepest_path(document)))
+
+
+def _deepest_path(document: Any) -> Path:
+    """The path to a value nested deeper than MAX_DOCUMENT_DEPTH."""
+    stack: list[tuple[Any, Path, int]] = [(document, (), 1)]
     while stack:
         value, path, depth = stack.pop()
         if depth > MAX_DOCUMENT_DEPTH:
-            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays",
-                                         pointer_of(path))
+            return path
         items = value.items() if isinstance(value, dict) else enumerate(value)
         stack += [(v, (path, k), depth + 1) for k, v in items if isinstance(v, (dict, list))]
+    raise AssertionError("no value is nested that deep")

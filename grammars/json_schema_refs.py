@@ -42,7 +42,11 @@ Path = tuple
 
 def json_pointer(tokens: Iterable[Any]) -> str:
     """The JSON pointer of reference tokens (keys and indexes), root first."""
-    return "".join("/" + escape_token(str(token)) for token in tokens)
+    out = ""
+    for token in tokens:
+        token = str(token)
+        out += "/" + (escape_token(token) if "~" in token or "/" in token else token)
+    return out
 
 
 def pointer_of(path: Path) -> str:
