@@ -218,8 +218,8 @@ def _cyclic(graph: dict[str, set[str]]) -> set[str]:
                 if len(component) > 1 or node in graph[node]:
                     result.update(component)
 
-    for name in graph:
-        if name not in index:
+    for name, children in graph.items():
+        if children and name not in index:     # a node that refers to nothing lies on no cycle
             visit(name)
     return result
 
@@ -312,6 +312,7 @@ class _Compiler:
         self._labels: dict[DFA, str] = {}
         self._dfas: dict[ir.Expr, DFA] = {}
         self._label_of: dict[int, tuple[ir.Expr, str]] = {}    # terminal_label by id (see there)
+        self._member_sets: dict[tuple[str, int, bool], MemberSet] = {}
         self.capture_labels: dict[DFA, str] = {}
         self._terminal_states = self._terminal_work = 0
         self._sizes: dict[str, int] = {}
@@ -328,7 +329,7 @@ class _Compiler:
                 labels = [self._part_label(name, i, part) for i, part in enumerate(body.parts())]
                 self.members_rules[name] = _MemberLabels.of(body, labels)
         for name in self.rules:
-            self._size(ir.Ref(name))
+            self._rule_size(name)
 
     def _part_label(self, owner: str, index: int, part: ir.Expr) -> str:
         if _is_terminal(part):
@@ -349,15 +350,9 @@ class _Compiler:
         if kind is ir.Lit or kind is ir.Terminal or kind is ir.Capture:
             return 1
         if kind is ir.Ref:
-            name = expr.name
             if expr.call:
-                self.called.add(name)
-            if name not in self._sizes:  # every body is visited once: the call-only refs inside join `called`
-                self._sizes[name] = 1  # a cycle ends here (its rules are called anyway)
-                size = self._sizes[name] = self._size(self.rules[name])
-                if size > CALLED_RULE_SIZE:
-                    self.called.add(name)
-            return 1 if name in self.called else self._sizes[name]
+                self.called.add(expr.name)
+            return self._rule_size(expr.name)
         if kind is ir.Seq or kind is ir.Choice:
             if kind is ir.Choice and _is_terminal(expr):
                 return 1
@@ -380,6 +375,15 @@ class _Compiler:
             for item in expr.parts():
                 self._size(item)
         return 1
+
+    def _rule_size(self, name: str) -> int:
+        """`_size` of a reference to rule `name`."""
+        if name not in self._sizes:  # every body is visited once: the call-only refs inside join `called`
+            self._sizes[name] = 1  # a cycle ends here (its rules are called anyway)
+            size = self._sizes[name] = self._size(self.rules[name])
+            if size > CALLED_RULE_SIZE:
+                self.called.add(name)
+        return 1 if name in self.called else self._sizes[name]
 
     def _call_refs(self, expr: ir.Expr) -> None:
         """Call the rules `expr` refers to outside repetitions (those count on their own)."""
@@ -405,19 +409,18 @@ class _Compiler:
     def build(self, nfa: NFA, expr: ir.Expr, src: int, dst: int) -> None:
         """NFA fragment for `expr` between src and dst: terminals and recursive references become
         calls, other references are inlined."""
-        if isinstance(expr, ir.Repeat) and (expr.min < 0 or (expr.max is not None and expr.max < expr.min)):
-            raise GrammarError(f"bad repetition bounds {expr.min}..{expr.max}")
-        if isinstance(expr, ir.Lit) and not expr.text:
-            nfa.epsilon(src, dst)
-        elif _is_terminal(expr):
+        kind = type(expr)
+        if kind is ir.Terminal or (kind is ir.Lit and expr.text) or (kind is ir.Choice and _is_terminal(expr)):
             nfa.call(src, self.terminal_label(expr), dst)
-        elif isinstance(expr, ir.Ref):
+        elif kind is ir.Lit:
+            nfa.epsilon(src, dst)
+        elif kind is ir.Ref:
             if expr.name in self.called or expr.call:
                 nfa.call(src, expr.name, dst)
             else:
                 self._inlined = True
                 self.build(nfa, self.rules[expr.name], src, dst)
-        elif isinstance(expr, ir.Seq):
+        elif kind is ir.Seq:
             items, cur, k = expr.items, src, 0
             while k < len(items):
                 looped = k + 1 < len(items) and _separated_tail(items[k + 1], items[k])
@@ -430,14 +433,19 @@ class _Compiler:
                 cur, k = nxt, k + span
             if not items:
                 nfa.epsilon(src, dst)
-        elif isinstance(expr, ir.Choice):
+        elif kind is ir.Choice:
             for item in expr.items:
                 self.build(nfa, item, src, dst)
-        elif isinstance(expr, ir.Repeat):
-            self.repeat(nfa, expr, src, dst)
-        elif isinstance(expr, ir.Capture):
+        elif kind is ir.Repeat:
+            if expr.min < 0 or (expr.max is not None and expr.max < expr.min):
+                raise GrammarError(f"bad repetition bounds {expr.min}..{expr.max}")
+            if _is_terminal(expr):
+                nfa.call(src, self.terminal_label(expr), dst)
+            else:
+                self.repeat(nfa, expr, src, dst)
+        elif kind is ir.Capture:
             nfa.call(src, self.capture_label(expr), dst)
-        elif isinstance(expr, ir.Members):
+        elif kind is ir.Members:
             raise GrammarError("an object members rule must be the whole body of a rule")
         else:
             raise GrammarError(f"unknown grammar expression {expr!r}")
@@ -598,23 +606,26 @@ class _Compiler:
         """`labels` and then the labels `expr` calls one after the other, where it is a plain sequence of calls
         (no choice or repetition, inlined references followed); None otherwise.  Labels are made in the order
         `build` makes them, so a rule that turns out not to be a chain numbers its terminals as before."""
-        if isinstance(expr, ir.Seq):
-            for item in expr.items:
-                if self._chain(item, labels) is None:
-                    return None
-        elif isinstance(expr, ir.Lit) and not expr.text:
-            pass
-        elif isinstance(expr, (ir.Lit, ir.Terminal)) or (isinstance(expr, ir.Choice) and _is_terminal(expr)):
-            labels.append(self.terminal_label(expr))
-        elif isinstance(expr, ir.Capture):
-            labels.append(self.capture_label(expr))
-        elif isinstance(expr, ir.Ref):
-            if expr.name in self.called or expr.call:
-                labels.append(expr.name)
+        todo = [expr]   # what is left to read, the next item last (most rules of every grammar come here)
+        while todo:
+            expr = todo.pop()
+            kind = type(expr)
+            if kind is ir.Seq:
+                todo += reversed(expr.items)
+            elif kind is ir.Terminal or kind is ir.Lit:
+                if kind is ir.Terminal or expr.text:
+                    labels.append(self.terminal_label(expr))
+            elif kind is ir.Ref:
+                if expr.name in self.called or expr.call:
+                    labels.append(expr.name)
+                else:
+                    todo.append(self.rules[expr.name])   # inlined refs are never cyclic: those are called
+            elif kind is ir.Capture:
+                labels.append(self.capture_label(expr))
+            elif kind is ir.Choice and _is_terminal(expr):
+                labels.append(self.terminal_label(expr))
             else:
-                return self._chain(self.rules[expr.name], labels)
-        else:
-            return None
+                return None
         return labels
 
     def members_dfa(self, name: str) -> CallDFA:
@@ -629,8 +640,12 @@ class _Compiler:
     def member_set(self, name: str, live: int, productive: set[str]) -> MemberSet:
         """The object rules of members rule `name`, where only the members in `live` (bits) and the extras
         if their rule is in `productive` can be written."""
-        extras = self.members_rules[name].extras
-        return MemberSet(self.rules[name], live, all(label in productive for label in extras))
+        extras_live = all(label in productive for label in self.members_rules[name].extras)
+        key = (name, live, extras_live)     # asked again as rules join the productive ones, and for the frame
+        members = self._member_sets.get(key)
+        if members is None:
+            members = self._member_sets[key] = MemberSet(self.rules[name], live, extras_live)
+        return members
 
     def guards(self, name: str) -> dict[tuple[int, str], tuple[int, int]]:
         """(state, label) -> (object_members kind, member) for the guarded calls of a members rule."""

@@ -7,6 +7,7 @@ runtime, except as the whole result of an unsatisfiable schema.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from decimal import Decimal
@@ -25,20 +26,17 @@ json_text = json.JSONEncoder(ensure_ascii=False).encode
 
 def seq(*items: Expr) -> Expr:
     """A sequence, flattened; NEVER if any item is NEVER."""
-    out: list[Expr] = []
-    for item in items:
-        if item == NEVER:
-            return NEVER
-        if isinstance(item, Seq):
-            out.extend(item.items)
-        else:
-            out.append(item)
     merged: list[Expr] = []
-    for item in out:  # adjacent literals become one, so the runtime sees longer fixed text
-        if merged and isinstance(item, Lit) and isinstance(merged[-1], Lit):
-            merged[-1] = Lit(merged[-1].text + item.text)
-        else:
-            merged.append(item)
+    for item in items:
+        kind = type(item)   # exact types, NEVER as the empty choice: a hot path of every schema
+        if kind is Choice and not item.items:
+            return NEVER
+        for part in item.items if kind is Seq else (item,):
+            # adjacent literals become one, so the runtime sees longer fixed text
+            if merged and type(part) is Lit and type(merged[-1]) is Lit:
+                merged[-1] = Lit(merged[-1].text + part.text)
+            else:
+                merged.append(part)
     return merged[0] if len(merged) == 1 else Seq(tuple(merged))
 
 
@@ -110,6 +108,7 @@ class Punctuation:
     arr_empty: Expr
 
 
+@functools.lru_cache(maxsize=16)   # every compile asks: one set of objects, which the memos compare by identity first
 def punctuation(style: str, max_indent: int) -> Punctuation:
     """Separators for whitespace style 'flexible' (bounded), 'dumps' (json.dumps) or 'compact' (none)."""
     if style == "dumps":

@@ -17,6 +17,7 @@ _SINGLE = ("additionalProperties", "propertyNames", "not", "if", "then", "else",
            "additionalItems", "unevaluatedItems", "unevaluatedProperties", "items")
 _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+_SUBSCHEMA_KEYS = frozenset(_SINGLE + _LISTS + _MAPS)
 
 _ROOT_BASE = "https://leapgen.invalid/schema.json"  # urljoin needs a hierarchical base
 
@@ -81,15 +82,15 @@ def without_keywords(schema: Any, keywords: frozenset[str]) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: v for k, v in schema.items() if k not in keywords}
-    for key in _SINGLE:
-        if isinstance(out.get(key), dict):
-            out[key] = without_keywords(out[key], keywords)
-    for key in _LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [without_keywords(sub, keywords) for sub in out[key]]
-    for key in _MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: without_keywords(sub, keywords) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_KEYS.intersection(out):   # the few a schema has, not all the keywords asked of each
+        value = out[key]
+        if isinstance(value, dict):
+            if key in _MAPS:
+                out[key] = {name: without_keywords(sub, keywords) for name, sub in value.items()}
+            elif key in _SINGLE:
+                out[key] = without_keywords(value, keywords)
+        elif isinstance(value, list) and key in _LISTS:
+            out[key] = [without_keywords(sub, keywords) for sub in value]
     return out
 
 
