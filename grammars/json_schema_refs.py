@@ -60,16 +60,19 @@ def pointer_of(path: Path) -> str:
 
 
 def _children(schema: dict, path: Path):
+    present = _SUBSCHEMA_KEYS.intersection(schema)
+    if not present:     # most subschemas: leaves
+        return
     for key in _SINGLE:
-        if isinstance(schema.get(key), (dict, bool)):
+        if key in present and isinstance(schema[key], (dict, bool)):
             yield schema[key], (path, key)
     for key in _LISTS:
-        if isinstance(schema.get(key), list):
+        if key in present and isinstance(schema[key], list):
             keyed = (path, key)
             for i, sub in enumerate(schema[key]):
                 yield sub, (keyed, i)
     for key in _MAPS:
-        if isinstance(schema.get(key), dict):
+        if key in present and isinstance(schema[key], dict):
             keyed = (path, key)
             for name, sub in schema[key].items():
                 if isinstance(sub, (dict, bool)):
