@@ -207,7 +207,7 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     origin = (" with ".join(name for name, _ in named), named[0][1] if len(named) == 1 and named[0][1] else here)
     if lo == 0 and hi is None and also:
         return Terminal(also[0], also[1:], exclude, origin)
-    if not also and not excluded_patterns and max(lo, hi or 0) > _CHUNK and not whole:
+    if not also and not excluded_patterns and max(lo, hi or 0) > CHUNK and not whole:
         # excluded values (declared keys) are short: strings longer than all of them need no exclusion, so
         # only the short ones are one terminal and the long ones count in chunks
         short = max((len(v) for v in excluded), default=-1)
@@ -276,21 +276,21 @@ def _excluded_regexes(patterns: Patterns) -> tuple[str, ...]:
     return alone
 
 
-_CHUNK = 32  # longer length bounds count in chunks of this many characters: one terminal would unroll each one
+CHUNK = 32  # longer length bounds count in chunks of this many characters: one terminal would unroll each one
 _STATES_PER_CHARACTER = 14  # a quoted string's DFA, per character its length bound counts
-# chunks counted one by one (a state each) before the count goes in base _CHUNK: flat, a maxLength of 10,000 took
+# chunks counted one by one (a state each) before the count goes in base CHUNK: flat, a maxLength of 10,000 took
 # 310 call states, built in every schema naming it (a tenth of Snowplow's compiles took over 10 ms); counted in
-# base _CHUNK, its whole string rule has 132 states, for a second parser configuration inside such strings
+# base CHUNK, its whole string rule has 132 states, for a second parser configuration inside such strings
 # (advance ~15% slower there)
 _FLAT = 32
 
 
 def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
-    """A quoted string of lo..hi characters as chunks of _CHUNK characters and a shorter remainder: every
-    length is chunks * _CHUNK + remainder in exactly one way, and the chunk and remainder terminals are the
+    """A quoted string of lo..hi characters as chunks of CHUNK characters and a shorter remainder: every
+    length is chunks * CHUNK + remainder in exactly one way, and the chunk and remainder terminals are the
     same few DFAs in every schema.  One rule per pair of bounds, so that where its count is long it is built
     once and called (a schema bounding fifty fields at 32,767 characters builds its 190 counting states
-    once).  Past _FLAT chunks the count goes in base _CHUNK (`_exactly`, `_at_most`), so a maxLength of
+    once).  Past _FLAT chunks the count goes in base CHUNK (`_exactly`, `_at_most`), so a maxLength of
     1,000,000 costs about 300 call states instead of 31,250."""
     name = f"<string of {lo} to {hi} characters>"   # not a name `rule_name` makes
     if name in ctx.rules:
@@ -300,17 +300,17 @@ def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
         # the closing quote belongs to the remainder, so token walks stop only where the string may end
         return Lit('"') if b == 0 else Terminal(ANY_STRING_END, (StringEnd(a, b),))
 
-    first, rest = divmod(lo, _CHUNK)
+    first, rest = divmod(lo, CHUNK)
     if hi is None:
         body = seq(_exactly(ctx, first), chars(rest, None))
     else:
-        last, top = divmod(hi, _CHUNK)
+        last, top = divmod(hi, CHUNK)
         if first == last:
             tail = chars(rest, top)
         else:
             between = last - first - 1   # chunks after the first more one, when neither edge bounds the remainder
-            tail = choice([chars(rest, _CHUNK - 1),
-                           seq(_exactly(ctx, 1), _at_most(ctx, between - 1), chars(0, _CHUNK - 1)) if between
+            tail = choice([chars(rest, CHUNK - 1),
+                           seq(_exactly(ctx, 1), _at_most(ctx, between - 1), chars(0, CHUNK - 1)) if between
                            else NEVER,
                            seq(_exactly(ctx, last - first), chars(0, top))])
         body = seq(_exactly(ctx, first), tail)
@@ -319,22 +319,22 @@ def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
 
 
 def _units(ctx: SchemaContext, level: int) -> Expr:
-    """_CHUNK ** level chunks of a string's body, as one rule of the schema: level 0 is the chunk terminal, and
-    each level above calls the one below _CHUNK times."""
-    name = f"<{_CHUNK ** (level + 1)} string characters>"   # not a name `rule_name` makes
+    """CHUNK ** level chunks of a string's body, as one rule of the schema: level 0 is the chunk terminal, and
+    each level above calls the one below CHUNK times."""
+    name = f"<{CHUNK ** (level + 1)} string characters>"   # not a name `rule_name` makes
     if name not in ctx.rules:
-        ctx.rules[name] = (Terminal(ANY_CHARS, (Chars(_CHUNK),)) if level == 0
-                           else repeat(_units(ctx, level - 1), _CHUNK, _CHUNK))
+        ctx.rules[name] = (Terminal(ANY_CHARS, (Chars(CHUNK),)) if level == 0
+                           else repeat(_units(ctx, level - 1), CHUNK, CHUNK))
     # the chunk rule is inlined to its terminal call; the levels above are called, so each stays one rule
     return Ref(name, call=level > 0)
 
 
 def _digits(n: int) -> list[int]:
-    """`n` in base _CHUNK, least significant digit first."""
-    out = [n % _CHUNK]
-    while n >= _CHUNK:
-        n //= _CHUNK
-        out.append(n % _CHUNK)
+    """`n` in base CHUNK, least significant digit first."""
+    out = [n % CHUNK]
+    while n >= CHUNK:
+        n //= CHUNK
+        out.append(n % CHUNK)
     return out
 
 
@@ -352,12 +352,12 @@ def _at_most(ctx: SchemaContext, n: int) -> Expr:
     if n < _FLAT:
         return repeat(_units(ctx, 0), 0, n)
     level = 1
-    while n // _CHUNK ** level >= _FLAT:
+    while n // CHUNK ** level >= _FLAT:
         level += 1
-    top = n // _CHUNK ** level
-    below = seq(*(repeat(_units(ctx, k), 0, _CHUNK - 1) for k in reversed(range(level))))
+    top = n // CHUNK ** level
+    below = seq(*(repeat(_units(ctx, k), 0, CHUNK - 1) for k in reversed(range(level))))
     return choice([seq(repeat(_units(ctx, level), 0, top - 1), below),
-                   seq(repeat(_units(ctx, level), top, top), _at_most(ctx, n - top * _CHUNK ** level))])
+                   seq(repeat(_units(ctx, level), top, top), _at_most(ctx, n - top * CHUNK ** level))])
 
 
 def distinct_texts(ctx: SchemaContext, expr: Expr, what: str, pointer: str) -> tuple[Capture, int | None]:

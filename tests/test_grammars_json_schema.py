@@ -923,7 +923,7 @@ def test_long_length_bounds_hold_at_both_edges(lo, hi):
 @pytest.mark.parametrize("lo,hi", [(0, 7), (0, 64), (3, 64), (10, 97), (33, 130), (0, 200), (64, 129), (91, None)])
 def test_long_counts_go_in_base_chunk_exactly(monkeypatch, lo, hi):
     """The counting past _FLAT chunks, at a small scale: chunks of 2 characters, counted flat up to 4."""
-    monkeypatch.setattr(json_schema_scalars, "_CHUNK", 2)
+    monkeypatch.setattr(json_schema_scalars, "CHUNK", 2)
     monkeypatch.setattr(json_schema_scalars, "_FLAT", 4)
     schema = {"type": "string", "minLength": lo} | ({} if hi is None else {"maxLength": hi})
     top = hi if hi is not None else lo + 40

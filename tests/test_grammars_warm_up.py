@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from leapgen.grammars.json_schema_scalars import CHUNK
+
 _FRESH_PROCESS = """
 import sys
 sys.path.insert(0, {tests!r})
@@ -34,3 +36,44 @@ def test_warm_up_loads_every_kernel_and_module_a_compile_calls():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["[]", "[]"]
+
+
+_CHUNK_WALKS = """
+import sys
+sys.path.insert(0, {tests!r})
+from tokenizers_util import byte_level_bpe
+from leapgen.grammars import compile_json_schema, ir, token_masks, warm_up
+from leapgen.grammars.automaton import terminal_for
+from leapgen.grammars.json_schema_scalars import CHUNK
+from leapgen.grammars.json_strings import ANY_CHARS, Chars
+
+tokenizer = byte_level_bpe()
+if {warm}:
+    warm_up(tokenizer)
+chunk = terminal_for(ir.Terminal(ANY_CHARS, (Chars(CHUNK),)))
+walked = []
+run, narrowed = token_masks._run_walk, token_masks.TokenMasks._narrowed_root_walk
+token_masks._run_walk = lambda dfa, *rest, **kw: walked.append(dfa is chunk) or run(dfa, *rest, **kw)
+token_masks.TokenMasks._narrowed_root_walk = lambda self, dfa, state: walked.append(dfa is chunk) or narrowed(
+    self, dfa, state)
+matcher = compile_json_schema({{"type": "string", "maxLength": 7 * CHUNK}}, tokenizer).matcher()
+assert any(dfa is chunk for _, dfa in matcher.grammar.automaton.terminals)
+for token in tokenizer.encode('"' + "q" * (2 * CHUNK + 3), add_special_tokens=False):
+    matcher.allowed_token_ids()
+    matcher.advance(token)
+print(sum(walked))
+"""
+
+
+def test_warm_up_walks_the_chunk_of_long_strings():
+    """A string bounded past one chunk meets the chunk automaton's states at every character, each with a walk of
+    the whole vocabulary the first time: warm_up takes them, so that a request does not (5-11 ms a mask on
+    cl100k).  Without warm_up the same masks walk them."""
+    counts = {}
+    for warm in (True, False):
+        code = _CHUNK_WALKS.format(tests=str(Path(__file__).parent), warm=warm)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        counts[warm] = int(result.stdout)
+    assert counts[True] == 0
+    assert counts[False] >= CHUNK // 2
