@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -177,7 +178,7 @@ def test_what_a_compile_keeps_for_the_collector_is_its_memoised_automata():
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, "-c", _KEPT_BY_A_COMPILE], env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, cwd=tempfile.gettempdir())     # outside the checkout, whose folders shadow
     assert done.returncode == 0, done.stderr
     kept = json.loads(done.stdout.splitlines()[-1])
     assert kept.keys() <= {"DFA", "PatternRegexes"}, kept

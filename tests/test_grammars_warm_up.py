@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from leapgen.grammars.json_schema_scalars import CHUNK
@@ -33,7 +34,8 @@ print(sorted(set(sys.modules) - loaded))
 
 def test_warm_up_loads_every_kernel_and_module_a_compile_calls():
     code = _FRESH_PROCESS.format(tests=str(Path(__file__).parent))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            cwd=tempfile.gettempdir())
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["[]", "[]"]
 
@@ -72,7 +74,8 @@ def test_warm_up_walks_the_chunk_of_long_strings():
     counts = {}
     for warm in (True, False):
         code = _CHUNK_WALKS.format(tests=str(Path(__file__).parent), warm=warm)
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            cwd=tempfile.gettempdir())
         assert result.returncode == 0, result.stderr
         counts[warm] = int(result.stdout)
     assert counts[True] == 0

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -429,9 +430,11 @@ def test_the_serve_command_starts_answers_and_refuses_bad_flags(byte_level_model
 
     command = [sys.executable, "-m", "leapgen.cli", "serve", "--model", str(byte_level_model_dir), "--port", "0",
                "--served-model-name", "mine", "--api-key", "k", "--threads", "1"]
-    # PYTHONFAULTHANDLER: should it hang, SIGABRT makes it print every thread's stack
+    # PYTHONFAULTHANDLER: should it hang, SIGABRT makes it print every thread's stack.  Outside the checkout, as
+    # installed: `-m` puts the working directory first on sys.path, where the folder `kernels/` would shadow the HF
+    # `kernels` package that transformers (5.25 on) imports with its models
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_raises,
-                               env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                               env={**os.environ, "PYTHONFAULTHANDLER": "1"}, cwd=tempfile.gettempdir())
     lines: queue.Queue = queue.Queue()
     stderr: list[str] = []
 
