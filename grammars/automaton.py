@@ -590,8 +590,11 @@ class _Compiler:
                 terminals.append((captured, expr))
         calls = [tuple((places.get(label, label), t) for label, t in row) for row in dfa.calls]
         refs = frozenset(label for row in calls for label, _ in row if type(label) is str)
-        if len(_RULE_DFAS) >= _RULE_DFAS_KEPT:
-            del _RULE_DFAS[next(iter(_RULE_DFAS))]
+        while len(_RULE_DFAS) >= _RULE_DFAS_KEPT:     # the oldest out
+            try:
+                del _RULE_DFAS[next(iter(_RULE_DFAS))]
+            except (KeyError, RuntimeError, StopIteration):   # another thread's compile changed it meanwhile
+                break
         _RULE_DFAS[body] = _BuiltRule(CallDFA(dfa.accept, calls), tuple(terminals), refs)
 
     def _relabelled(self, built: _BuiltRule) -> CallDFA:
