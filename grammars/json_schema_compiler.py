@@ -180,9 +180,9 @@ class SchemaCompiler:
             if "allOf" in present:
                 subs = schema["allOf"]
                 if not (isinstance(subs, list) and subs):
-                    raise SchemaError("allOf must be a non-empty array", pointer + "/allOf")
-                pending += [Part(s, f"{pointer}/allOf/{i}", base, frozenset(), part.variant)
-                            for i, s in enumerate(subs)]
+                    raise SchemaError("allOf must be a non-empty array", part.at("allOf"))
+                based = Part(schema, pointer, base, skip, part.variant)     # its subschemas start from its base
+                pending += [based.sub(s, "allOf", i) for i, s in enumerate(subs)]
             if not _UNSUPPORTED.isdisjoint(present):
                 keyword = next(k for k in UNSUPPORTED if k in present)
                 raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
@@ -266,13 +266,14 @@ class SchemaCompiler:
             # Its body follows from the options alone, and most schemas have one (an object's extras): built once
             # per process, it is also one object for the automaton's memo of rule automata.  Not with an item
             # cap, which sizes the body against this schema's other rules.
-            body = _ANY_VALUE.get(self.options) if self.options.max_items is None else None
-            if body is None:
+            if self.options.max_items is not None:
                 body = self._any_value_body()
-                if self.options.max_items is None:
+            else:
+                body = _ANY_VALUE.get(self.options)
+                if body is None:
                     if len(_ANY_VALUE) >= _ANY_VALUE_KEPT:
                         _ANY_VALUE.clear()
-                    _ANY_VALUE[self.options] = body
+                    body = _ANY_VALUE[self.options] = self._any_value_body()
             self.rules["any_value"] = body
         return Ref("any_value")
 

@@ -33,6 +33,8 @@ class Located:
 
 def escape_token(name: str) -> str:
     """Escape one JSON pointer reference token."""
+    if "~" not in name and "/" not in name:     # nearly every key: every subschema's pointer is written here
+        return name
     return name.replace("~", "~0").replace("/", "~1")
 
 
@@ -43,11 +45,7 @@ Path = tuple
 
 def json_pointer(tokens: Iterable[Any]) -> str:
     """The JSON pointer of reference tokens (keys and indexes), root first."""
-    out = ""
-    for token in tokens:
-        token = str(token)
-        out += "/" + (escape_token(token) if "~" in token or "/" in token else token)
-    return out
+    return "".join("/" + escape_token(str(token)) for token in tokens)
 
 
 def pointer_of(path: Path) -> str:
