@@ -576,6 +576,8 @@ class _Compiler:
         finally:
             self._labelled = None
         dfa = determinize_calls(nfa, src, dst, MAX_RULE_STATES)
+        # nearly always so (only an empty choice leaves a dead end): known here, a kept automaton skips `_live`
+        dfa.trimmed = all(_live(dfa)[0])
         if not self._inlined and nfa.count <= MEMOISED_RULE_NODES:
             self._memoise(body, dfa, labelled)
         return dfa
@@ -595,7 +597,7 @@ class _Compiler:
                 del _RULE_DFAS[next(iter(_RULE_DFAS))]
             except (KeyError, RuntimeError, StopIteration):   # another thread's compile changed it meanwhile
                 break
-        _RULE_DFAS[body] = _BuiltRule(CallDFA(dfa.accept, calls), tuple(terminals), refs)
+        _RULE_DFAS[body] = _BuiltRule(CallDFA(dfa.accept, calls, dfa.trimmed), tuple(terminals), refs)
 
     def _relabelled(self, built: _BuiltRule) -> CallDFA:
         """A kept rule automaton with this grammar's labels, made in the order its build would make them."""
@@ -603,7 +605,7 @@ class _Compiler:
                   for captured, expr in built.terminals]
         calls = [tuple((labels[label] if type(label) is int else label, t) for label, t in row)
                  for row in built.dfa.calls]
-        return CallDFA(built.dfa.accept, calls)
+        return CallDFA(built.dfa.accept, calls, built.dfa.trimmed)
 
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
         """`labels` and then the labels `expr` calls one after the other, where it is a plain sequence of calls
@@ -735,14 +737,14 @@ def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[s
     return out
 
 
-def _live(rule: CallDFA, productive: set[str]) -> tuple[list[bool], bool]:
-    """States that can reach the end of their rule through calls of productive rules; and whether every call
-    is of a productive rule."""
+def _live(rule: CallDFA, productive: set[str] | None = None) -> tuple[list[bool], bool]:
+    """States that can reach the end of their rule through calls of productive rules (None: through any call);
+    and whether every call is of a productive rule."""
     preds: list[list[int]] = [[] for _ in range(rule.num_states)]
     whole = True
     for s, calls in enumerate(rule.calls):
         for lab, t in calls:
-            if lab in productive:
+            if productive is None or lab in productive:
                 preds[t].append(s)
             else:
                 whole = False
@@ -770,6 +772,8 @@ def _called_from(rules: dict[str, CallDFA], roots: frozenset[str]) -> dict[str, 
 
 def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str]) -> None:
     """Refuse rules that can call themselves before consuming a byte."""
+    if not any(lab in rules or lab in nullable_terminals for rule in rules.values() for lab, _ in rule.calls[0]):
+        return  # every rule starts by reading a byte (JSON's any value, recursive objects): none can recur before
     nullable = _least_set(rules, nullable_terminals, lambda name, found: _ends(rules[name], found))
     first_calls = {}
     for name, rule in rules.items():
@@ -821,10 +825,13 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         _check_left_recursion(_called_from(rules, compiler.cyclic), nullable_terminals)
     # structural states first (they consume no bytes), then each terminal DFA
     offsets, total = {}, 0
-    for name, part in [*rules.items(), *terminals.items()]:
+    for name, rule in rules.items():
         offsets[name] = total
-        total += part.num_states
-    first_terminal = offsets[next(iter(terminals))] if terminals else total
+        total += len(rule.accept)
+    first_terminal = total
+    for label, dfa in terminals.items():
+        offsets[label] = total
+        total += len(dfa.accept)
     structural_accept: list[bool] = []
     for rule in rules.values():
         structural_accept += rule.accept
@@ -858,13 +865,13 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
             call_ptr.append(len(callee))
     call_guard = np.full(len(callee), -1, np.int32)    # per call edge: its guard's index
     call_guard[guarded_calls] = np.arange(len(guards), dtype=np.int32)
-    calls_out = np.diff(np.array(call_ptr, np.int64))
-    terminal_ptr = np.full(total - first_terminal, len(callee), np.int32)    # terminal states call nothing
-    call_ptr_all = np.concatenate([np.array(call_ptr, np.int32), terminal_ptr])
+    call_ptr_all = np.full(total + 1, len(callee), np.int32)     # terminal states call nothing
+    call_ptr_all[:len(call_ptr)] = call_ptr
     has_out = np.zeros(total, bool)
     if terminals:
         has_out[first_terminal:] = np.concatenate([dfa.has_out for dfa in terminals.values()])
     tail = np.zeros(total, bool)
+    calls_out = call_ptr_all[1:first_terminal + 1] - call_ptr_all[:first_terminal]
     tail[:first_terminal] = accept[:first_terminal] & (calls_out == 0)
     return Automaton(
         accept=accept,
@@ -885,7 +892,8 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int], members: MemberSet) -> ObjectFrame:
     labels = compiler.members_rules[name]
     body = compiler.rules[name]
-    captures = compiler.leading_captures(body.extra) if body.extra is not None else set()
+    # (every captured terminal has its label by now: without any, the extras' expression need not be walked)
+    captures = compiler.leading_captures(body.extra) if body.extra is not None and compiler.capture_labels else set()
     if len(captures) > 1:
         raise GrammarError(f"the extras of members rule {name!r} begin with {len(captures)} captured terminals, "
                            "not one")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .errors import UnsupportedSchemaError
+from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (NUMBER_KEYS, STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext,
-                                  count_of, enum_values, expect, narrow_types, satisfying)
+                                  count_of, enum_values, narrow_types, satisfying)
 from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
 from .json_schema_scalars import distinct_texts, number, string_terminal
 
@@ -32,7 +32,8 @@ def build_array(ctx: SchemaContext, parts: list[Part]) -> Expr:
         legacy = isinstance(p.get("items"), list)  # before 2020-12, items as an array was prefixItems
         prefix_key, tail_key = ("items", "additionalItems") if legacy else ("prefixItems", "items")
         prefix = p.get(prefix_key) or []
-        expect(isinstance(prefix, list), f"{prefix_key} must be an array", p.at(prefix_key))
+        if not isinstance(prefix, list):    # (the message only on failure: every array comes here)
+            raise SchemaError(f"{prefix_key} must be an array", p.at(prefix_key))
         tail = p.sub(p.get(tail_key), tail_key) if p.has(tail_key) else None
         layouts.append(([p.sub(s, prefix_key, i) for i, s in enumerate(prefix)], tail))
         n = count_of(p, "minItems")

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from .errors import SchemaError
 from .ir import Expr
 from .json_schema_ir import Punctuation, json_key, json_text
-from .json_schema_refs import json_pointer
+from .json_schema_refs import escape_token, json_pointer
 from .json_strings import pattern_regexes
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
@@ -146,6 +146,9 @@ class Part:
         return key not in self.skip and isinstance(self.schema, dict) and key in self.schema
 
     def at(self, *tokens: Any) -> str:
+        if len(tokens) == 1:    # nearly every call: each subschema's pointer is made here
+            token = tokens[0]
+            return f"{self.pointer}/{escape_token(token if type(token) is str else str(token))}"
         return self.pointer + json_pointer(tokens)
 
     def sub(self, schema: Any, *tokens: Any) -> "Part":

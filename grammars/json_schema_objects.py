@@ -53,19 +53,23 @@ class _ObjectBuilder:
             self._read(p)
 
     def _read(self, p: Part) -> None:
+        # the checks make their pointers only where they fail: every object is read here
         props = p.get("properties", {})
-        expect(isinstance(props, dict), "properties must be an object", p.at("properties"))
+        if not isinstance(props, dict):
+            raise SchemaError("properties must be an object", p.at("properties"))
         self.order += [n for n in props if n not in self.order]
         req = p.get("required", [])
-        expect(isinstance(req, list) and all(isinstance(n, str) for n in req), "required must be an array of "
-                "strings", p.at("required"))
+        if not (isinstance(req, list) and all(isinstance(n, str) for n in req)):
+            raise SchemaError("required must be an array of strings", p.at("required"))
         self.required += [n for n in req if n not in self.required]
         pats = p.get("patternProperties", {})
-        expect(isinstance(pats, dict), "patternProperties must be an object", p.at("patternProperties"))
+        if not isinstance(pats, dict):
+            raise SchemaError("patternProperties must be an object", p.at("patternProperties"))
         self.patterns += [(k, p, v) for k, v in pats.items()]
         for key in ("dependentRequired", "dependencies"):
             deps = p.get(key, {})
-            expect(isinstance(deps, dict), f"{key} must be an object", p.at(key))
+            if not isinstance(deps, dict):
+                raise SchemaError(f"{key} must be an object", p.at(key))
             for trigger, needed in deps.items():
                 if needed is True or needed == {}:
                     continue
@@ -152,7 +156,8 @@ class _ObjectBuilder:
         match = tuple((r, witness["at"]) for r in witness["match"]) if witness else ()
         avoid = tuple((r, witness["at"]) for r in witness["avoid"]) if witness else ()
         excluded = declared + [n for n in witness["outside"] if n not in declared] if witness else declared
-        if string_terminal(self.ctx, name_parts, excluded, match, avoid) == NEVER:
+        any_key = string_terminal(self.ctx, name_parts, excluded, match, avoid)
+        if any_key == NEVER:
             return []
         classes = []
         overlapping = self._overlapping(regexes, regex_of)
@@ -173,10 +178,13 @@ class _ObjectBuilder:
             value_expr = self.ctx.nested(value)
             if value_expr == NEVER:
                 continue
-            key = string_terminal(self.ctx, name_parts, excluded, tuple((r, at[r]) for r in chosen) + match,
-                                  tuple((r, at[r]) for r in regexes if r not in chosen
-                                        and (not chosen or tuple(sorted((*chosen, r), key=regexes.index))
-                                             in overlapping)) + avoid, whole=whole)
+            if not regexes and not whole:   # most objects: the class of every extra key is `any_key`
+                key = any_key
+            else:
+                key = string_terminal(self.ctx, name_parts, excluded, tuple((r, at[r]) for r in chosen) + match,
+                                      tuple((r, at[r]) for r in regexes if r not in chosen
+                                            and (not chosen or tuple(sorted((*chosen, r), key=regexes.index))
+                                                 in overlapping)) + avoid, whole=whole)
             classes.append((key, value_expr))
         return classes
 

@@ -394,25 +394,20 @@ REGEX_META = frozenset(".^$*+?{}[]\\|()")
 def literal_text(pattern: str) -> str | None:
     """The one string a regex matches when it is plain text (metacharacters escaped, controls as \\xNN),
     else None; lets sets of literal regexes (declared object keys) skip the regex compiler."""
-    out, i = [], 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            nxt = pattern[i + 1 : i + 2]
-            if nxt in REGEX_META or nxt in ("-", "/", '"', " ", "#", "&", "~"):
-                out.append(nxt)
-                i += 2
-                continue
-            if nxt == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2 : i + 4]):
-                out.append(chr(int(pattern[i + 2 : i + 4], 16)))
-                i += 4
-                continue
-            return None
-        if ch in REGEX_META:
-            return None
-        out.append(ch)
-        i += 1
-    return "".join(out)
+    # by two regexes, not a loop over characters: every object with extra keys excludes each declared key here
+    if _PLAIN_TEXT.fullmatch(pattern) is None:
+        return None
+    return _ESCAPE.sub(_unescaped, pattern) if "\\" in pattern else pattern
+
+
+# plain characters, metacharacters and a few others escaped, and controls as \xNN
+_PLAIN_TEXT = re.compile(r"(?:[^\\.^$*+?{}\[\]|()]|\\[.^$*+?{}\[\]\\|()\-/\" #&~]|\\x[0-9a-fA-F]{2})*")
+_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|(.))", re.S)
+
+
+def _unescaped(match: re.Match) -> str:
+    code, ch = match.groups()
+    return ch if code is None else chr(int(code, 16))
 
 
 @functools.lru_cache(maxsize=MEMO_SIZE)
