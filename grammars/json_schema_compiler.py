@@ -47,6 +47,7 @@ _FRAMES_PER_LEVEL = 16
 
 
 _UNSUPPORTED = frozenset(UNSUPPORTED)
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_]+")    # what a rule name replaces (see rule_name)
 _CONSTRAINTS = VALIDATION - {"allOf"}   # what a conjunct constrains once its allOf and $ref are expanded
 _EXPANDED = frozenset({"allOf", "$ref"})
 _ENUMERATED = frozenset({"enum", "const"})
@@ -82,6 +83,8 @@ class SchemaCompiler:
                                         if any(f"draft-0{n}" in dialect for n in drafts)))
         self.root = without_keywords(schema, undefined) if undefined else schema
         self.refs = RefResolver(self.root, "id" if self.draft4 else "$id")
+        self._id_only = frozenset({self.refs.id_keyword})   # the skip sets of most parts (see expand)
+        self._id_expanded = self._id_only | _EXPANDED
         self.punct = punctuation(options.whitespace, options.max_indent)
         self.rules: dict[str, Expr] = {}
         self._memo: dict[Hashable, str] = {}      # conjunctions through a $ref: their rules' names
@@ -133,7 +136,7 @@ class SchemaCompiler:
         return Ref(name)
 
     def rule_name(self, hint: str) -> str:
-        base = re.sub(r"[^A-Za-z0-9_]+", "_", hint).strip("_")[:40] or "root"
+        base = _NOT_IN_NAMES.sub("_", hint).strip("_")[:40] or "root"
         n = self._names.get(base, 0)
         self._names[base] = n + 1
         return f"{base}_{n}" if n else base
@@ -167,7 +170,7 @@ class SchemaCompiler:
             base, skip, pointer = part.base, part.skip, part.pointer
             if ident not in skip:
                 base = self.refs.base_for(schema, base)
-                skip = skip | {ident}
+                skip = self._id_only if not skip else skip | {ident}   # (most parts are a subschema's, skip empty)
             present = schema.keys() - skip
             pending: list[Part] = []
             if "$ref" in present:
@@ -187,7 +190,8 @@ class SchemaCompiler:
                 keyword = next(k for k in UNSUPPORTED if k in present)
                 raise UnsupportedSchemaError(f"keyword {keyword!r} cannot be enforced", part.at(keyword))
             if not _CONSTRAINTS.isdisjoint(present):   # the part with its allOf and $ref expanded, once
-                out.append(Part(schema, pointer, base, skip | _EXPANDED, part.variant))
+                out.append(Part(schema, pointer, base, self._id_expanded if skip is self._id_only else
+                                skip | _EXPANDED, part.variant))
             stack.extend(reversed(pending))
         return out, via_ref
 

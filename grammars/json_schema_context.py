@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from .errors import SchemaError
 from .ir import Expr
 from .json_schema_ir import Punctuation, json_key, json_text
-from .json_schema_refs import escape_token, json_pointer
+from .json_schema_refs import escape_token
 from .json_strings import pattern_regexes
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
@@ -146,10 +146,10 @@ class Part:
         return key not in self.skip and isinstance(self.schema, dict) and key in self.schema
 
     def at(self, *tokens: Any) -> str:
-        if len(tokens) == 1:    # nearly every call: each subschema's pointer is made here
-            token = tokens[0]
-            return f"{self.pointer}/{escape_token(token if type(token) is str else str(token))}"
-        return self.pointer + json_pointer(tokens)
+        pointer = self.pointer  # one or two tokens nearly always: each subschema's pointer is made here
+        for token in tokens:
+            pointer += "/" + escape_token(token if type(token) is str else str(token))
+        return pointer
 
     def sub(self, schema: Any, *tokens: Any) -> "Part":
         return Part(schema, self.at(*tokens), self.base, frozenset(), self.variant)

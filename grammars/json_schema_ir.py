@@ -42,6 +42,9 @@ def seq(*items: Expr) -> Expr:
 
 def choice(items) -> Expr:
     """A choice without NEVER branches or duplicates; NEVER if nothing is left."""
+    items = items if type(items) is list else list(items)
+    if len(items) == 1 and type(items[0]) is not Choice:
+        return items[0]     # most calls (a subschema of one type): nothing to hash
     out: dict[Expr, None] = {}       # ordered, and linear where a list's `in` made large enums quadratic
     for item in items:
         for alt in item.items if isinstance(item, Choice) else (item,):

@@ -403,7 +403,10 @@ class _ObjectBuilder:
                         min=self.min_props, max=self.max_props, ordered=self.ctx.options.property_order == "schema",
                         max_extras=max_extras, held=len(held))
         alternatives = [pu.obj_empty] if not required and not held and self.min_props == 0 else []
-        if (keys or held or extra != NEVER) and self.max_props != 0 and MemberSet(body).feasible(EMPTY_TAG, FIRST):
+        # without counts or dependencies any member or extra completes the object: no plan to search for
+        plain = not triggers and self.min_props == 0 and self.max_props is None and max_extras != 0
+        if (keys or held or extra != NEVER) and (plain or self.max_props != 0
+                                                 and MemberSet(body).feasible(EMPTY_TAG, FIRST)):
             name = self.ctx.rule_name(self.pointer + "_object")
             self.ctx.rules[name] = body
             alternatives.append(Ref(name))

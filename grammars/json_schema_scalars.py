@@ -176,7 +176,7 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
     (`not: {pattern}`, the other classes of property names).  `whole`: one terminal even where long length
     bounds would count in chunks (a captured text is one terminal)."""
     if not (excluded or extra_patterns or excluded_patterns or ctx.options.max_string_length is not None
-            or any(p.has(key) for p in parts for key in STRING_KEYS)):
+            or any(key not in p.skip for p in parts for key in _STRING_KEYS.intersection(p.schema))):
         return _ANY_STRING_TERMINAL      # most strings: no keyword to read, and one terminal for all of them
     lo, hi = 0, None
     patterns = list(extra_patterns)
@@ -225,6 +225,7 @@ def string_terminal(ctx: SchemaContext, parts: list[Part], excluded: list[str], 
 
 
 _ANY_STRING_TERMINAL = Terminal(ANY_STRING)
+_STRING_KEYS = frozenset(STRING_KEYS)
 
 
 @dataclass(frozen=True)
