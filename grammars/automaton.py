@@ -42,8 +42,8 @@ MAX_TERMINAL_STATES = 150_000
 MAX_TERMINAL_WORK = 400_000  # states of every product built for them, the emptied ones too
 MEMBERS_FRAME, CAPTURE_FRAME = 1, 2
 # Rule automata built by subset construction, by body, across grammars (the bodies every schema shares: any JSON
-# value, an array of strings): a body whose references are all calls reads the same in any grammar, but for the
-# labels of its terminals, which each grammar numbers itself.  Only small rules, a few hundred at most: the bodies
+# value, an array of strings): a body whose references are all calls reads the same in any grammar, its terminals
+# too, whose labels name their DFAs (`_Compiler._label`).  Only small rules, a few hundred at most: the bodies
 # kept are objects every full garbage collection visits.
 _RULE_DFAS: dict[ir.Expr, "_BuiltRule"] = {}
 _RULE_DFAS_KEPT = 256
@@ -92,12 +92,12 @@ class _MemberLabels:
 
 @dataclass(frozen=True)
 class _BuiltRule:
-    """A rule automaton as `_RULE_DFAS` keeps it: its calls of terminals name them by their place in `terminals`
-    (the terminal expressions in the order the build labels them, each flagged where captured); `refs`, the rules
-    its body refers to, all of them called when it was built."""
+    """A rule automaton as `_RULE_DFAS` keeps it: its terminals in the order its build labelled them, each as
+    (flagged where captured, its expression, its label); `refs`, the rules its body refers to, all of them called
+    when it was built."""
 
     dfa: CallDFA
-    terminals: tuple[tuple[bool, ir.Expr], ...]
+    terminals: tuple[tuple[bool, ir.Expr, str], ...]
     refs: frozenset[str]
 
 
@@ -536,7 +536,8 @@ class _Compiler:
                 if origin is None:
                     raise GrammarError(message)
                 raise UnsupportedSchemaError(f"{message} (the last: {origin[0]})", origin[1])
-            label = labels[dfa] = f"<{kind} {len(labels)}>"
+            # named by the DFA, not numbered: a rule automaton kept across grammars (`_RULE_DFAS`) reads the same
+            label = labels[dfa] = f"<{kind} {dfa.uid}>"
             self.terminal_rules[label] = dfa
         return label
 
@@ -583,28 +584,30 @@ class _Compiler:
         return dfa
 
     def _memoise(self, body: ir.Expr, dfa: CallDFA, labelled: list[tuple[bool, ir.Expr, str]]) -> None:
-        """Keep `dfa`, the automaton of `body`, in _RULE_DFAS with its terminal labels replaced by their places."""
-        places: dict[str, int] = {}
-        terminals = []
+        """Keep `dfa`, the automaton of `body`, in _RULE_DFAS with the terminals it labelled."""
+        terminals: dict[str, tuple[bool, ir.Expr, str]] = {}
         for captured, expr, label in labelled:
-            if label not in places:
-                places[label] = len(terminals)
-                terminals.append((captured, expr))
-        calls = [tuple((places.get(label, label), t) for label, t in row) for row in dfa.calls]
-        refs = frozenset(label for row in calls for label, _ in row if type(label) is str)
+            terminals.setdefault(label, (captured, expr, label))
+        refs = frozenset(label for row in dfa.calls for label, _ in row if label not in terminals)
         while len(_RULE_DFAS) >= _RULE_DFAS_KEPT:     # the oldest out
             try:
                 del _RULE_DFAS[next(iter(_RULE_DFAS))]
             except (KeyError, RuntimeError, StopIteration):   # another thread's compile changed it meanwhile
                 break
-        _RULE_DFAS[body] = _BuiltRule(CallDFA(dfa.accept, calls, dfa.trimmed), tuple(terminals), refs)
+        _RULE_DFAS[body] = _BuiltRule(dfa, tuple(terminals.values()), refs)
 
     def _relabelled(self, built: _BuiltRule) -> CallDFA:
-        """A kept rule automaton with this grammar's labels, made in the order its build would make them."""
-        labels = [self.capture_label(expr) if captured else self.terminal_label(expr)
-                  for captured, expr in built.terminals]
-        calls = [tuple((labels[label] if type(label) is int else label, t) for label, t in row)
-                 for row in built.dfa.calls]
+        """A kept rule automaton in this grammar: its terminals labelled in the order its build would label them.
+        Labels name DFAs, so it is the kept automaton itself unless the terminal memo has since built one of them
+        again (another DFA, another label)."""
+        renamed = {}
+        for captured, expr, kept in built.terminals:
+            label = self.capture_label(expr) if captured else self.terminal_label(expr)
+            if label != kept:
+                renamed[kept] = label
+        if not renamed:
+            return built.dfa
+        calls = [tuple((renamed.get(label, label), t) for label, t in row) for row in built.dfa.calls]
         return CallDFA(built.dfa.accept, calls, built.dfa.trimmed)
 
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
