@@ -528,7 +528,7 @@ class TokenMasks:
         self._frame_walks: dict[tuple[int, FrameTag, bytes], tuple[Walk, ...]] = {}
         self._frame_returns: dict[tuple[int, FrameTag, bytes], tuple[tuple[np.ndarray, bytes], ...]] = {}
         self._shared = _SHARED_WALKS.setdefault(vocabulary, OrderedDict())
-        self._call_ptr = tuple(automaton.call_ptr.tolist())
+        self._call_ptr = tuple(automaton.call_ptr[:automaton.first_terminal + 1].tolist())   # structural states'
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
         # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
         captured = [automaton.terminal_of(int(first))[1] for first in np.flatnonzero(automaton.framed == CAPTURE_FRAME)]
