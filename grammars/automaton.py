@@ -676,6 +676,8 @@ def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[str, 
     for name, rule in rules.items():
         for calls in rule.calls:
             for label, _ in calls:
+                if label not in rules:      # only rules join: a terminal is in the seed or never
+                    continue
                 known = callers.get(label)   # (setdefault would make a set for every call)
                 if known is None:
                     callers[label] = {name}
@@ -716,7 +718,7 @@ def _productive(rules: dict[str, CallDFA], terminals: set[str],
             return False
         return compiler.member_set(name, live[name], found).feasible(EMPTY_TAG, FIRST) and _ends(rules[name], found)
 
-    for label in terminals:
+    for label in owners.keys() & terminals:     # members written as one terminal
         joined(label)
     return _least_set(rules, terminals, ends, joined), live
 

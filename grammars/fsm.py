@@ -181,6 +181,18 @@ class DFA:
         return cached
 
 
+def chain_dfa(data: bytes) -> DFA:
+    """The minimal DFA of exactly `data`: a chain of its bytes.  What its properties compute is known (every state
+    but the last goes on, the last accepts), and each object key of a schema is one, new in nearly every compile."""
+    n = len(data)
+    trans = np.full((n + 1, 256), -1, np.int32)
+    trans[np.arange(n), np.frombuffer(data, np.uint8)] = np.arange(1, n + 1, dtype=np.int32)
+    ends = np.arange(n + 1) == n
+    dfa = DFA(trans, ends)
+    dfa._has_out, dfa._matches_nothing = ~ends, False
+    return dfa
+
+
 @dataclass(eq=False)
 class CallDFA:
     """A deterministic automaton whose only transitions are call edges; start state 0."""

@@ -20,7 +20,7 @@ from re import _parser as sre_parse
 import numpy as np
 
 from .errors import AutomatonTooLargeError, RegexError
-from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, determinize, minimize, product, union, without_words
+from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, chain_dfa, determinize, minimize, product, union, without_words
 from .ir import Language
 
 MAX_DFA_STATES = 20_000
@@ -426,10 +426,7 @@ def literals_dfa(texts: tuple[str, ...]) -> DFA:
     in milliseconds, where generic minimisation takes seconds).
     """
     if len(texts) == 1:     # most calls (object keys, literals): the minimal DFA is the chain of the text's bytes
-        data = np.frombuffer(texts[0].encode("utf-8"), dtype=np.uint8)
-        trans = np.full((len(data) + 1, 256), -1, np.int32)
-        trans[np.arange(len(data)), data] = np.arange(1, len(data) + 1, dtype=np.int32)
-        return DFA(trans, np.arange(len(data) + 1) == len(data))
+        return chain_dfa(texts[0].encode("utf-8"))
     rows: list[dict[int, int]] = [{}]
     accept = [False]
     for text in texts:
