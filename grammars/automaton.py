@@ -42,9 +42,9 @@ MAX_TERMINAL_STATES = 150_000
 MAX_TERMINAL_WORK = 400_000  # states of every product built for them, the emptied ones too
 MEMBERS_FRAME, CAPTURE_FRAME = 1, 2
 # Rule automata built by subset construction, by body, across grammars (the bodies every schema shares: any JSON
-# value, an array of strings): a body whose references are all calls reads the same in any grammar, its terminals
-# too, whose labels name their DFAs (`_Compiler._label`).  Only small rules, a few hundred at most: the bodies
-# kept are objects every full garbage collection visits.
+# value, an array of strings): a body whose references are all calls reads the same in any grammar, and so do its
+# terminal calls while the terminal memo keeps their DFAs, whose labels name them (`_Compiler._label`).  Only small
+# rules, a few hundred at most: the bodies kept are objects every full garbage collection visits.
 _RULE_DFAS: dict[ir.Expr, "_BuiltRule"] = {}
 _RULE_DFAS_KEPT = 256
 
@@ -613,7 +613,7 @@ class _Compiler:
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
         """`labels` and then the labels `expr` calls one after the other, where it is a plain sequence of calls
         (no choice or repetition, inlined references followed); None otherwise.  Labels are made in the order
-        `build` makes them, so a rule that turns out not to be a chain numbers its terminals as before."""
+        `build` makes them, so a rule that turns out not to be a chain lays out its terminals as before."""
         todo = [expr]   # what is left to read, the next item last (most rules of every grammar come here)
         while todo:
             expr = todo.pop()
@@ -778,7 +778,7 @@ def _called_from(rules: dict[str, CallDFA], roots: frozenset[str]) -> dict[str, 
 def _check_left_recursion(rules: dict[str, CallDFA], nullable_terminals: set[str]) -> None:
     """Refuse rules that can call themselves before consuming a byte."""
     if not any(lab in rules or lab in nullable_terminals for rule in rules.values() for lab, _ in rule.calls[0]):
-        return  # every rule starts by reading a byte (JSON's any value, recursive objects): none can recur before
+        return  # no start state calls a rule or a nullable terminal (JSON's any value, recursive objects)
     nullable = _least_set(rules, nullable_terminals, lambda name, found: _ends(rules[name], found))
     first_calls = {}
     for name, rule in rules.items():

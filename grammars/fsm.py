@@ -199,8 +199,8 @@ class CallDFA:
 
     accept: list[bool]
     calls: list[tuple[tuple[object, int], ...]]  # per state: (label, target) pairs, labels distinct
-    # every state reaches an accepting one through its calls (a chain, an object's five states): trimming the
-    # rule can then only drop the calls of rules that match nothing
+    # every state reaches an accepting one through its calls (a chain, an object's five states, most automata from
+    # subset construction): trimming the rule can then only drop the calls of rules that match nothing
     trimmed: bool = False
 
     @property

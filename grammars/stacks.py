@@ -33,9 +33,10 @@ class StackArena:
         self.tag: list[FrameTag] = [None]
         self._ids: dict[tuple[int, int, FrameTag], int] = {}
         # tuples, not lists: as fast to index, and once they survive a collection the garbage collector
-        # stops walking their items (a server holds many grammars; lists would lengthen every full collection).
-        # Return states are structural, the first of a grammar's states, and the framed ones are few: the terminals'
-        # states, most of them, are not copied (0.2 ms of a Kubernetes schema's first mask)
+        # stops walking their items (a server holds many grammars; lists would lengthen every full collection); a
+        # dict of ints only is never tracked.  Return states are structural, the first of a grammar's states, and
+        # the framed ones are few: the terminals' states, most of them, are not copied (0.2 ms of a Kubernetes
+        # schema's first mask)
         self._tail = tuple(automaton.tail[:automaton.first_terminal].tolist())
         framed = np.flatnonzero(automaton.framed)
         self._framed = dict(zip(framed.tolist(), automaton.framed[framed].tolist()))

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
-from leapgen.grammars import json_schema_combinators, json_schema_scalars
+from leapgen.grammars import automaton, json_schema_combinators, json_schema_scalars, regex
 from leapgen.grammars.automaton import _Compiler, compile_automaton
 from leapgen.grammars.fsm import MEMO_SIZE, NFA, BudgetExceeded, determinize_calls, product
 from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq, Terminal
@@ -405,6 +405,26 @@ def test_a_grammar_past_the_shared_memo_keeps_one_label_per_terminal():
                 "additionalProperties": False} for t in ("integer", "boolean", "null")]
     automaton = compile_automaton(json_schema_to_grammar({"anyOf": objects}))
     assert len(automaton.terminals) < n + 20
+
+
+def test_a_kept_rule_automaton_takes_the_terminals_the_memo_built_again():
+    """A rule automaton kept across grammars (any JSON value's, here) names its terminals by their DFAs; once the
+    terminal memo has built them again, a grammar relabels the kept automaton instead of holding two copies of a
+    terminal, and lays out the same tables as where the memo kept them."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "size": {"type": "number"}}}
+    grammar = json_schema_to_grammar(schema)
+    first = compile_automaton(grammar)
+    assert grammar.rules["any_value"] in automaton._RULE_DFAS
+    for memo in (regex.regex_dfa, regex.terminal_dfa, regex.literal_dfa, regex.literals_dfa):
+        memo.cache_clear()
+    again = compile_automaton(json_schema_to_grammar(schema))
+
+    def tables(a):
+        return [(first, dfa.trans.tobytes(), dfa.accept.tobytes()) for first, dfa in a.terminals]
+
+    assert len({table[1:] for table in tables(again)}) == len(again.terminals)
+    assert tables(again) == tables(first)
+    assert (again.call_callee == first.call_callee).all() and (again.call_ret == first.call_ret).all()
 
 
 def test_long_keys_beside_declared_ones_count_in_chunks():
