@@ -852,18 +852,11 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
             frames.append(_object_frame(compiler, name, offsets, compiler.member_set(name, live[name], productive)))
             framed[offsets[name]] = MEMBERS_FRAME
         base = offsets[name]
-        if not guarded:     # all but members rules
-            for calls in rule.calls:
-                for lab, t in calls:
-                    callee.append(offsets[lab])
-                    ret.append(t + base)
-                call_ptr.append(len(callee))
-            continue
         for state, calls in enumerate(rule.calls):
             for lab, t in calls:
                 callee.append(offsets[lab])
                 ret.append(t + base)
-                kind = guarded.get((state, lab))
+                kind = guarded.get((state, lab)) if guarded else None   # guards: members rules only
                 if kind is not None:
                     guarded_calls.append(len(callee) - 1)
                     guards.append((len(frames) - 1, *kind))

@@ -400,8 +400,9 @@ def literal_text(pattern: str) -> str | None:
     return _ESCAPE.sub(_unescaped, pattern) if "\\" in pattern else pattern
 
 
-# plain characters, metacharacters and a few others escaped, and controls as \xNN
-_PLAIN_TEXT = re.compile(r"(?:[^\\.^$*+?{}\[\]|()]|\\[.^$*+?{}\[\]\\|()\-/\" #&~]|\\x[0-9a-fA-F]{2})*")
+# plain characters, metacharacters (REGEX_META) and a few others escaped, and controls as \xNN
+_META = re.escape("".join(sorted(REGEX_META)))
+_PLAIN_TEXT = re.compile(rf"(?:[^{_META}]|\\[{_META}\-/\" #&~]|\\x[0-9a-fA-F]{{2}})*")
 _ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|(.))", re.S)
 
 
