@@ -39,6 +39,12 @@ _DFA_UIDS = itertools.count()
 
 # a run of a state in a loop on its main bytes (DFA.byte_runs): longer than any token
 RUN_CAP = 1 << 16
+# the bytes of plain text inside a JSON string (printable ASCII but the quote and the backslash), for the plain runs
+# of `DFA.byte_runs`: as a mask per byte and as four 64-bit words
+PLAIN_BYTES = np.zeros(256, np.bool_)
+PLAIN_BYTES[0x20:0x7F] = True
+PLAIN_BYTES[[0x22, 0x5C]] = False
+PLAIN_WORDS = np.packbits(PLAIN_BYTES, bitorder="little").view(np.uint64).copy()
 COUNT_CAP = 1 << 40  # string counts of an automaton stop here (DFA.counts): more than any object or array holds
 
 
@@ -59,7 +65,8 @@ class DFA:
     _has_out: np.ndarray | None = field(default=None, init=False, repr=False)
     _matches_nothing: bool | None = field(default=None, init=False, repr=False)
     _signatures: dict[int, bytes | None] | None = field(default=None, init=False, repr=False)
-    _byte_runs: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
+    _byte_runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, init=False,
+                                                                                  repr=False)
     _counted_states: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
     _edge_table: np.ndarray | None = field(default=None, init=False, repr=False)
     # Where it reads like another automaton for a while (a length-bounded string like any string, short of its
@@ -128,15 +135,22 @@ class DFA:
         return self._counted()[1]
 
     @property
-    def byte_runs(self) -> tuple[np.ndarray, np.ndarray]:
+    def byte_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per state, (how many bytes can follow it that all keep to a main path, at most RUN_CAP; the bytes of that
         path's first step as four 64-bit words): each step goes to the state most of its bytes lead to (more than
         half of those that lead anywhere), never an accepting one, and each next step takes at least the bytes of
-        the one before.  A token walk skips a trie subtree whose bytes are all such bytes and that is no deeper than
-        the run (cached)."""
+        the one before; then per state its plain run, how many bytes of plain text (`PLAIN_WORDS`, the last item)
+        can follow it in any order through states that neither accept nor end, at most RUN_CAP.  A token walk skips
+        a trie subtree whose bytes are all the bytes of one of the two and that is no deeper than its run (cached).
+
+        The plain runs serve where text is searched for words (a pattern unanchored, a key class of
+        patternProperties): each of a word's letters leaves the main path, so most subtrees hold one, but plain
+        text never ends a search for a word, so from every state it runs on."""
         cached = self._byte_runs
         if cached is None:
-            cached = self._byte_runs = _byte_runs(self.trans, self.accept, RUN_CAP)
+            runs, bits = _byte_runs(self.trans, self.accept, RUN_CAP)
+            cached = self._byte_runs = (runs, bits, _plain_runs(self.trans, self.accept, PLAIN_BYTES, RUN_CAP),
+                                        PLAIN_WORDS)
         return cached
 
     def size(self, limit: int) -> int | None:
@@ -1015,6 +1029,54 @@ def _byte_runs(trans, accept, cap):  # pragma: no cover - compiled
     return runs, bits
 
 
+@numba.njit(cache=True, nogil=True)
+def _plain_runs(trans, accept, plain, cap):  # pragma: no cover - compiled
+    """Per state, the most bytes of `plain` (a mask per byte) that can follow it, in any order, through states that
+    neither accept nor end, at most `cap`: 0 where one such byte leads to an accepting state or nowhere, else one
+    more than the least of its successors' on those bytes, by a search back from the states at 0 (a state they
+    never reach runs on without end: `cap`)."""
+    n = trans.shape[0]
+    runs = np.full(n, cap, np.int32)
+    queue = np.empty(n, np.int64)
+    queued = 0
+    starts = np.zeros(n + 1, np.int64)     # the plain edges reversed, by target (counted, then filled)
+    for q in range(n):
+        ends = False
+        for b in range(256):
+            if plain[b]:
+                t = trans[q, b]
+                if t < 0 or accept[t]:
+                    ends = True
+                else:
+                    starts[t + 1] += 1
+        if ends:
+            runs[q] = 0
+            queue[queued] = q
+            queued += 1
+    for q in range(n):
+        starts[q + 1] += starts[q]
+    sources = np.empty(starts[n], np.int64)
+    filled = starts[:n].copy()
+    for q in range(n):
+        for b in range(256):
+            if plain[b]:
+                t = trans[q, b]
+                if t >= 0 and not accept[t]:
+                    sources[filled[t]] = q
+                    filled[t] += 1
+    head = 0
+    while head < queued:    # breadth first: a state is met first from its successor with the least run
+        t = queue[head]
+        head += 1
+        for k in range(starts[t], starts[t + 1]):
+            q = sources[k]
+            if runs[q] == cap and runs[t] + 1 < cap:
+                runs[q] = runs[t] + 1
+                queue[queued] = q
+                queued += 1
+    return runs
+
+
 def load_kernels(sample: DFA) -> None:
     """Load the compiled product, key-exclusion, signature and byte-run kernels, with `sample` (any DFA) as their
     input: numba reads each from its disk cache on first call, and the sparse one only runs for products of millions
@@ -1025,6 +1087,7 @@ def load_kernels(sample: DFA) -> None:
     without_words(sample, [b"a"], 1 << 10)
     _reachable_in_order(sample.trans, 0, 1)
     _byte_runs(sample.trans, sample.accept, RUN_CAP)
+    _plain_runs(sample.trans, sample.accept, PLAIN_BYTES, RUN_CAP)
 
 
 def packed_bytes(words: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:

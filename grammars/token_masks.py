@@ -59,8 +59,9 @@ _MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls 
 
 
 @numba.njit(cache=True, nogil=True)
-def walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, t_height,
-               t_below, max_depth, start, nodes, bits, touched, pops):  # pragma: no cover - compiled
+def walk_nodes(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte, t_depth, t_end, t_tok_ptr,
+               t_tok_ids, t_height, t_below, max_depth, start, nodes, bits, touched,
+               pops):  # pragma: no cover - compiled
     """Mark in `bits` (all zero on entry) the tokens strictly below each trie node of `nodes` that a call-free
     DFA can consume from `start`, listing in `touched` each word it makes non-zero; write the nodes where it may
     stop (accept) into `pops`.  Returns (number of pops, number of touched words).
@@ -68,9 +69,9 @@ def walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, 
     One scratch row of states serves every node: a walk from the pop points of a string that may end after
     any character starts below tens of thousands of nodes, five trie nodes each on average, where allocating
     the row per node took four fifths of the time.  A subtree whose bytes (`t_below`) all keep to the state's
-    main path for as many bytes as it is deep (`DFA.byte_runs`, `t_height`) has all its tokens and no pop point
-    below its root, and is not entered (inside a JSON string most of the trie is such subtrees; with `runs` empty,
-    none is)."""
+    main path for as many bytes as it is deep (`DFA.byte_runs`, `t_height`), or whose bytes are all plain text
+    (`plain_bytes`) and no deeper than the state's plain run, has all its tokens and no pop point below its root,
+    and is not entered (inside a JSON string most of the trie is such subtrees; with `runs` empty, none is)."""
     npops = 0
     ntouched = 0
     if not accept[start] and not has_out[start]:
@@ -92,11 +93,19 @@ def walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, 
             if g < 0:
                 i = t_end[i]
                 continue
-            skip = skipping and runs[g] > 0 and t_end[i] > i + 1 and runs[g] >= t_height[i]
-            if skip:
-                for k in range(4):
-                    if t_below[i, k] & ~run_bytes[g, k]:
-                        skip = False
+            skip = False
+            if skipping and t_end[i] > i + 1:     # a leaf has nothing below it to leave out
+                height = t_height[i]
+                if runs[g] >= height:
+                    skip = True
+                    for k in range(4):
+                        if t_below[i, k] & ~run_bytes[g, k]:
+                            skip = False
+                if not skip and plain_runs[g] >= height:
+                    skip = True
+                    for k in range(4):
+                        if t_below[i, k] & ~plain_bytes[k]:
+                            skip = False
             for j in range(t_tok_ptr[i], t_tok_ptr[t_end[i] if skip else i + 1]):
                 tid = t_tok_ids[j]
                 w = tid >> 5
@@ -273,13 +282,14 @@ def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, 
     four arrays fewer to pass from Python)."""
     runs = np.zeros(0, np.int32)
     nothing = np.zeros((0, 4), np.uint64)
-    return _walk_skipping(trans, accept, has_out, runs, nothing, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, runs,
-                          nothing, max_depth, start, nodes, bits, touched, pops)
+    return _walk_skipping(trans, accept, has_out, runs, nothing, runs, nothing[0], t_byte, t_depth, t_end, t_tok_ptr,
+                          t_tok_ids, runs, nothing, max_depth, start, nodes, bits, touched, pops)
 
 
 @numba.njit(cache=True, nogil=True)
-def _walk_skipping(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, t_height,
-                   t_below, max_depth, start, nodes, bits, touched, pops):  # pragma: no cover - compiled
+def _walk_skipping(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte, t_depth, t_end, t_tok_ptr,
+                   t_tok_ids, t_height, t_below, max_depth, start, nodes, bits, touched,
+                   pops):  # pragma: no cover - compiled
     """`walk_nodes` into the scratch rows (`bits` all zero, left so), as a result: (dense, words, values, pops),
     the words sorted (none when dense: `values` is then the whole bitmask) and the pop points a sorted set
     without trie leaves (nothing goes on below a leaf, so what follows it adds no token)."""
@@ -288,8 +298,9 @@ def _walk_skipping(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_e
         needed += t_end[t0] - t0
     if needed > len(pops):     # nested start nodes: a node may be reached from each
         pops = np.empty(needed, np.int32)
-    npops, ntouched = walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr,
-                                 t_tok_ids, t_height, t_below, max_depth, start, nodes, bits, touched, pops)
+    npops, ntouched = walk_nodes(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte, t_depth,
+                                 t_end, t_tok_ptr, t_tok_ids, t_height, t_below, max_depth, start, nodes, bits, touched,
+                                 pops)
     disjoint = True     # walks from sorted disjoint subtrees list their pop points in order, once
     for i in range(len(nodes) - 1):
         if t_end[nodes[i]] > nodes[i + 1]:
@@ -367,8 +378,9 @@ def _clear_below(bits, t_end, t_tok_ptr, t_tok_ids, nodes):  # pragma: no cover 
 
 
 @numba.njit(cache=True, nogil=True)
-def _patch_walk(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, t_height,
-                t_below, max_depth, state, ref, max_differ, bits, base_pops):  # pragma: no cover - compiled
+def _patch_walk(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte, t_depth, t_end, t_tok_ptr,
+                t_tok_ids, t_height, t_below, max_depth, state, ref, max_differ, bits,
+                base_pops):  # pragma: no cover - compiled
     """Turn `bits` (dense), the tokens of the whole-vocabulary walk from `ref`, into those of the walk from `state`
     in the same DFA; returns the new walk's pop points (sorted, without trie leaves) given the old one's.
 
@@ -398,9 +410,9 @@ def _patch_walk(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end,
             _set_tokens(bits, t_tok_ids, t_tok_ptr[lo], t_tok_ptr[hi], False)
             dropped.append((lo, hi))
             found = np.empty(hi - node, np.int32)
-            npops, _ = walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr,
-                                  t_tok_ids, t_height, t_below, max_depth, q, np.full(1, node, np.int32), bits,
-                                  touched, found)
+            npops, _ = walk_nodes(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte, t_depth,
+                                  t_end, t_tok_ptr, t_tok_ids, t_height, t_below, max_depth, q,
+                                  np.full(1, node, np.int32), bits, touched, found)
             for k in range(npops):
                 if found[k] != node:
                     added.append(found[k])
@@ -423,9 +435,9 @@ def _patch_walk(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end,
                 stack.append((c, nq, nr))
             elif has_out[nq]:   # the old walk never entered below c: nothing of it to undo there
                 found = np.empty(t_end[c] - c, np.int32)
-                npops, _ = walk_nodes(trans, accept, has_out, runs, run_bytes, t_byte, t_depth, t_end, t_tok_ptr,
-                                      t_tok_ids, t_height, t_below, max_depth, nq, np.full(1, c, np.int32), bits,
-                                      touched, found)
+                npops, _ = walk_nodes(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte,
+                                      t_depth, t_end, t_tok_ptr, t_tok_ids, t_height, t_below, max_depth, nq,
+                                      np.full(1, c, np.int32), bits, touched, found)
                 for m in range(npops):
                     if found[m] != c:
                         added.append(found[m])

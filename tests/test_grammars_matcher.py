@@ -414,7 +414,7 @@ def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], in
 
     t = vocabulary.trie
     heights, below = token_masks._subtree_tables(vocabulary)
-    runs, run_bytes = dfa.byte_runs
+    runs, run_bytes, plain_runs, plain_bytes = dfa.byte_runs
     allowed, pops, skipped = set(), {0} if dfa.accept[state] else set(), set()
     for tid, data in enumerate(vocabulary.token_bytes):
         q, node = state, 0
@@ -424,7 +424,9 @@ def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], in
                 break
             if dfa.accept[q] and t.end[node] > node + 1:
                 pops.add(node)
-            if t.end[node] > node + 1 and 0 < heights[node] <= runs[q] and not (below[node] & ~run_bytes[q]).any():
+            if t.end[node] > node + 1 and 0 < heights[node] and (
+                    heights[node] <= runs[q] and not (below[node] & ~run_bytes[q]).any()
+                    or heights[node] <= plain_runs[q] and not (below[node] & ~plain_bytes).any()):
                 skipped.add(node)
         else:
             if data:
@@ -436,7 +438,10 @@ def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], in
     r'"[^"\\]*"', r'"(?:[^"\\]|\\.){0,40}"', r'"[a-z]{0,5}"', r'(?s:.*(customer|maker).*)', r'[0-9]+',
     r'"[a-zé中😀 ]{2,10}"', r'(?s:(ab)*a?)', r'"(?:[^"\\]|\\.){3,}x"', r'(?s:[^x]*(x[^y][^x]*)*x?)',
     # the main path narrows after a byte (a run must not go on into it), and loops of two states
-    r'"[a-z][a-c]*"', r'"(?:[0-9a-f]{2})*"', r'"(?:[a-z ]{2})*"'])
+    r'"[a-z][a-c]*"', r'"(?:[0-9a-f]{2})*"', r'"(?:[a-z ]{2})*"',
+    # words searched for in a JSON string (plain runs): present, absent, one of two and not both
+    r'"[^"\\]*(?:ab|mx)[^"\\]*"', r'"(?:[^"\\m]|m[^"\\x])*m?"', r'"[^"\\]*[0-9a-f]{4}[^"\\]*"',
+    r'"(?:[^"\\a]|a[^"\\b])*(?:a|ab(?:[^"\\a]|a[^"\\b])*a?)?"'])
 def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     """Walks that leave out the trie subtrees whose bytes all keep to a state's main path (`DFA.byte_runs`) allow
     the same tokens and stop at the same trie nodes as reading every token through the DFA, from every state,
