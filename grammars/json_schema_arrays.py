@@ -10,7 +10,7 @@ from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (NUMBER_KEYS, STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext,
                                   count_of, enum_values, narrow_types, satisfying)
-from .json_schema_ir import EMPTY, NEVER, choice, inlined_size, literal, optional, repeat, seq
+from .json_schema_ir import EMPTY, NEVER, Counting, choice, inlined_size, literal, optional, repeat, seq
 from .json_schema_scalars import distinct_texts, number, string_terminal
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
@@ -21,6 +21,10 @@ _MAX_CONTAINS_RULES = 1024
 # many (inner arrays are capped first, outer ones past it stay uncapped), and if all of them together grow
 # the grammar by more, the schema keeps no item cap.
 MAX_ITEM_CAP_NODES = 20_000
+# A count of tail items up to this many is written out item by item, a longer one counted in base _ITEM_BASE: each
+# level of a count adds a place the parser may be at (`Counting.at_most`), which pays only past a few dozen items
+_FLAT_ITEMS = 32
+_ITEM_BASE = 8
 
 
 def build_array(ctx: SchemaContext, parts: list[Part]) -> Expr:
@@ -74,7 +78,12 @@ def item_cap(ctx: SchemaContext, lo: int, positions: list[Expr], tail_item: Expr
         return None
     hi = max(ctx.options.max_items, lo, len(positions))
     size = sum(inlined_size(p, ctx.rules, ctx.sizes) for p in positions)
-    size += (hi - len(positions)) * inlined_size(tail_item, ctx.rules, ctx.sizes)
+    n = hi - len(positions)
+    if n < _FLAT_ITEMS:     # written out
+        size += n * inlined_size(tail_item, ctx.rules, ctx.sizes)
+    else:   # counted (`_tail_items`): a separator and a call per unit, the item built once
+        size += 2 * Counting(lambda level: EMPTY, _ITEM_BASE, _FLAT_ITEMS).at_most_size(n) + inlined_size(
+            tail_item, ctx.rules, ctx.sizes)
     return hi if size <= MAX_ITEM_CAP_NODES else None
 
 
@@ -84,7 +93,7 @@ def sequence(ctx: SchemaContext, positions: list[Expr], tail_item: Expr, lo: int
     pu = ctx.punct
     count = len(positions)
     out = max(count, 1)  # items before the repeated tail, the first one included
-    after = repeat(seq(pu.comma, tail_item), max(0, lo - out), None if hi is None else max(0, hi - out))
+    after = _tail_items(ctx, tail_item, max(0, lo - out), None if hi is None else max(0, hi - out), pointer)
     for i in reversed(range(1, count)):  # `after` = what may follow once i items are out
         step = seq(pu.comma, positions[i], after)
         after = step if i < lo else optional(step)
@@ -95,6 +104,27 @@ def sequence(ctx: SchemaContext, positions: list[Expr], tail_item: Expr, lo: int
     if not alternatives:
         return ctx.never(f"no array with at least {lo} items satisfies the item schemas", pointer)
     return choice(alternatives)
+
+
+def _tail_items(ctx: SchemaContext, tail_item: Expr, lo: int, hi: int | None, pointer: str) -> Expr:
+    """A separator and `tail_item`, lo..hi times; past _FLAT_ITEMS optional ones, counted in base _ITEM_BASE
+    (`Counting`), the item called: written out, a maxItems of 1,000 took 999 copies of its item."""
+    if hi is None or (lo < _FLAT_ITEMS and hi - lo < _FLAT_ITEMS):
+        return repeat(seq(ctx.punct.comma, tail_item), lo, hi)
+    # the automaton calls the rules of an item repeated often enough; counted, no repetition is that long
+    item = seq(ctx.punct.comma, Ref(tail_item.name, call=True) if isinstance(tail_item, Ref) else tail_item)
+    names: list[str] = []
+
+    def unit(level: int) -> Expr:
+        if level == 0:
+            return item
+        while len(names) < level:   # each level a rule calling the one below _ITEM_BASE times
+            names.append(ctx.rule_name(f"{pointer}_{_ITEM_BASE ** (len(names) + 1)}_items"))
+            ctx.rules[names[-1]] = repeat(unit(len(names) - 1), _ITEM_BASE, _ITEM_BASE)
+        return Ref(names[level - 1], call=True)
+
+    counting = Counting(unit, _ITEM_BASE, _FLAT_ITEMS)
+    return seq(counting.exactly(lo), counting.at_most(hi - lo))
 
 
 Contains = tuple[Part, int, "int | None"]   # the contains subschema, minContains (default 1), maxContains

@@ -11,7 +11,7 @@ import functools
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from .ir import Choice, Expr, Grammar, Lit, Members, Ref, Repeat, Seq, Terminal
 from .json_strings import regex_escape
@@ -68,6 +68,57 @@ def repeat(item: Expr, lo: int = 0, hi: int | None = None) -> Expr:
 
 def optional(item: Expr) -> Expr:
     return repeat(item, 0, 1)
+
+
+class Counting:
+    """Counts of one unit written in base `base`, so that a count of n takes about `base` copies per digit of n
+    instead of n (the automaton writes bounded repetitions out).  `unit(level)` is the expression of base**level
+    units: level 0 the unit, each level above a rule of `base` of the one below, called (built once)."""
+
+    def __init__(self, unit: Callable[[int], Expr], base: int, flat: int):
+        """`flat`: counts below it are written out one by one (see `at_most`)."""
+        self.unit, self.base, self.flat = unit, base, flat
+
+    def exactly(self, n: int) -> Expr:
+        """Exactly `n` units: each digit of `n` counts units of its level, the highest first."""
+        digits = [n % self.base]
+        while n >= self.base:
+            n //= self.base
+            digits.append(n % self.base)
+        return seq(*(repeat(self.unit(level), d, d) for level, d in reversed(list(enumerate(digits)))))
+
+    def at_most(self, n: int) -> Expr:
+        """0..n units, each count written one way: below `flat` one by one; past that, fewer units of a level
+        than n holds and then any count below one unit, or exactly as many and then at most the rest of n.
+        Counted flat, a parser is at one place of the count; each level adds a place it may be at (the count may
+        end in any unit), and so a stack to follow per token, hence levels only where a flat count outgrows
+        `flat`."""
+        if n < self.flat:
+            return repeat(self.unit(0), 0, n)
+        level, top = self._top(n)
+        below = seq(*(repeat(self.unit(k), 0, self.base - 1) for k in reversed(range(level))))
+        return choice([seq(repeat(self.unit(level), 0, top - 1), below),
+                       seq(repeat(self.unit(level), top, top), self.at_most(n - top * self.base ** level))])
+
+    def at_most_size(self, n: int) -> int:
+        """How many units of any level `at_most(n)` writes, each level's rule counted once."""
+        copies, levels = self._copies(n)
+        return copies + self.base * levels
+
+    def _copies(self, n: int) -> tuple[int, int]:
+        """The units `at_most(n)` writes outside the levels' rules, and how many levels it calls."""
+        if n < self.flat:
+            return n, 0
+        level, top = self._top(n)
+        rest, _ = self._copies(n - top * self.base ** level)
+        return 2 * top - 1 + (self.base - 1) * level + rest, level
+
+    def _top(self, n: int) -> tuple[int, int]:
+        """The lowest level at which `n` holds fewer than `flat` units, and how many it holds (n >= flat)."""
+        level = 1
+        while n // self.base ** level >= self.flat:
+            level += 1
+        return level, n // self.base ** level
 
 
 def inlined_size(expr: Expr, rules: dict[str, Expr], sizes: dict[str, int]) -> int:

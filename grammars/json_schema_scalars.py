@@ -18,8 +18,8 @@ from .json_numbers import (CANONICAL, DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, M
                            common_multiple, digit_cap, multiples_of)
 from .json_schema_context import (STRING_KEYS, Part, SchemaContext, count_of, enum_values, expect, is_number,
                                   satisfying)
-from .json_schema_ir import (INTEGRAL_TAIL, NEVER, choice, json_text, literal, number_literal_parts,
-                             number_literal_regex, repeat, seq)
+from .json_schema_ir import (INTEGRAL_TAIL, NEVER, Counting, choice, inlined_size, json_text, literal,
+                             number_literal_parts, number_literal_regex, repeat, seq)
 from .json_strings import (ANY_CHARS, ANY_STRING, ANY_STRING_END, FORMATS, UNENFORCEABLE_FORMATS, Chars, Length,
                            StringEnd, capped_length, format_pattern, pattern_regexes, regex_escape)
 from .regex import MAX_DFA_STATES
@@ -284,6 +284,7 @@ _STATES_PER_CHARACTER = 14  # a quoted string's DFA, per character its length bo
 # base CHUNK, its whole string rule has 132 states, for a second parser configuration inside such strings
 # (advance ~15% slower there)
 _FLAT = 32
+_INLINED_STRING_SIZE = 16  # automaton nodes of a length-bounded string's rule past which it is called, not inlined
 
 
 def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
@@ -291,19 +292,29 @@ def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
     length is chunks * CHUNK + remainder in exactly one way, and the chunk and remainder terminals are the
     same few DFAs in every schema.  One rule per pair of bounds, so that where its count is long it is built
     once and called (a schema bounding fifty fields at 32,767 characters builds its 190 counting states
-    once).  Past _FLAT chunks the count goes in base CHUNK (`_exactly`, `_at_most`), so a maxLength of
+    once).  Past _FLAT chunks the count goes in base CHUNK (`Counting`), so a maxLength of
     1,000,000 costs about 300 call states instead of 31,250."""
     name = f"<string of {lo} to {hi} characters>"   # not a name `rule_name` makes
-    if name in ctx.rules:
-        return Ref(name)
+    if name not in ctx.rules:
+        ctx.rules[name] = _counted_string_body(ctx, lo, hi)
+    # inlined where short; called where counted in chunks, which takes over a hundred automaton nodes for a
+    # maxLength in the thousands, too few for the automaton to call it (CALLED_RULE_SIZE) but written out again in
+    # every member holding such a string (a Github schema's 80 descriptions of at most 32,767 characters took
+    # 13,000 of its 17,800 automaton states)
+    return Ref(name, call=inlined_size(Ref(name), ctx.rules, ctx.sizes) > _INLINED_STRING_SIZE)
+
+
+def _counted_string_body(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
+    """The quote and lo..hi characters of `_chunked_string`."""
 
     def chars(a: int, b: int | None) -> Expr:
         # the closing quote belongs to the remainder, so token walks stop only where the string may end
         return Lit('"') if b == 0 else Terminal(ANY_STRING_END, (StringEnd(a, b),))
 
+    chunks = Counting(lambda level: _units(ctx, level), CHUNK, _FLAT)
     first, rest = divmod(lo, CHUNK)
     if hi is None:
-        body = seq(_exactly(ctx, first), chars(rest, None))
+        body = seq(chunks.exactly(first), chars(rest, None))
     else:
         last, top = divmod(hi, CHUNK)
         if first == last:
@@ -311,12 +322,11 @@ def _chunked_string(ctx: SchemaContext, lo: int, hi: int | None) -> Expr:
         else:
             between = last - first - 1   # chunks after the first more one, when neither edge bounds the remainder
             tail = choice([chars(rest, CHUNK - 1),
-                           seq(_exactly(ctx, 1), _at_most(ctx, between - 1), chars(0, CHUNK - 1)) if between
+                           seq(chunks.exactly(1), chunks.at_most(between - 1), chars(0, CHUNK - 1)) if between
                            else NEVER,
-                           seq(_exactly(ctx, last - first), chars(0, top))])
-        body = seq(_exactly(ctx, first), tail)
-    ctx.rules[name] = seq(Lit('"'), body)
-    return Ref(name)   # inlined where short, called where long (see automaton.CALLED_RULE_SIZE)
+                           seq(chunks.exactly(last - first), chars(0, top))])
+        body = seq(chunks.exactly(first), tail)
+    return seq(Lit('"'), body)
 
 
 def _units(ctx: SchemaContext, level: int) -> Expr:
@@ -328,37 +338,6 @@ def _units(ctx: SchemaContext, level: int) -> Expr:
                            else repeat(_units(ctx, level - 1), CHUNK, CHUNK))
     # the chunk rule is inlined to its terminal call; the levels above are called, so each stays one rule
     return Ref(name, call=level > 0)
-
-
-def _digits(n: int) -> list[int]:
-    """`n` in base CHUNK, least significant digit first."""
-    out = [n % CHUNK]
-    while n >= CHUNK:
-        n //= CHUNK
-        out.append(n % CHUNK)
-    return out
-
-
-def _exactly(ctx: SchemaContext, n: int) -> Expr:
-    """Exactly `n` chunks: each digit of `n` counts units of its level, the highest first."""
-    digits = _digits(n)
-    return seq(*(repeat(_units(ctx, level), d, d) for level, d in reversed(list(enumerate(digits)))))
-
-
-def _at_most(ctx: SchemaContext, n: int) -> Expr:
-    """0..n chunks, each count written one way: up to _FLAT of them one by one; past that, fewer units of a
-    level than n holds and then any count below one unit, or exactly as many and then at most the rest of n.
-    Counted flat, a parser is at one place of the count; each level adds a place it may be at (the count may
-    end in any unit), and so a stack to follow per token, hence levels only where a flat count outgrows _FLAT."""
-    if n < _FLAT:
-        return repeat(_units(ctx, 0), 0, n)
-    level = 1
-    while n // CHUNK ** level >= _FLAT:
-        level += 1
-    top = n // CHUNK ** level
-    below = seq(*(repeat(_units(ctx, k), 0, CHUNK - 1) for k in reversed(range(level))))
-    return choice([seq(repeat(_units(ctx, level), 0, top - 1), below),
-                   seq(repeat(_units(ctx, level), top, top), _at_most(ctx, n - top * CHUNK ** level))])
 
 
 def distinct_texts(ctx: SchemaContext, expr: Expr, what: str, pointer: str) -> tuple[Capture, int | None]:

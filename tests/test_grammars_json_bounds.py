@@ -154,16 +154,21 @@ def nested_arrays(levels: int) -> dict:
     return nest(levels, lambda s: {"type": "array", "items": s})
 
 
-def test_caps_that_would_outgrow_the_automaton_are_left_off():
+def test_caps_hold_at_every_level_of_nested_arrays_and_are_left_off_past_the_budget():
     tokenizer = byte_level_bpe()
-    grammar = compile_json_schema(nested_arrays(3), tokenizer, max_items=64)  # 64**3 items if all capped
-    assert accepts(grammar, tokenizer, json.dumps([[["a"]]] * 65))  # the outermost stays open
+    # counted in base 8 (json_schema_arrays._tail_items), a cap of 64 takes a few dozen automaton nodes, not 64
+    # copies of the item: 64**3 copies three levels down
+    grammar = compile_json_schema(nested_arrays(3), tokenizer, max_items=64)
+    assert accepts(grammar, tokenizer, json.dumps([[["a"]]] * 64))
     assert accepts(grammar, tokenizer, json.dumps([[["a"] * 64] * 64]))
-    assert not accepts(grammar, tokenizer, json.dumps([[["a"] * 65]]))  # the inner ones are capped
-    assert not accepts(grammar, tokenizer, json.dumps([[["a"]] * 65]))
-    many = {"type": "object", "properties": {f"p{i}": nested_arrays(2) for i in range(4)}}
+    for over in ([[["a"]]] * 65, [[["a"]] * 65], [[["a"] * 65]]):
+        assert not accepts(grammar, tokenizer, json.dumps(over))
+    uncapped = compile_json_schema(nested_arrays(3), tokenizer).automaton.num_states
+    assert grammar.automaton.num_states < uncapped + 3 * 100    # each capped level adds ~50 states
+    many = {"type": "object", "properties": {f"p{i}": {"type": "array", "items": {"type": "integer", "minimum": -i}}
+                                             for i in range(600)}}
     grammar = compile_json_schema(many, tokenizer, max_items=64)  # together past the budget: no item cap
-    assert accepts(grammar, tokenizer, json.dumps({"p0": [["a"] * 65]}))
+    assert accepts(grammar, tokenizer, json.dumps({"p0": list(range(65))}))
     grammar = compile_json_schema({"type": "string", "format": "hostname"}, tokenizer, max_string_length=200)
     assert accepts(grammar, tokenizer, json.dumps("a" * 62 + ".b"))  # intersecting would cost too much
 

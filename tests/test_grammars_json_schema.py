@@ -965,6 +965,34 @@ def test_a_repeated_item_is_called_rather_than_written_out_per_repetition():
     assert compile_automaton(json_schema_to_grammar(schema)).num_states < 3000  # written out: 100 x 100 strings
 
 
+def _matches(compiled, text: str) -> bool:
+    """Whether a compiled grammar reads `text` byte by byte to a complete end (no tokenizing: long texts)."""
+    state = compiled.step(compiled.initial, text.encode())
+    return state is not None and compiled.closure(state)[1]
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 33), (0, 100), (40, 100), (0, 999), (70, 1000), (300, 300), (5, 4097)])
+def test_long_item_counts_are_counted_not_written_out(lo, hi):
+    """Past a few dozen items an array's count goes in base 8 (json_schema_arrays._tail_items): every count from
+    minItems to maxItems, and no other, in a few hundred automaton states at most."""
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": lo, "maxItems": hi}
+    compiled = compile_json_schema(schema, byte_level_bpe())
+    for n in {lo, hi, max(lo - 1, 0), hi + 1, 8, 63, 64, 65, 512} | set(range(lo, hi + 1, max(7, (hi - lo) // 30))):
+        assert _matches(compiled, json.dumps(list(range(n)))) == (lo <= n <= hi), n
+    assert not _matches(compiled, json.dumps([-1] * max(lo, 1)))
+    assert compiled.automaton.num_states < 400    # written out: up to 4,097 items
+
+
+def test_a_long_string_held_by_many_members_is_called_once():
+    """A maxLength in the thousands is counted in chunks (over a hundred automaton nodes): called, not written
+    out in each member holding it."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 32767} for i in range(40)}}
+    compiled = compile_json_schema(schema, byte_level_bpe())
+    assert _matches(compiled, json.dumps({"p0": "x" * 5000, "p39": ""}))
+    assert not _matches(compiled, json.dumps({"p1": "x" * 32768}))
+    assert compiled.automaton.num_states < 2500   # inlined in each member: 7,833
+
+
 def test_an_object_with_a_thousand_optional_properties_stays_linear():
     n = 1000
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
