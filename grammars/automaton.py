@@ -155,7 +155,8 @@ class Automaton:
         return np.where(row >= 0, row + first, -1)
 
 
-def _refs(expr: ir.Expr, out: set[str]) -> set[str]:
+def rule_refs(expr: ir.Expr, out: set[str]) -> set[str]:
+    """`out` with the names of the rules `expr` refers to (not those they refer to in turn)."""
     # by exact type, leaves skipped first: every compile walks every rule body here
     todo = [expr]
     while todo:
@@ -399,7 +400,7 @@ class _Compiler:
             raise GrammarError("the grammar has no rules")
         if self.start not in self.rules:
             raise GrammarError(f"the start rule {self.start!r} is not defined")
-        refs = {name: _refs(body, set()) for name, body in self.rules.items()}
+        refs = {name: rule_refs(body, set()) for name, body in self.rules.items()}
         for name, names in refs.items():
             for ref in names:
                 if ref not in self.rules:

@@ -141,7 +141,7 @@ class DFA:
         half of those that lead anywhere), never an accepting one, and each next step takes at least the bytes of
         the one before; then per state its plain run, how many bytes of plain text (`PLAIN_WORDS`, the last item)
         can follow it in any order through states that neither accept nor end, at most RUN_CAP.  A token walk skips
-        a trie subtree whose bytes are all the bytes of one of the two and that is no deeper than its run (cached).
+        a trie subtree whose bytes all lie in one of the two byte sets and that is no deeper than its run (cached).
 
         The plain runs serve where text is searched for words (a pattern unanchored, a key class of
         patternProperties): each of a word's letters leaves the main path, so most subtrees hold one, but plain

@@ -78,12 +78,14 @@ def item_cap(ctx: SchemaContext, lo: int, positions: list[Expr], tail_item: Expr
         return None
     hi = max(ctx.options.max_items, lo, len(positions))
     size = sum(inlined_size(p, ctx.rules, ctx.sizes) for p in positions)
-    n = hi - len(positions)
-    if n < _FLAT_ITEMS:     # written out
-        size += n * inlined_size(tail_item, ctx.rules, ctx.sizes)
-    else:   # counted (`_tail_items`): a separator and a call per unit, the item built once
-        size += 2 * Counting(lambda level: EMPTY, _ITEM_BASE, _FLAT_ITEMS).at_most_size(n) + inlined_size(
-            tail_item, ctx.rules, ctx.sizes)
+    out = max(len(positions), 1)    # as `sequence` counts them
+    tail_lo, tail_hi = max(0, lo - out), max(0, hi - out)
+    item = inlined_size(tail_item, ctx.rules, ctx.sizes)
+    if not _counted(tail_lo, tail_hi):
+        size += tail_hi * item
+    else:   # a separator and a call per unit, the item built once
+        counting = Counting(lambda level: EMPTY, _ITEM_BASE, _FLAT_ITEMS)
+        size += 2 * (counting.at_most_size(tail_hi - tail_lo) + tail_lo) + item
     return hi if size <= MAX_ITEM_CAP_NODES else None
 
 
@@ -109,7 +111,7 @@ def sequence(ctx: SchemaContext, positions: list[Expr], tail_item: Expr, lo: int
 def _tail_items(ctx: SchemaContext, tail_item: Expr, lo: int, hi: int | None, pointer: str) -> Expr:
     """A separator and `tail_item`, lo..hi times; past _FLAT_ITEMS optional ones, counted in base _ITEM_BASE
     (`Counting`), the item called: written out, a maxItems of 1,000 took 999 copies of its item."""
-    if hi is None or (lo < _FLAT_ITEMS and hi - lo < _FLAT_ITEMS):
+    if not _counted(lo, hi):
         return repeat(seq(ctx.punct.comma, tail_item), lo, hi)
     # the automaton calls the rules of an item repeated often enough; counted, no repetition is that long
     item = seq(ctx.punct.comma, Ref(tail_item.name, call=True) if isinstance(tail_item, Ref) else tail_item)
@@ -125,6 +127,11 @@ def _tail_items(ctx: SchemaContext, tail_item: Expr, lo: int, hi: int | None, po
 
     counting = Counting(unit, _ITEM_BASE, _FLAT_ITEMS)
     return seq(counting.exactly(lo), counting.at_most(hi - lo))
+
+
+def _counted(lo: int, hi: int | None) -> bool:
+    """Whether `_tail_items` counts lo..hi tail items in base _ITEM_BASE rather than writing them out."""
+    return hi is not None and (lo >= _FLAT_ITEMS or hi - lo >= _FLAT_ITEMS)
 
 
 Contains = tuple[Part, int, "int | None"]   # the contains subschema, minContains (default 1), maxContains

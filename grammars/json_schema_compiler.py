@@ -23,6 +23,7 @@ import re
 import sys
 from typing import Any, Callable, Hashable, Iterator
 
+from .automaton import rule_refs
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Grammar, Lit, Ref, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
@@ -52,8 +53,9 @@ _CONSTRAINTS = VALIDATION - {"allOf"}   # what a conjunct constrains once its al
 _EXPANDED = frozenset({"allOf", "$ref"})
 _ENUMERATED = frozenset({"enum", "const"})
 _REWRITTEN = frozenset({"not", "dependentSchemas", "dependencies"})
-# The any_value rule's body per set of options (a handful in a process: each whitespace style and cap a caller uses)
-_ANY_VALUE: dict[JsonSchemaOptions, Expr] = {}
+# The any_value rule's body per set of options (a handful in a process: each whitespace style and cap a caller uses),
+# and the rules it made
+_ANY_VALUE: dict[JsonSchemaOptions, tuple[Expr, dict[str, Expr]]] = {}
 _ANY_VALUE_KEPT = 16
 # Validation keywords later drafts added, and the older drafts that do not define them.
 _LATER_KEYWORDS = (
@@ -95,6 +97,8 @@ class SchemaCompiler:
         self._nesting = 0
         self._compiled = 0
         self._names: dict[str, int] = {}
+        # every name handed out, and the fixed ones: a hint's name may be another's numbered one (`a_1` after `a`)
+        self._issued = {"start", "any_value"}
         self.sizes: dict[str, int] = {}  # inlined_size of each rule
         self._validator = None
         self.why_never: list[str] = []
@@ -138,8 +142,13 @@ class SchemaCompiler:
     def rule_name(self, hint: str) -> str:
         base = _NOT_IN_NAMES.sub("_", hint).strip("_")[:40] or "root"
         n = self._names.get(base, 0)
+        name = f"{base}_{n}" if n else base
+        while name in self._issued:
+            n += 1
+            name = f"{base}_{n}"
         self._names[base] = n + 1
-        return f"{base}_{n}" if n else base
+        self._issued.add(name)
+        return name
 
     # ---- conjunctions ------------------------------------------------------------------------------
 
@@ -273,11 +282,22 @@ class SchemaCompiler:
             if self.options.max_items is not None:
                 body = self._any_value_body()
             else:
-                body = _ANY_VALUE.get(self.options)
-                if body is None:
+                kept = _ANY_VALUE.get(self.options)
+                if kept is None:
                     if len(_ANY_VALUE) >= _ANY_VALUE_KEPT:
                         _ANY_VALUE.clear()
-                    body = _ANY_VALUE[self.options] = self._any_value_body()
+                    body = self._any_value_body()
+                    # with the rules it refers to (a capped string's count), which the next schema may lack
+                    made: dict[str, Expr] = {}
+                    todo = [body]
+                    while todo:
+                        for name in rule_refs(todo.pop(), set()) - made.keys() - {"any_value"}:
+                            made[name] = self.rules[name]
+                            todo.append(made[name])
+                    kept = _ANY_VALUE[self.options] = body, made
+                body, made = kept
+                for name, rule in made.items():
+                    self.rules.setdefault(name, rule)
             self.rules["any_value"] = body
         return Ref("any_value")
 

@@ -76,7 +76,10 @@ class Counting:
     units: level 0 the unit, each level above a rule of `base` of the one below, called (built once)."""
 
     def __init__(self, unit: Callable[[int], Expr], base: int, flat: int):
-        """`flat`: counts below it are written out one by one (see `at_most`)."""
+        """`flat`: counts below it are written out one by one (see `at_most`); at least `base`, so that a count
+        past it holds a unit of the level above."""
+        if flat < base:
+            raise ValueError(f"Counting needs flat >= base, got flat {flat} and base {base}")
         self.unit, self.base, self.flat = unit, base, flat
 
     def exactly(self, n: int) -> Expr:

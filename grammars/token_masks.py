@@ -282,8 +282,8 @@ def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, 
     four arrays fewer to pass from Python)."""
     runs = np.zeros(0, np.int32)
     nothing = np.zeros((0, 4), np.uint64)
-    return _walk_skipping(trans, accept, has_out, runs, nothing, runs, nothing[0], t_byte, t_depth, t_end, t_tok_ptr,
-                          t_tok_ids, runs, nothing, max_depth, start, nodes, bits, touched, pops)
+    return _walk_skipping(trans, accept, has_out, runs, nothing, runs, np.zeros(4, np.uint64), t_byte, t_depth, t_end,
+                          t_tok_ptr, t_tok_ids, runs, nothing, max_depth, start, nodes, bits, touched, pops)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -988,9 +988,31 @@ def test_a_long_string_held_by_many_members_is_called_once():
     out in each member holding it."""
     schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 32767} for i in range(40)}}
     compiled = compile_json_schema(schema, byte_level_bpe())
-    assert _matches(compiled, json.dumps({"p0": "x" * 5000, "p39": ""}))
+    assert _matches(compiled, json.dumps({"p0": "x" * 5000, "p39": "y" * 32767}))
     assert not _matches(compiled, json.dumps({"p1": "x" * 32768}))
     assert compiled.automaton.num_states < 2500   # inlined in each member: 7,833
+
+
+def test_a_rule_name_is_never_handed_out_twice():
+    """`a` compiled twice names its second count `defs_a_8_items_1`, which `$defs/a_8_items_1` names itself: the two
+    rules must not share the name (one body replaced the other, and arrays of `q` were refused)."""
+    schema = {"$defs": {"a": {"type": "array", "items": {"type": "integer"}, "maxItems": 100},
+                        "a_8_items_1": {"type": "array", "items": {"type": "boolean"}}},
+              "type": "object",
+              "properties": {"p": {"allOf": [{"$ref": "#/$defs/a"}, {"minItems": 1}]},
+                             "q": {"allOf": [{"$ref": "#/$defs/a"}, {"minItems": 2}]},
+                             "t": {"$ref": "#/$defs/a_8_items_1"}}}
+    check(schema, valid=[{"q": [1] * 50}, {"p": [1] * 100, "t": [True]}], invalid=[{"q": [1] * 101}, {"t": [1]}])
+
+
+def test_any_value_kept_across_schemas_brings_the_rules_it_made():
+    """With max_string_length, any value's strings are a counted rule of their own: a later schema reusing the kept
+    any_value body gets that rule too (it raised 'refers to undefined rule')."""
+    for schema in [{"type": "object"}, {"type": "array"}, {"type": "object", "properties": {"a": {}}}]:
+        grammar = json_schema_to_grammar(schema, max_string_length=1000)
+        compile_automaton(grammar)
+        value = {"a": ["x" * 900]} if schema["type"] == "object" else ["x" * 900, {"b": "y"}]
+        assert ir_accepts(grammar, json.dumps(value))
 
 
 def test_an_object_with_a_thousand_optional_properties_stays_linear():

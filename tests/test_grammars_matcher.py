@@ -406,16 +406,16 @@ def _walk_tokens(walk, vocabulary) -> set[int]:
     return set(np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")).tolist())
 
 
-def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], int]:
+def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], int, int]:
     """What a whole-vocabulary walk from `state` must find, token by token: the tokens the DFA reads to the end
     and the trie nodes (with something below them) where it may stop; and how many of the nodes it reaches are
-    roots of subtrees a skipping walk leaves out (`walk_nodes`)."""
+    roots of subtrees a skipping walk leaves out (`walk_nodes`), and how many of those only a plain run does."""
     from leapgen.grammars import token_masks
 
     t = vocabulary.trie
     heights, below = token_masks._subtree_tables(vocabulary)
     runs, run_bytes, plain_runs, plain_bytes = dfa.byte_runs
-    allowed, pops, skipped = set(), {0} if dfa.accept[state] else set(), set()
+    allowed, pops, skipped, plain = set(), {0} if dfa.accept[state] else set(), set(), set()
     for tid, data in enumerate(vocabulary.token_bytes):
         q, node = state, 0
         for byte in data or b"":
@@ -424,14 +424,22 @@ def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], in
                 break
             if dfa.accept[q] and t.end[node] > node + 1:
                 pops.add(node)
-            if t.end[node] > node + 1 and 0 < heights[node] and (
-                    heights[node] <= runs[q] and not (below[node] & ~run_bytes[q]).any()
-                    or heights[node] <= plain_runs[q] and not (below[node] & ~plain_bytes).any()):
-                skipped.add(node)
+            if t.end[node] > node + 1 and 0 < heights[node]:
+                by_main = heights[node] <= runs[q] and not (below[node] & ~run_bytes[q]).any()
+                by_plain = heights[node] <= plain_runs[q] and not (below[node] & ~plain_bytes).any()
+                if by_main or by_plain:
+                    skipped.add(node)
+                if by_plain and not by_main:
+                    plain.add(node)
         else:
             if data:
                 allowed.add(tid)
-    return allowed, pops, len(skipped)
+    return allowed, pops, len(skipped), len(plain)
+
+
+# words searched for in a JSON string: present, absent, one of two and not both
+_WORD_SEARCHES = (r'"[^"\\]*(?:ab|mx)[^"\\]*"', r'"(?:[^"\\m]|m[^"\\x])*m?"', r'"[^"\\]*[0-9a-f]{4}[^"\\]*"',
+                  r'"(?:[^"\\a]|a[^"\\b])*(?:a|ab(?:[^"\\a]|a[^"\\b])*a?)?"')
 
 
 @pytest.mark.parametrize("pattern", [
@@ -439,13 +447,12 @@ def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], in
     r'"[a-zé中😀 ]{2,10}"', r'(?s:(ab)*a?)', r'"(?:[^"\\]|\\.){3,}x"', r'(?s:[^x]*(x[^y][^x]*)*x?)',
     # the main path narrows after a byte (a run must not go on into it), and loops of two states
     r'"[a-z][a-c]*"', r'"(?:[0-9a-f]{2})*"', r'"(?:[a-z ]{2})*"',
-    # words searched for in a JSON string (plain runs): present, absent, one of two and not both
-    r'"[^"\\]*(?:ab|mx)[^"\\]*"', r'"(?:[^"\\m]|m[^"\\x])*m?"', r'"[^"\\]*[0-9a-f]{4}[^"\\]*"',
-    r'"(?:[^"\\a]|a[^"\\b])*(?:a|ab(?:[^"\\a]|a[^"\\b])*a?)?"'])
+    *_WORD_SEARCHES])
 def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
-    """Walks that leave out the trie subtrees whose bytes all keep to a state's main path (`DFA.byte_runs`) allow
-    the same tokens and stop at the same trie nodes as reading every token through the DFA, from every state,
-    over a vocabulary of quotes, escapes, UTF-8 and long runs of letters."""
+    """Walks that leave out the trie subtrees whose bytes all keep to a state's main path, or are all plain text
+    within the state's plain run (`DFA.byte_runs`), allow the same tokens and stop at the same trie nodes as
+    reading every token through the DFA, from every state, over a vocabulary of quotes, escapes, UTF-8 and long
+    runs of letters; where words are searched for, plain runs leave out subtrees main paths do not."""
     from leapgen.grammars import token_masks
 
     rng = random.Random(3)
@@ -455,15 +462,17 @@ def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     token_bytes = sorted(pieces)
     vocabulary = _vocabulary_of(token_bytes)
     dfa = regex_dfa(pattern)
-    skipped = 0
+    skipped = plain = 0
     for state in range(dfa.num_states):
         walk = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT, skipping=True)
         found = _walk_tokens(walk, vocabulary)
-        allowed, pops, skips = _walk_by_tokens(dfa, vocabulary, state)
+        allowed, pops, skips, plain_skips = _walk_by_tokens(dfa, vocabulary, state)
         assert found == allowed, (state, sorted(found ^ allowed)[:5])
         assert set(walk[2].tolist()) == pops, state
         skipped += skips
+        plain += plain_skips
     assert skipped or pattern in (r'[0-9]+', r'(?s:(ab)*a?)', r'(?s:[^x]*(x[^y][^x]*)*x?)')   # accepting runs
+    assert plain or pattern not in _WORD_SEARCHES
 
 
 @pytest.mark.parametrize("bounds", [(0, 5), (2, 6), (0, 1), (3, 9), (0, 20), ("end", 0, 4), ("end", 2, 7),
@@ -492,7 +501,7 @@ def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bou
         np.flatnonzero(dfa.like_states == dfa.like_states[first]).tolist())
     narrowed = 0
     for state in sorted(states):
-        allowed, pops, _ = _walk_by_tokens(dfa, vocabulary, state)
+        allowed, pops, _, _ = _walk_by_tokens(dfa, vocabulary, state)
         walks = [masks._shared_walk(dfa, state, token_masks._ROOT, token_masks._ROOT_KEY)]
         if dfa.like_depths[state] > 0:
             walks.append(masks._narrowed_root_walk(dfa, state))
