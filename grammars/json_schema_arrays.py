@@ -78,9 +78,10 @@ def item_cap(ctx: SchemaContext, lo: int, positions: list[Expr], tail_item: Expr
         return None
     hi = max(ctx.options.max_items, lo, len(positions))
     size = sum(inlined_size(p, ctx.rules, ctx.sizes) for p in positions)
-    out = max(len(positions), 1)    # as `sequence` counts them
+    out = max(len(positions), 1)    # as `sequence` counts them: without positions the first item is a tail item
     tail_lo, tail_hi = max(0, lo - out), max(0, hi - out)
     item = inlined_size(tail_item, ctx.rules, ctx.sizes)
+    size += 0 if positions else item
     if not _counted(tail_lo, tail_hi):
         size += tail_hi * item
     else:   # a separator and a call per unit, the item built once
