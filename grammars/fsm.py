@@ -1036,19 +1036,19 @@ def _plain_runs(trans, accept, plain, cap):  # pragma: no cover - compiled
     more than the least of its successors' on those bytes, by a search back from the states at 0 (a state they
     never reach runs on without end: `cap`)."""
     n = trans.shape[0]
+    plain_bytes = np.flatnonzero(plain)
     runs = np.full(n, cap, np.int32)
     queue = np.empty(n, np.int64)
     queued = 0
     starts = np.zeros(n + 1, np.int64)     # the plain edges reversed, by target (counted, then filled)
     for q in range(n):
         ends = False
-        for b in range(256):
-            if plain[b]:
-                t = trans[q, b]
-                if t < 0 or accept[t]:
-                    ends = True
-                else:
-                    starts[t + 1] += 1
+        for b in plain_bytes:
+            t = trans[q, b]
+            if t < 0 or accept[t]:
+                ends = True
+            else:
+                starts[t + 1] += 1
         if ends:
             runs[q] = 0
             queue[queued] = q
@@ -1058,12 +1058,11 @@ def _plain_runs(trans, accept, plain, cap):  # pragma: no cover - compiled
     sources = np.empty(starts[n], np.int64)
     filled = starts[:n].copy()
     for q in range(n):
-        for b in range(256):
-            if plain[b]:
-                t = trans[q, b]
-                if t >= 0 and not accept[t]:
-                    sources[filled[t]] = q
-                    filled[t] += 1
+        for b in plain_bytes:
+            t = trans[q, b]
+            if t >= 0 and not accept[t]:
+                sources[filled[t]] = q
+                filled[t] += 1
     head = 0
     while head < queued:    # breadth first: a state is met first from its successor with the least run
         t = queue[head]
