@@ -53,6 +53,7 @@ _CONSTRAINTS = VALIDATION - {"allOf"}   # what a conjunct constrains once its al
 _EXPANDED = frozenset({"allOf", "$ref"})
 _ENUMERATED = frozenset({"enum", "const"})
 _REWRITTEN = frozenset({"not", "dependentSchemas", "dependencies"})
+_SCALARS = frozenset({int, bool, type(None)})   # JSON values whose equality, with their type, is their text's
 # The any_value rule's body per set of options (a handful in a process: each whitespace style and cap a caller uses),
 # and the rules it made
 _ANY_VALUE: dict[JsonSchemaOptions, tuple[Expr, dict[str, Expr]]] = {}
@@ -89,9 +90,9 @@ class SchemaCompiler:
         self._id_expanded = self._id_only | _EXPANDED
         self.punct = punctuation(options.whitespace, options.max_indent)
         self.rules: dict[str, Expr] = {}
+        self._content = _ContentIds()
         self._memo: dict[Hashable, str] = {}      # conjunctions through a $ref: their rules' names
-        self._conjunctions: dict[frozenset, list[tuple[dict, Expr]]] = {}  # the others: their expressions
-        self._negated: dict[frozenset, list[dict]] = {}  # conjunctions of negated $ref conjuncts: their schemas
+        self._conjunctions: dict[Hashable, Expr] = {}  # the others: their expressions
         self._active: dict[Hashable, int] = {}
         self._depth = 0
         self._nesting = 0
@@ -227,31 +228,22 @@ class SchemaCompiler:
         parts, via_ref = expanded
         if not parts:
             return self._any_value()
-        key: Hashable = frozenset(p.key for p in parts)   # expand dropped repeats: the set names the conjunction
-        negated = any(p.variant.startswith(NEGATED_CONJUNCT) for p in parts)
-        if negated:
-            # a negated $ref's conjunct recurs like the $ref itself (see combinators.negated_conjunct), but its
-            # place may be another schema's (a derived `not` sits where its schema's own `not` does): the schemas
-            # tell such conjunctions apart, each under a key of its own
-            schemas = {p.key: p.schema for p in parts}
-            seen = self._negated.setdefault(key, [])
-            index = next((i for i, known in enumerate(seen) if known == schemas), len(seen))
-            if index == len(seen):
-                seen.append(schemas)
-            key = (key, index)
-        elif not via_ref:
-            # the same conjunction comes back where combinators distribute (a oneOf's negations meet each
-            # branch again): its expression is shared, not rebuilt.  A key names each part's schema by its place
-            # and the rewrite that made it; the schemas themselves confirm the match (a rewrite named like another
-            # at the same place would otherwise get that one's expression)
-            schemas = {p.key: p.schema for p in parts}
-            known = self._conjunctions.setdefault(key, [])
-            for seen, expr in known:
-                if seen == schemas:
-                    return expr
-            expr = self._compile_parts(parts)
-            known.append((schemas, expr))
+        # Conjunctions are named by their content, not their place: a subschema written out at several places
+        # (a definition pasted into each resource, the negations a oneOf distributes over its branches) compiles
+        # once.  Its base (relative $refs), skipped keywords and rewrite are part of what it means.
+        of = self._content.of
+        if len(parts) == 1:     # (most conjunctions)
+            only = parts[0]
+            key: Hashable = (of(only.schema), only.base, only.skip, only.variant)
+        else:
+            key = frozenset((of(p.schema), p.base, p.skip, p.variant) for p in parts)
+        if not via_ref and not any(p.variant.startswith(NEGATED_CONJUNCT) for p in parts):
+            expr = self._conjunctions.get(key)
+            if expr is None:
+                expr = self._conjunctions[key] = self._compile_parts(parts)
             return expr
+        # through a $ref (or a negated $ref's conjunct, which recurs like the $ref itself): a named rule, which
+        # the conjunction may reach again inside itself
         if key in self._memo:
             return Ref(self._memo[key])
         if key in self._active:
@@ -384,6 +376,37 @@ class SchemaCompiler:
                 self.root, dict) else jsonschema.Draft202012Validator)
             self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
         return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
+
+
+class _ContentIds:
+    """One id per distinct JSON value (with its objects' key order, which orders generated properties), or Part
+    (which derived schemas hold)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple, int] = {}
+        self._known: dict[int, tuple[Hashable, Any]] = {}   # id(value) -> its id, the value kept so id() stays its
+
+    def of(self, value: Any) -> Hashable:
+        """Equal for equal values (1 and 1.0, or true and 1, are not equal: the text they admit differs)."""
+        kind = type(value)
+        if kind is str:
+            return value        # never equal to another kind's id, all of which are ints or tuples
+        if kind in _SCALARS:
+            return kind, value
+        known = self._known.get(id(value))
+        if known is None:
+            shape: list = [kind]
+            if kind is dict:    # (strings inline: most values of a schema are)
+                for k, v in value.items():
+                    shape += (k, v if type(v) is str else self.of(v))
+            elif kind is list:
+                shape += [v if type(v) is str else self.of(v) for v in value]
+            elif kind is Part:  # (a witness's values, in a derived schema)
+                shape += (self.of(value.schema), value.pointer, value.base, value.skip, value.variant)
+            else:
+                shape.append(repr(value) if kind is float else id(value))
+            known = self._known[id(value)] = self._ids.setdefault(tuple(shape), len(self._ids)), value
+        return known[0]
 
 
 @functools.cache

@@ -917,6 +917,49 @@ def test_combinators_refs_and_recursion():
     check({"enum": [1, "a", {"k": [True]}], "not": {"const": "a"}}, valid=[1, 1.0, {"k": [True]}], invalid=["a"])
 
 
+def _pasted(copies: int) -> dict:
+    """An object whose members all hold one subschema, written out in full at each place."""
+    item = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}, "tags": {
+        "type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}}, "required": ["id"], "oneOf": [
+        {"required": ["tags"]}, {"properties": {"id": {"maximum": 9}}}]}
+    return {"type": "object", "properties": {f"m{i}": json.loads(json.dumps(item)) for i in range(copies)}}
+
+
+def test_a_subschema_written_out_at_many_places_compiles_once():
+    one, nine = json_schema_to_grammar(_pasted(1)), json_schema_to_grammar(_pasted(9))
+    inside = [name for name in one.rules if name.startswith("properties_m0_")]
+    assert len(inside) >= 8
+    # the item's rules once, named after its first place; each member of the outer object one of its own
+    assert [name for name in nine.rules if name.startswith("properties_")] == inside
+    assert len(nine.rules) == len(one.rules) + 8
+    check(_pasted(9), valid=[{"m0": {"id": 3}, "m8": {"id": 30, "tags": ["b"]}}],
+          invalid=[{"m0": {"id": 30}}, {"m5": {"id": 3, "tags": ["a"]}}, {"m8": {"tags": []}}])
+
+
+def test_values_python_equates_and_json_does_not_stay_apart():
+    """The content of a subschema names it (see `_compile`): true == 1 == 1.0 in Python, key order is ignored by
+    its dict equality, and one relative $ref means another target under another base."""
+    check({"properties": {"a": {"const": True}, "b": {"const": 1}}},
+          valid=[{"a": True, "b": 1}], invalid=[{"a": 1}, {"b": True}])
+    check({"properties": {"a": {"enum": [False]}, "b": {"enum": [0]}}},
+          valid=[{"a": False, "b": 0}], invalid=[{"a": 0}, {"b": False}])
+    xy = {"x": {"type": "integer"}, "y": {"type": "string"}}
+    yx = {"y": {"type": "string"}, "x": {"type": "integer"}}
+    ordered = {"properties": {"a": {"properties": xy, "required": ["x", "y"], "additionalProperties": False},
+                              "b": {"properties": yx, "required": ["x", "y"], "additionalProperties": False}}}
+    grammar = json_schema_to_grammar(ordered)
+    assert ir_accepts(grammar, '{"a": {"x": 1, "y": "s"}, "b": {"y": "s", "x": 1}}')
+    assert not ir_accepts(grammar, '{"b": {"x": 1, "y": "s"}}')     # schema order, each object its own
+    relative = {"type": "object", "properties": {"w": {"$ref": "t.json"}}}     # at two bases
+    based = {"$id": "https://example.com/root.json", "properties": {
+        "a": {"$id": "https://example.com/a/s.json", "properties": {"v": relative}},
+        "b": {"$id": "https://example.com/b/s.json", "properties": {"v": relative}}},
+        "$defs": {"ta": {"$id": "https://example.com/a/t.json", "type": "integer"},
+                  "tb": {"$id": "https://example.com/b/t.json", "type": "string"}}}
+    check(based, valid=[{"a": {"v": {"w": 1}}, "b": {"v": {"w": "s"}}}],
+          invalid=[{"a": {"v": {"w": "s"}}}, {"b": {"v": {"w": 1}}}])
+
+
 @pytest.mark.parametrize("lo,hi", [(0, 33), (10, 100), (31, 64), (64, 64), (65, 65), (40, 95), (100, None),
                                    (0, 10_000)])
 def test_long_length_bounds_count_in_chunks_exactly(lo, hi):
