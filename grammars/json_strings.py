@@ -505,6 +505,7 @@ class PatternRegexes:
     regex: str
     also: tuple[str, ...] = ()
     excluding: tuple[str, ...] = ()
+    searched: bool = True   # some alternative may match after the text's start (not all open with `^`)
 
     def matches(self, encoded: str) -> bool:
         """Whether the quoted JSON string `encoded` is one of these strings."""
@@ -537,7 +538,8 @@ def _pattern_regexes(pattern: str) -> PatternRegexes:
     pointer = ""    # the caller's, on a refusal
     nodes = list(_parse(pattern, pointer).data)
     if len(nodes) < 2 or not _is_start(nodes[0]) or nodes[1][0] not in _LOOKAHEADS:
-        return PatternRegexes(_plain_regex(pattern, pointer, nodes))
+        return PatternRegexes(_plain_regex(pattern, pointer, nodes),
+                              searched=not all(start for start, _, _ in _alternatives(nodes)))
     tr = _Translator(pattern, pointer)
     start, rest = nodes[0], nodes[1:]
     also, excluding = [], []

@@ -391,6 +391,25 @@ def test_excluded_patterns_are_searched_for_together():
     assert compile_automaton(json_schema_to_grammar(schema)).num_states < 200
 
 
+def test_excluded_patterns_anchored_at_the_start_stay_alone_and_searched_ones_join(monkeypatch):
+    """The branches of a oneOf of patterns each exclude the others: anchored ones are each parsed once, not
+    again inside every branch's join (Github_hard's o46658)."""
+    anchored = ["^u?int(8|16|24|32)?$", "^address$", "^bytes(1|2|3)", "^$|^[a-z]+$"]
+    searched = ["x[0-9]", "^a|b$"]
+    schema = {"type": "string", "oneOf": [{"pattern": p} for p in anchored + searched]}
+    parsed = []
+    real = json_schema_scalars.pattern_regexes
+    monkeypatch.setattr(json_schema_scalars, "pattern_regexes", lambda p, at="": parsed.append(p) or real(p, at))
+    grammar = json_schema_to_grammar(schema)
+    joined = [p for p in parsed if p not in anchored + searched]
+    # each branch joins the searched patterns it excludes (one branch excludes one of them alone), nothing more
+    assert set(joined) == {"(?:x[0-9])|(?:^a|b$)"}, joined
+    texts = ["uint8", "int", "address", "bytes2z", "", "abc", "x1", "a", "zb", "uint9x1", "bytes1x5", "A-b", "int64"]
+    valid = {s for s in texts if sum(bool(re.search(p, s)) for p in anchored + searched) == 1}
+    check(schema, valid=sorted(valid), invalid=sorted(set(texts) - valid))
+    assert len(valid) >= 4 and len(set(texts) - valid) >= 4
+
+
 def test_excluded_patterns_join_only_when_each_parses_alone():
     # "a)|(?:b" and "c" joined would parse, as a pattern neither of them is
     with pytest.raises(UnsupportedSchemaError, match="cannot be parsed"):
