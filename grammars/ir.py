@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING, Protocol, Union
 if TYPE_CHECKING:
     from .fsm import DFA
 
+# The nodes are values (hashed, shared, memoised by equality) and never changed, but not frozen dataclasses: those
+# set each field through object.__setattr__, which doubled the cost of building a node, and a compile builds
+# thousands.
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True, unsafe_hash=True)
 class Lit:
     """Exact text."""
 
@@ -35,7 +39,7 @@ class Language(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Terminal:
     """Strings matching `pattern` (Python regex syntax, matched whole, no
     lookarounds or back-references), and every regex (or Language) in `also`,
@@ -50,7 +54,7 @@ class Terminal:
     origin: tuple[str, str] | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Ref:
     """A reference to the rule called `name` (may be recursive).  `call`: always a call into the rule, never
     written out in place."""
@@ -59,17 +63,17 @@ class Ref:
     call: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Seq:
     items: tuple["Expr", ...]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Choice:
     items: tuple["Expr", ...]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Repeat:
     """`item` repeated between `min` and `max` times (`max=None`: unbounded)."""
 
@@ -78,7 +82,7 @@ class Repeat:
     max: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Members:
     """`open`, then `members`, each at most once, and `extra` any number of times, separated by `separator`, then
     `close`: a JSON object.  `ordered`: members in the order given, extras after them; else in any order.  At
@@ -105,7 +109,7 @@ class Members:
         return [self.open, *self.members, self.separator, self.close] + ([self.extra] if self.extra is not None else [])
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Capture:
     """A terminal whose text is recorded while it is written, so that no two extras of the enclosing
     `Members` rule write the same text there: the key of an extra object member, the item of an array with
