@@ -158,10 +158,12 @@ class SchemaCompiler:
         out: list[Part] = []
         seen: set = set()
         via_ref = False
+        ident, expanded = self.refs.id_keyword, self._id_expanded
         stack = list(reversed(parts))
         while stack:
             part = stack.pop()
-            key = part.key
+            base, skip, pointer = part.base, part.skip, part.pointer
+            key = (base, pointer, skip, part.variant)     # (part.key, inlined: a hot path)
             if key in seen:
                 continue
             seen.add(key)
@@ -169,15 +171,18 @@ class SchemaCompiler:
             if schema is True:
                 continue
             if schema is False:
-                self.never("the schema is false", part.pointer)
+                self.never("the schema is false", pointer)
                 return None
             if not isinstance(schema, dict):   # (the messages of this loop are only written on failure: a hot path)
-                raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}",
-                                  part.pointer)
+                raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer)
+            if skip is expanded or (_EXPANDED <= skip and ident in skip):
+                # expanded before (the rest of a conjunction a combinator distributes): checked then, so only
+                # whether it still constrains anything counts
+                if not _CONSTRAINTS.isdisjoint(schema.keys() - skip):
+                    out.append(part)
+                continue
             # A part's base is its parent's until its own id is applied, once: a relative id applied twice
             # would nest its path in itself
-            ident = self.refs.id_keyword
-            base, skip, pointer = part.base, part.skip, part.pointer
             if ident not in skip:
                 base = self.refs.base_for(schema, base)
                 skip = self._id_only if not skip else skip | {ident}   # (most parts are a subschema's, skip empty)
