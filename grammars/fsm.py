@@ -65,8 +65,7 @@ class DFA:
     _has_out: np.ndarray | None = field(default=None, init=False, repr=False)
     _matches_nothing: bool | None = field(default=None, init=False, repr=False)
     _signatures: dict[int, bytes | None] | None = field(default=None, init=False, repr=False)
-    _byte_runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, init=False,
-                                                                                  repr=False)
+    _byte_runs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
     _counted_states: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
     _edge_table: np.ndarray | None = field(default=None, init=False, repr=False)
     # Where it reads like another automaton for a while (a length-bounded string like any string, short of its
@@ -135,13 +134,14 @@ class DFA:
         return self._counted()[1]
 
     @property
-    def byte_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def byte_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per state, (how many bytes can follow it that all keep to a main path, at most RUN_CAP; the bytes of that
         path's first step as four 64-bit words): each step goes to the state most of its bytes lead to (more than
         half of those that lead anywhere), never an accepting one, and each next step takes at least the bytes of
-        the one before; then per state its plain run, how many bytes of plain text (`PLAIN_WORDS`, the last item)
-        can follow it in any order through states that neither accept nor end, at most RUN_CAP.  A token walk skips
-        a trie subtree whose bytes all lie in one of the two byte sets and that is no deeper than its run (cached).
+        the one before; then per state its plain run, how many bytes of plain text (`PLAIN_BYTES`) can follow it in
+        any order through states that neither accept nor end, at most RUN_CAP.  A token walk skips a trie subtree
+        whose bytes all lie in one of the two byte sets (the plain one as `PLAIN_WORDS`) and that is no deeper than
+        its run (cached).
 
         The plain runs serve where text is searched for words (a pattern unanchored, a key class of
         patternProperties): each of a word's letters leaves the main path, so most subtrees hold one, but plain
@@ -149,8 +149,7 @@ class DFA:
         cached = self._byte_runs
         if cached is None:
             runs, bits = _byte_runs(self.trans, self.accept, RUN_CAP)
-            cached = self._byte_runs = (runs, bits, _plain_runs(self.trans, self.accept, PLAIN_BYTES, RUN_CAP),
-                                        PLAIN_WORDS)
+            cached = self._byte_runs = runs, bits, _plain_runs(self.trans, self.accept, PLAIN_BYTES, RUN_CAP)
         return cached
 
     def size(self, limit: int) -> int | None:

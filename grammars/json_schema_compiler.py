@@ -162,8 +162,7 @@ class SchemaCompiler:
         stack = list(reversed(parts))
         while stack:
             part = stack.pop()
-            base, skip, pointer = part.base, part.skip, part.pointer
-            key = (base, pointer, skip, part.variant)     # (part.key, inlined: a hot path)
+            key = part.key
             if key in seen:
                 continue
             seen.add(key)
@@ -171,10 +170,12 @@ class SchemaCompiler:
             if schema is True:
                 continue
             if schema is False:
-                self.never("the schema is false", pointer)
+                self.never("the schema is false", part.pointer)
                 return None
             if not isinstance(schema, dict):   # (the messages of this loop are only written on failure: a hot path)
-                raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer)
+                raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}",
+                                  part.pointer)
+            base, skip, pointer = part.base, part.skip, part.pointer
             if skip is expanded or (_EXPANDED <= skip and ident in skip):
                 # expanded before (the rest of a conjunction a combinator distributes): checked then, so only
                 # whether it still constrains anything counts

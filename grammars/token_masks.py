@@ -36,7 +36,7 @@ import numpy as np
 
 from .automaton import CAPTURE_FRAME, Automaton
 from .completion import terminal_distances
-from .fsm import DFA, packed_bytes
+from .fsm import DFA, PLAIN_WORDS, packed_bytes
 from .stacks import FrameTag, StackArena
 from .vocab import Vocabulary
 
@@ -215,8 +215,8 @@ def _heights(vocabulary: Vocabulary) -> np.ndarray:
 def _skipping_args(dfa: DFA, vocabulary: Vocabulary) -> tuple:
     """The DFA's and the trie's arrays as the skipping walk kernels take them."""
     t = vocabulary.trie
-    return (dfa.trans, dfa.accept, dfa.has_out, *dfa.byte_runs, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
-            *_subtree_tables(vocabulary), vocabulary.max_depth)
+    return (dfa.trans, dfa.accept, dfa.has_out, *dfa.byte_runs, PLAIN_WORDS, t.byte, t.depth, t.end, t.tok_ptr,
+            t.tok_ids, *_subtree_tables(vocabulary), vocabulary.max_depth)
 
 
 # One walk's result, a plain tuple (words, values, pops, pops_key): the allowed tokens as a bitmask (`words`

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tokenizers_util as tu
 
-from leapgen.grammars import compile_grammar, compile_regex, ir
+from leapgen.grammars import compile_grammar, compile_regex, fsm, ir
 from leapgen.grammars.errors import GrammarError, RegexError
 from leapgen.grammars.regex import regex_dfa
 from test_grammars_regex import _dfa_samples
@@ -414,7 +414,8 @@ def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], in
 
     t = vocabulary.trie
     heights, below = token_masks._subtree_tables(vocabulary)
-    runs, run_bytes, plain_runs, plain_bytes = dfa.byte_runs
+    runs, run_bytes, plain_runs = dfa.byte_runs
+    plain_bytes = fsm.PLAIN_WORDS
     allowed, pops, skipped, plain = set(), {0} if dfa.accept[state] else set(), set(), set()
     for tid, data in enumerate(vocabulary.token_bytes):
         q, node = state, 0
