@@ -29,7 +29,6 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
-from collections import OrderedDict
 
 import numba
 import numpy as np
@@ -39,8 +38,11 @@ from .completion import terminal_distances
 from .fsm import DFA, PLAIN_WORDS, packed_bytes
 from .stacks import FrameTag, StackArena
 from .vocab import Vocabulary
+from .walk_cache import SharedWalks, Walk
 
-_SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary; most walks are sparse (a few words of bitmask)
+_SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary, walks of narrow states; most are sparse (a few words of bitmask)
+# per vocabulary, wide states' walks (a dense bitmask, often tens of thousands of pop points: 12-250 KB on cl100k)
+_SHARED_WIDE_BYTES = 64 << 20
 # a whole-vocabulary walk over fewer trie nodes is kept per DFA state only, not shared between DFAs by its state's
 # signature: the signature costs 20-50 us, as much as walking ~20k nodes (walks of keys and enum values enter a few
 # hundred)
@@ -219,13 +221,6 @@ def _skipping_args(dfa: DFA, vocabulary: Vocabulary) -> tuple:
             t.tok_ids, *_subtree_tables(vocabulary), vocabulary.max_depth)
 
 
-# One walk's result, a plain tuple (words, values, pops, pops_key): the allowed tokens as a bitmask (`words`
-# the indices of its non-zero words, or None when `values` is the whole bitmask), the trie nodes where it
-# stopped that some token goes on below (what follows a leaf adds no token) and their bytes.  Tens of thousands
-# stay cached for the life of the process, and a tuple of arrays and bytes drops out of the garbage collector's
-# scans, where a class instance (a NamedTuple too) is visited by every full collection: that made collections
-# of 250 ms stall a mask in long runs.
-Walk = tuple
 # What a configuration allows before its top frame returns: its walks, and the trie nodes where the frame returns
 # (an array and its bytes, per distinct set)
 FrameAnswer = tuple[tuple[Walk, ...], tuple[tuple[np.ndarray, bytes], ...]]
@@ -248,9 +243,8 @@ def add_walk(walk: Walk, bits: np.ndarray) -> None:
         bits[words] |= values
 
 
-# per vocabulary: (terminal DFA, state, trie nodes) or (state signature, root) -> Walk, shared by every grammar,
-# least recently used first (the walks inside a JSON string serve every grammar and cost milliseconds each)
-_SHARED_WALKS: "weakref.WeakKeyDictionary[Vocabulary, OrderedDict[tuple, Walk]]" = weakref.WeakKeyDictionary()
+# per vocabulary: (terminal DFA, state, trie nodes) or (state signature, root) -> Walk, shared by every grammar
+_SHARED_WALKS: "weakref.WeakKeyDictionary[Vocabulary, SharedWalks]" = weakref.WeakKeyDictionary()
 _ROOT = np.zeros(1, np.int32)
 _NO_POPS = np.zeros(0, np.int32)
 _ROOT_KEY = _ROOT.tobytes()
@@ -540,7 +534,9 @@ class TokenMasks:
         # the garbage collector into its old generation (see CompiledGrammar's closures)
         self._frame_walks: dict[tuple[int, FrameTag, bytes], tuple[Walk, ...]] = {}
         self._frame_returns: dict[tuple[int, FrameTag, bytes], tuple[tuple[np.ndarray, bytes], ...]] = {}
-        self._shared = _SHARED_WALKS.setdefault(vocabulary, OrderedDict())
+        self._shared = _SHARED_WALKS.get(vocabulary)
+        if self._shared is None:
+            self._shared = _SHARED_WALKS.setdefault(vocabulary, SharedWalks(_SHARED_WALKS_LIMIT, _SHARED_WIDE_BYTES))
         self._call_ptr = tuple(automaton.call_ptr[:automaton.first_terminal + 1].tolist())   # structural states'
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
         # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
@@ -564,43 +560,26 @@ class TokenMasks:
         # they are the expensive ones, shared between all states with the same future (the inside of every JSON
         # string, whatever its declared keys)
         key = (dfa.uid, state, nodes_key)
-        hit = self._shared_hit(key)
+        hit = self._shared.get(key)
         if hit is not None:
             return hit
         root = nodes_key == _ROOT_KEY
         wide = root and self._wide(dfa, state)
         if wide and dfa.like is not None and dfa.like_depths[state] >= _NARROWED_DEPTH:
             hit = self._narrowed_root_walk(dfa, state)
-            self._share(key, hit)
+            self._shared.put(key, hit, wide)
             return hit
         signature = dfa.signature(state) if wide else None
         signed = (signature, nodes_key) if signature is not None else None
-        hit = self._shared_hit(signed) if signed is not None else None
+        hit = self._shared.get(signed) if signed is not None else None
         if hit is None:
             hit = self._patched_root_walk(dfa, state, depth) if root else None
             if hit is None:
                 hit = _run_walk(dfa, self.vocabulary, state, nodes, skipping=wide)
             if signed is not None:
-                self._share(signed, hit)
-        self._share(key, hit)
+                self._shared.put(signed, hit, wide)
+        self._shared.put(key, hit, wide)
         return hit
-
-    def _shared_hit(self, key: tuple) -> Walk | None:
-        hit = self._shared.get(key)
-        if hit is not None:
-            try:
-                self._shared.move_to_end(key)
-            except KeyError:    # another thread's mask evicted it since
-                pass
-        return hit
-
-    def _share(self, key: tuple, walk: Walk) -> None:
-        while len(self._shared) >= _SHARED_WALKS_LIMIT:
-            try:
-                self._shared.popitem(last=False)
-            except KeyError:    # another thread emptied it
-                break
-        self._shared[key] = walk
 
     def _wide(self, dfa: DFA, state: int) -> bool:
         """Whether the first bytes `state` takes lead into at least `_SIGNED_WALK_NODES` trie nodes (a bound on what
