@@ -20,6 +20,7 @@ from .automaton import CAPTURE_FRAME, Automaton
 from .object_members import EMPTY_TAG, Tag
 
 FrameTag = Tag | bytes | None   # an object's members, a captured text, nothing
+Edge = tuple[int, int, FrameTag, bool, FrameTag]    # see `StackArena.edge`
 
 
 class StackArena:
@@ -60,21 +61,38 @@ class StackArena:
     def call(self, stack: int, c: int) -> tuple[int, int] | None:
         """The configuration (callee state, stack) after taking call edge `c` from a configuration on
         `stack`; None where the edge's guard is closed."""
+        edge = self.edge(stack, c)
+        return None if edge is None else (edge[0], self.made(stack, edge))
+
+    def edge(self, stack: int, c: int) -> Edge | None:
+        """Call edge `c` from a configuration on `stack`, making no stack: (callee state, return state, the tag of
+        the top frame after the edge's guard, whether the call pushes a frame, the pushed frame's tag); None where
+        the guard is closed.  A search that knows what a pushed frame allows by its tag needs no stack for it
+        (after each member of an object, the search met a hundred members' frames, all known, and made and
+        released two stacks for each)."""
+        tag = self.tag[stack]
         guard = self._guard[c]
         if guard >= 0:
             frame, kind, member = self._guards[guard]
-            tag = self._frames[frame].members.guard(kind, member, self.tag[stack])
+            tag = self._frames[frame].members.guard(kind, member, tag)
             if tag is None:
                 return None
-            if tag != self.tag[stack]:
-                stack = self._id(self.parent[stack], self.ret[stack], tag)
         callee, ret = self._callee[c], self._ret[c]
         framed = self._framed.get(callee)
         if framed:
-            return callee, self._id(stack, ret, b"" if framed == CAPTURE_FRAME else EMPTY_TAG)
-        if self._tail[ret]:
-            return callee, stack
-        return callee, self._id(stack, ret, None)
+            return callee, ret, tag, True, b"" if framed == CAPTURE_FRAME else EMPTY_TAG
+        return callee, ret, tag, not self._tail[ret], None
+
+    def below(self, stack: int, edge: Edge) -> int:
+        """The stack under what `edge` pushes from `stack` (`stack` itself, or in its place the frame its guard
+        retagged), made."""
+        tag = edge[2]
+        return stack if tag == self.tag[stack] else self._id(self.parent[stack], self.ret[stack], tag)
+
+    def made(self, stack: int, edge: Edge) -> int:
+        """The stack `edge` leads to from `stack`, made."""
+        stack = self.below(stack, edge)
+        return self._id(stack, edge[1], edge[4]) if edge[3] else stack
 
     def release(self, mark: int) -> None:
         """Forget the stacks made since there were `mark` of them: a mask walk makes stacks for what tokens would

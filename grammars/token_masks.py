@@ -36,7 +36,7 @@ import numpy as np
 from .automaton import CAPTURE_FRAME, Automaton
 from .completion import terminal_distances
 from .fsm import DFA, PLAIN_WORDS, packed_bytes
-from .stacks import FrameTag, StackArena
+from .stacks import Edge, FrameTag, StackArena
 from .vocab import Vocabulary
 from .walk_cache import SharedWalks, Walk
 
@@ -645,8 +645,7 @@ class TokenMasks:
         depends on g, that tag and the nodes, not on the frames below: a new parser state deep in a document
         shares the answers of the frames it has in common with earlier ones."""
         if g >= self.a.first_terminal:
-            found = self.walk(g, nodes, nodes_key)
-            return (found,), (((found[2], found[3]),) if len(found[2]) else ())
+            return self._terminal_answer(g, nodes, nodes_key)
         key = (g, stacks.tag[s], nodes_key)
         walks = self._frame_walks.get(key)
         if walks is not None:
@@ -657,6 +656,24 @@ class TokenMasks:
         walks, returns = self._frame_search(g, s, nodes, nodes_key, stacks, depth)
         self._frame_walks[key], self._frame_returns[key] = walks, returns
         return walks, returns
+
+    def _in_pushed(self, s: int, edge: Edge, nodes: np.ndarray, nodes_key: bytes, stacks: StackArena,
+                   depth: int) -> FrameAnswer:
+        """`_in_frame` for the frame that call `edge` pushes from stack `s`, made only where its answer is not known
+        yet: a terminal's reads no stack, and a rule's is kept by the pushed frame's tag."""
+        callee = edge[0]
+        if callee >= self.a.first_terminal:
+            return self._terminal_answer(callee, nodes, nodes_key)
+        key = (callee, edge[4], nodes_key)
+        walks = self._frame_walks.get(key)
+        if walks is not None:
+            return walks, self._frame_returns[key]
+        return self._in_frame(callee, stacks.made(s, edge), nodes, nodes_key, stacks, depth)
+
+    def _terminal_answer(self, g: int, nodes: np.ndarray, nodes_key: bytes) -> FrameAnswer:
+        """What terminal state `g` allows below trie `nodes`, and where it returns: its walk."""
+        found = self.walk(g, nodes, nodes_key)
+        return (found,), (((found[2], found[3]),) if len(found[2]) else ())
 
     def _frame_search(self, g: int, s: int, nodes: np.ndarray, nodes_key: bytes, stacks: StackArena,
                       depth: int) -> FrameAnswer:
@@ -684,16 +701,19 @@ class TokenMasks:
                 returning = len(ends) > 0
             else:
                 for c in range(call_ptr[g], call_ptr[g + 1]):
-                    called = stacks.call(s, c)
-                    if called is None:
+                    edge = stacks.edge(s, c)
+                    if edge is None:
                         continue
-                    callee, pushed = called
-                    if nested and pushed != s and (not s or parent[pushed] != parent[s]):
-                        inner, rets = self._in_frame(callee, pushed, nodes, nodes_key, stacks, depth + 1)
-                        walks.update((id(walk), walk) for walk in inner)
-                        nexts += [(ret[pushed], parent[pushed], ends, ends_key) for ends, ends_key in rets]
+                    if nested and edge[3]:
+                        inner, rets = self._in_pushed(s, edge, nodes, nodes_key, stacks, depth + 1)
+                        for walk in inner:
+                            walks[id(walk)] = walk
+                        if rets:
+                            below = stacks.below(s, edge)
+                            for ends, ends_key in rets:
+                                nexts.append((edge[1], below, ends, ends_key))
                     else:
-                        nexts.append((callee, pushed, nodes, nodes_key))
+                        nexts.append((edge[0], stacks.made(s, edge), nodes, nodes_key))
                 ends, ends_key = nodes, nodes_key
                 returning = bool(a.accept[g])
             if returning:
@@ -714,8 +734,14 @@ class TokenMasks:
     def _union(self, walks: tuple[Walk, ...]) -> Walk:
         """The tokens of all `walks` as one walk (no pop points)."""
         bits = np.zeros(self.vocabulary.mask_words, np.uint32)
+        sparse = []
         for w in walks:
-            add_walk(w, bits)
+            if w[0] is None:
+                np.bitwise_or(bits, w[1], out=bits)
+            elif len(w[0]):
+                sparse.append(w)
+        if sparse:  # at once: the walks of a hundred keys, one fancy-indexed OR each, took half an object's mask
+            np.bitwise_or.at(bits, np.concatenate([w[0] for w in sparse]), np.concatenate([w[1] for w in sparse]))
         return new_walk(bits, _NO_POPS)
 
     def _search(self, bits: np.ndarray, todo: list[tuple[int, int, np.ndarray, bytes]], stacks: StackArena) -> None:
