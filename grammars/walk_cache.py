@@ -43,15 +43,18 @@ class SharedWalks:
         return len(self._narrow) + len(self._wide)
 
     def get(self, key: tuple) -> Walk | None:
-        for tier in (self._narrow, self._wide):
+        tier = self._narrow
+        hit = tier.get(key)
+        if hit is None:
+            tier = self._wide
             hit = tier.get(key)
-            if hit is not None:
-                try:
-                    tier.move_to_end(key)
-                except KeyError:    # another thread's put evicted it since
-                    pass
-                return hit
-        return None
+            if hit is None:
+                return None
+        try:
+            tier.move_to_end(key)
+        except KeyError:    # another thread's put evicted it since
+            pass
+        return hit
 
     def put(self, key: tuple, walk: Walk, wide: bool) -> None:
         if not wide:
