@@ -183,10 +183,12 @@ class CompiledGrammar:
         bits = self._mask_cache.get(state)
         if bits is None:
             bits = np.zeros(self.vocabulary.mask_words, np.uint32)
-            mark = len(self.stacks.parent)
+            ready, complete = self.closure(state)
+            self.masks.prefetch(ready)
+            mark = len(self.stacks.parent)      # after closure(), whose cached answer keeps the stacks it makes
             self.masks.add_mask(bits, state, self.stacks)
-            self.stacks.release(mark)     # before closure(), whose cached answer keeps the stacks it makes
-            if self.closure(state)[1]:
+            self.stacks.release(mark)
+            if complete:
                 for eos in self.vocabulary.eos_ids:
                     bits[eos >> 5] |= np.uint32(1 << (eos & 31))
             if len(self._mask_cache) >= _MASK_CACHE_LIMIT:

@@ -160,10 +160,10 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `_patch_walk`, `_narrow_walk`, the captured texts' kernels and the trie's subtree tables now: only a
-    patched or narrowed whole-vocabulary walk (inside a key beside declared ones, a length-bounded string) and
-    captured texts call them, so they would otherwise load, from numba's disk cache, inside the first mask that
-    needs one."""
+    """Load `_patch_walk`, `_narrow_walk`, `_walk_many`, the captured texts' kernels and the trie's subtree tables
+    now: only a patched, narrowed or shared whole-vocabulary walk (inside a key beside declared ones, a
+    length-bounded string, branches of a `oneOf` of patterns) and captured texts call them, so they would otherwise
+    load, from numba's disk cache, inside the first mask that needs one."""
     t = vocabulary.trie
     bits = np.zeros(vocabulary.mask_words, np.uint32)
     nowhere = np.full((1, 256), -1, np.int32)
@@ -177,6 +177,7 @@ def load_kernels(vocabulary: Vocabulary) -> None:
                  bits, _NO_POPS)
     scratch = _SCRATCH.of(vocabulary)
     _walk_skipping(*_skipping_args(nowhere_dfa, vocabulary), 0, _ROOT, *scratch)
+    _run_walks_together([(nowhere_dfa, 0), (nowhere_dfa, 0)], vocabulary)
 
 
 _ROOT_CHILDREN: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
@@ -594,6 +595,99 @@ def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray, s
     return None if dense else words, values, found, found.tobytes()
 
 
+def _narrowable(dfa: DFA, state: int) -> bool:
+    """Whether the whole-vocabulary walk of wide `state` is narrowed from another automaton's (`_narrowed_root_walk`)."""
+    return dfa.like is not None and dfa.like_depths[state] >= _NARROWED_DEPTH
+
+
+def _patch_reference(dfa: DFA, state: int, depth: int) -> int | None:
+    """The state whose whole-vocabulary walk that of `state` is patched from (`_patched_root_walk`): its main
+    successor, where the two part on at most `_MAX_PATCHED_BYTES` bytes; None where no walk is patched."""
+    row = dfa.trans[state]
+    targets = row[row >= 0]
+    if depth >= _MAX_PATCH_DEPTH or len(targets) < _PATCHED_MIN_BYTES:
+        return None
+    ref = int(np.bincount(targets).argmax())
+    if ref == state or np.count_nonzero(row != dfa.trans[ref]) > _MAX_PATCHED_BYTES:
+        return None
+    return ref
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_many(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte, t_depth, t_end, t_tok_ptr,
+               t_tok_ids, t_height, t_below, max_depth, starts, words):  # pragma: no cover - compiled
+    """`walk_nodes` from the root for several start states of one table at once (DFAs stacked), visiting each trie
+    node once for all of them: per start, its bitmask (a row of the result) and its pop points, sorted, without trie
+    leaves (a row of the pops, as many as `npops` says)."""
+    k = len(starts)
+    n = len(t_end)
+    bits = np.zeros((k, words), np.uint32)
+    pops = np.empty((k, n), np.int32)
+    npops = np.zeros(k, np.int64)
+    states = np.full((max_depth + 1, k), -1, np.int32)
+    for j in range(k):
+        q = starts[j]
+        if accept[q] and n > 1:
+            pops[j, 0] = 0
+            npops[j] = 1
+        if has_out[q]:
+            states[0, j] = q
+    i = 1
+    while i < n:
+        lv = t_depth[i]
+        b = t_byte[i]
+        inner = t_end[i] > i + 1
+        enter = False
+        for j in range(k):
+            q = states[lv - 1, j]
+            g = trans[q, b] if q >= 0 else -1
+            if g < 0:
+                states[lv, j] = -1
+                continue
+            skip = False
+            if inner:
+                height = t_height[i]
+                if runs[g] >= height:
+                    skip = True
+                    for m in range(4):
+                        if t_below[i, m] & ~run_bytes[g, m]:
+                            skip = False
+                if not skip and plain_runs[g] >= height:
+                    skip = True
+                    for m in range(4):
+                        if t_below[i, m] & ~plain_bytes[m]:
+                            skip = False
+            for x in range(t_tok_ptr[i], t_tok_ptr[t_end[i] if skip else i + 1]):
+                tid = t_tok_ids[x]
+                bits[j, tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+            if accept[g] and inner:
+                pops[j, npops[j]] = i
+                npops[j] += 1
+            if has_out[g] and not skip:
+                states[lv, j] = g
+                enter = True
+            else:
+                states[lv, j] = -1
+        i = i + 1 if enter else t_end[i]
+    return bits, pops, npops
+
+
+def _run_walks_together(starts: list[tuple[DFA, int]], vocabulary: Vocabulary) -> list[Walk]:
+    """The whole-vocabulary walks, skipping, from each (DFA, state) of `starts`, in one pass (`_walk_many`)."""
+    offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in starts])
+    dfas = [dfa for dfa, _ in starts]
+    trans = np.concatenate([np.where(dfa.trans >= 0, dfa.trans + int(o), -1) for dfa, o in zip(dfas, offsets)])
+    runs = [dfa.byte_runs for dfa in dfas]
+    t = vocabulary.trie
+    bits, pops, npops = _walk_many(
+        trans.astype(np.int32), np.concatenate([dfa.accept for dfa in dfas]),
+        np.concatenate([dfa.has_out for dfa in dfas]), np.concatenate([r[0] for r in runs]),
+        np.concatenate([r[1] for r in runs]), np.concatenate([r[2] for r in runs]), PLAIN_WORDS, t.byte, t.depth,
+        t.end, t.tok_ptr, t.tok_ids, *_subtree_tables(vocabulary), vocabulary.max_depth,
+        np.array([int(o) + state for (_, state), o in zip(starts, offsets)], np.int32), vocabulary.mask_words)
+    return [new_walk(bits[j].copy(), pops[j, :npops[j]].copy()) for j in range(len(starts))]
+
+
 class TokenMasks:
     """Token masks of one automaton over one vocabulary, from cached terminal walks."""
 
@@ -637,7 +731,7 @@ class TokenMasks:
             return hit
         root = nodes_key == _ROOT_KEY
         out_bytes, wide = self._first_bytes(dfa, state) if root else (0, False)
-        if wide and dfa.like is not None and dfa.like_depths[state] >= _NARROWED_DEPTH:
+        if wide and _narrowable(dfa, state):
             hit = self._narrowed_root_walk(dfa, state)
             self._shared.put(key, hit, wide)
             return hit
@@ -654,6 +748,44 @@ class TokenMasks:
         self._shared.put(key, hit, wide)
         return hit
 
+    def prefetch(self, configurations: tuple[tuple[int, int], ...]) -> None:
+        """Take together the whole-vocabulary walks from wide states that `configurations` (a parser state's, ready to
+        read) need and no cache holds or derives (for a patched walk, its reference's), where there are two or more:
+        one pass over the trie serves them all.  Each branch of a `oneOf` of patterns walked the trie by itself, 1-2
+        ms each (five of them, 9 ms in one mask)."""
+        batch: dict[tuple, tuple[DFA, int, tuple | None]] = {}
+        for g, _ in configurations:
+            if (g, _ROOT_KEY) in self._walks:
+                continue
+            first, dfa = self.a.terminal_of(g)
+            found = self._walk_to_run(dfa, g - first)
+            if found is not None and found[0] not in batch:
+                batch[found[0]] = (dfa, *found[1:])
+        if len(batch) < 2:
+            return
+        walks = _run_walks_together([(dfa, state) for dfa, state, _ in batch.values()], self.vocabulary)
+        for (key, (_, _, signed)), walk in zip(batch.items(), walks):
+            if signed is not None:
+                self._shared.put(signed, walk, True)
+            self._shared.put(key, walk, True)
+
+    def _walk_to_run(self, dfa: DFA, state: int, depth: int = 0) -> tuple[tuple, int, tuple | None] | None:
+        """The wide walk on the trie that the whole-vocabulary walk from `state` would take where no cache holds it
+        (its own, or its patch reference's), as (key, state, signature key); None where it is known, narrowed, or
+        not wide (see `_shared_walk`)."""
+        key = (dfa.uid, state, _ROOT_KEY)
+        if self._shared.get(key) is not None:
+            return None
+        out_bytes, wide = self._first_bytes(dfa, state)
+        if not wide or _narrowable(dfa, state):
+            return None
+        signature = dfa.signature(state)
+        signed = (signature, _ROOT_KEY) if signature is not None else None
+        if signed is not None and self._shared.get(signed) is not None:
+            return None
+        ref = _patch_reference(dfa, state, depth) if out_bytes >= _PATCHED_MIN_BYTES else None
+        return (key, state, signed) if ref is None else self._walk_to_run(dfa, ref, depth + 1)
+
     def _first_bytes(self, dfa: DFA, state: int) -> tuple[int, bool]:
         """How many first bytes `state` takes, and whether they lead into at least `_SIGNED_WALK_NODES` trie nodes (a
         bound on what its whole-vocabulary walk visits; it is wide): only such a walk is worth a signature, which
@@ -665,13 +797,8 @@ class TokenMasks:
         """The whole-vocabulary walk of a wide state that moves like its main successor on all
         but a few bytes (inside a string, a prefix of an excluded key): the successor's walk, patched
         under those bytes (`_patch_walk`).  None where that does not apply."""
-        row = dfa.trans[state]
-        targets = row[row >= 0]
-        if depth >= _MAX_PATCH_DEPTH or len(targets) < _PATCHED_MIN_BYTES:
-            return None
-        ref = int(np.bincount(targets).argmax())
-        differ = np.flatnonzero(row != dfa.trans[ref])
-        if ref == state or len(differ) > _MAX_PATCHED_BYTES:
+        ref = _patch_reference(dfa, state, depth)
+        if ref is None:
             return None
         base = self._shared_walk(dfa, ref, _ROOT, _ROOT_KEY, depth + 1)
         bits = np.zeros(self.vocabulary.mask_words, np.uint32)

@@ -7,6 +7,7 @@ import tokenizers_util as tu
 
 from leapgen.grammars import compile_json_schema, token_masks
 from leapgen.grammars.regex import regex_dfa
+from leapgen.grammars.vocab import as_vocabulary
 from leapgen.grammars.walk_cache import SharedWalks, walk_bytes
 
 
@@ -66,3 +67,48 @@ def test_a_string_walk_outlives_the_walks_of_many_keys(monkeypatch):
     assert masks._shared.get((inside.uid, 0, key)) is string_walk
     assert masks._shared_walk(inside, 0, root, key) is string_walk
     assert len(masks._shared._narrow) == 4
+
+
+def _bits_of(walk, words: int) -> np.ndarray:
+    bits = np.zeros(words, np.uint32)
+    token_masks.add_walk(walk, bits)
+    return bits
+
+
+def test_walks_taken_together_equal_walks_taken_one_by_one():
+    """`_walk_many` visits each trie node once for several start states; every start's tokens, pop points and
+    storage (dense or sparse) are those of its own walk, accepting and dead starts included."""
+    for vocabulary in (tu.cl100k(), tu.byte_level_bpe()):
+        vocabulary = as_vocabulary(vocabulary)
+        dfas = [regex_dfa(p) for p in (r'[^"\\]*(customer|maker)[^"\\]*"', r'[a-z ]*"', r"(ab|cd)*", r'"[^"]{0,5}"',
+                                       r"x?")]
+        starts = [(dfa, state) for dfa in dfas for state in range(dfa.num_states)]
+        together = token_masks._run_walks_together(starts, vocabulary)
+        for (dfa, state), walk in zip(starts, together):
+            alone = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT, True)
+            assert (_bits_of(walk, vocabulary.mask_words) == _bits_of(alone, vocabulary.mask_words)).all()
+            assert walk[2].tolist() == alone[2].tolist() and walk[3] == alone[3]
+            assert (walk[0] is None) == (alone[0] is None)
+
+
+def test_a_mask_needing_several_wide_walks_takes_them_in_one_pass(monkeypatch):
+    """Inside a string that one of several patterns must match, each branch's automaton walks the whole vocabulary:
+    the mask takes them together, once, and allows what walking them one by one allows."""
+    monkeypatch.setattr(token_masks, "_SHARED_WALKS", weakref.WeakKeyDictionary())
+    vocabulary = tu.cl100k()
+    schema = {"type": "string", "oneOf": [{"pattern": "customer"}, {"pattern": "maker"}, {"pattern": "operator"}]}
+    calls = []
+    together = token_masks._run_walks_together
+    monkeypatch.setattr(token_masks, "_run_walks_together", lambda starts, v: calls.append(len(starts)) or
+                        together(starts, v))
+    compiled = compile_json_schema(schema, vocabulary)
+    matcher = compiled.matcher()
+    matcher.advance(vocabulary.encode('"', add_special_tokens=False)[0])
+    batched = matcher.allowed_token_ids().tolist()
+    assert calls == [3]
+    monkeypatch.setattr(token_masks, "_SHARED_WALKS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(token_masks.TokenMasks, "prefetch", lambda self, configurations: None)
+    alone = compile_json_schema(schema, vocabulary).matcher()
+    alone.advance(vocabulary.encode('"', add_special_tokens=False)[0])
+    assert alone.allowed_token_ids().tolist() == batched and calls == [3]
+    assert vocabulary.encode("customer", add_special_tokens=False)[0] in batched
