@@ -56,12 +56,17 @@ class MemberSet:
         self.cap = max(spec.max if spec.max is not None else spec.min, spec.max_extras or 0)
         self.most_needed = max(spec.min, 1)  # the most members and extras a completion can need
         self._feasible: dict[tuple[int, int, int], bool] = {}
+        # the last tag's open members: a mask search asks for every member's claim from one tag in turn
+        self._last_open: tuple[Tag, int] = (EMPTY_TAG, self._open(EMPTY_TAG))
 
     def guard(self, kind: int, member: int, tag: Tag) -> Tag | None:
         """The tag after taking a guarded edge, or None when the edge is closed for this tag."""
         seen, extras, written = tag
         if kind == CLAIM:
-            if not self._open(tag) >> member & 1:
+            last = self._last_open
+            if last[0] is not tag:
+                last = self._last_open = (tag, self._open(tag))
+            if not last[1] >> member & 1:
                 return None
             tag = (seen | 1 << member, extras, written)
             return tag if self.feasible(tag, AFTER) else None

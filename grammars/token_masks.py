@@ -753,6 +753,8 @@ class TokenMasks:
         read) need and no cache holds or derives (for a patched walk, its reference's), where there are two or more:
         one pass over the trie serves them all.  Each branch of a `oneOf` of patterns walked the trie by itself, 1-2
         ms each (five of them, 9 ms in one mask)."""
+        if len(configurations) < 2:     # the common case, and nothing to take together
+            return
         batch: dict[tuple, tuple[DFA, int, tuple | None]] = {}
         for g, _ in configurations:
             if (g, _ROOT_KEY) in self._walks:
