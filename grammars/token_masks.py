@@ -645,7 +645,7 @@ def _walk_many(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes,
                 states[lv, j] = -1
                 continue
             skip = False
-            if inner:
+            if inner:   # walk_nodes' test, written out again: as a compiled helper both ran 1.5-2.6x slower
                 height = t_height[i]
                 if runs[g] >= height:
                     skip = True
