@@ -10,7 +10,7 @@ from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (NUMBER_KEYS, STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext,
                                   count_of, enum_values, narrow_types, satisfying)
-from .json_schema_ir import EMPTY, NEVER, Counting, choice, inlined_size, literal, optional, repeat, seq
+from .json_schema_ir import EMPTY, NEVER, Counting, at_most_size, choice, inlined_size, literal, optional, repeat, seq
 from .json_schema_scalars import distinct_texts, number, string_terminal
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
@@ -85,8 +85,7 @@ def item_cap(ctx: SchemaContext, lo: int, positions: list[Expr], tail_item: Expr
     if not _counted(tail_lo, tail_hi):
         size += tail_hi * item
     else:   # a separator and a call per unit, the item built once
-        counting = Counting(lambda level: EMPTY, _ITEM_BASE, _FLAT_ITEMS)
-        size += 2 * (counting.at_most_size(tail_hi - tail_lo) + tail_lo) + item
+        size += 2 * (at_most_size(tail_hi - tail_lo, _ITEM_BASE, _FLAT_ITEMS) + tail_lo) + item
     return hi if size <= MAX_ITEM_CAP_NODES else None
 
 

@@ -98,30 +98,34 @@ class Counting:
         `flat`."""
         if n < self.flat:
             return repeat(self.unit(0), 0, n)
-        level, top = self._top(n)
+        level, top = _top(n, self.base, self.flat)
         below = seq(*(repeat(self.unit(k), 0, self.base - 1) for k in reversed(range(level))))
         return choice([seq(repeat(self.unit(level), 0, top - 1), below),
                        seq(repeat(self.unit(level), top, top), self.at_most(n - top * self.base ** level))])
 
-    def at_most_size(self, n: int) -> int:
-        """How many units of any level `at_most(n)` writes, each level's rule counted once."""
-        copies, levels = self._copies(n)
-        return copies + self.base * levels
 
-    def _copies(self, n: int) -> tuple[int, int]:
-        """The units `at_most(n)` writes outside the levels' rules, and how many levels it calls."""
-        if n < self.flat:
-            return n, 0
-        level, top = self._top(n)
-        rest, _ = self._copies(n - top * self.base ** level)
-        return 2 * top - 1 + (self.base - 1) * level + rest, level
+def at_most_size(n: int, base: int, flat: int) -> int:
+    """How many units of any level `Counting(unit, base, flat).at_most(n)` writes, each level's rule counted once
+    (whatever the unit: a size is known before any unit is built)."""
+    copies, levels = _copies(n, base, flat)
+    return copies + base * levels
 
-    def _top(self, n: int) -> tuple[int, int]:
-        """The lowest level at which `n` holds fewer than `flat` units, and how many it holds (n >= flat)."""
-        level = 1
-        while n // self.base ** level >= self.flat:
-            level += 1
-        return level, n // self.base ** level
+
+def _copies(n: int, base: int, flat: int) -> tuple[int, int]:
+    """The units `at_most(n)` writes outside the levels' rules, and how many levels it calls."""
+    if n < flat:
+        return n, 0
+    level, top = _top(n, base, flat)
+    rest, _ = _copies(n - top * base ** level, base, flat)
+    return 2 * top - 1 + (base - 1) * level + rest, level
+
+
+def _top(n: int, base: int, flat: int) -> tuple[int, int]:
+    """The lowest level at which `n` holds fewer than `flat` units, and how many it holds (n >= flat)."""
+    level = 1
+    while n // base ** level >= flat:
+        level += 1
+    return level, n // base ** level
 
 
 def inlined_size(expr: Expr, rules: dict[str, Expr], sizes: dict[str, int]) -> int:
