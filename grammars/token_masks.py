@@ -365,8 +365,8 @@ def _walk_skipping(trans, accept, has_out, runs, run_bytes, plain_runs, plain_by
     if needed > len(pops):     # nested start nodes: a node may be reached from each
         pops = np.empty(needed, np.int32)
     npops, ntouched = walk_nodes(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte, t_depth,
-                                 t_end, t_tok_ptr, t_tok_ids, t_height, t_below, c_byte, c_node, sib, max_depth, start, nodes, bits, touched,
-                                 pops)
+                                 t_end, t_tok_ptr, t_tok_ids, t_height, t_below, c_byte, c_node, sib, max_depth, start,
+                                 nodes, bits, touched, pops)
     disjoint = True     # walks from sorted disjoint subtrees list their pop points in order, once
     for i in range(len(nodes) - 1):
         if t_end[nodes[i]] > nodes[i + 1]:
@@ -502,8 +502,8 @@ def _patch_walk(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes
             elif has_out[nq]:   # the old walk never entered below c: nothing of it to undo there
                 found = np.empty(t_end[c] - c, np.int32)
                 npops, _ = walk_nodes(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte,
-                                      t_depth, t_end, t_tok_ptr, t_tok_ids, t_height, t_below, c_byte, c_node, sib, max_depth, nq,
-                                      np.full(1, c, np.int32), bits, touched, found)
+                                      t_depth, t_end, t_tok_ptr, t_tok_ids, t_height, t_below, c_byte, c_node, sib,
+                                      max_depth, nq, np.full(1, c, np.int32), bits, touched, found)
                 for m in range(npops):
                     if found[m] != c:
                         added.append(found[m])
@@ -596,7 +596,8 @@ def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray, s
 
 
 def _narrowable(dfa: DFA, state: int) -> bool:
-    """Whether the whole-vocabulary walk of wide `state` is narrowed from another automaton's (`_narrowed_root_walk`)."""
+    """Whether the whole-vocabulary walk of wide `state` is narrowed from another automaton's
+    (`_narrowed_root_walk`)."""
     return dfa.like is not None and dfa.like_depths[state] >= _NARROWED_DEPTH
 
 

@@ -75,4 +75,3 @@ class SharedWalks:
                 self.wide_bytes -= walk_bytes(self._wide.popitem(last=False)[1])
             self._wide[key] = walk
             self.wide_bytes += size
-
