@@ -397,6 +397,37 @@ def test_patched_walks_where_acceptance_parts():
     assert _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) >= 10
 
 
+def test_patched_walks_below_pattern_keys():
+    """Keys other than [a-z]+ part from any string on 26 bytes at every level of the lowercase tokens: the patch
+    reaches ~33k trie nodes of cl100k (its pop points then merged by marks on the trie, not by sorting)."""
+    from leapgen.grammars import compile_json_schema
+
+    g = compile_json_schema({"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}}, tu.cl100k())
+    assert _assert_patched_walks_are_whole_walks(g.masks, g.vocabulary, [dfa for _, dfa in g.automaton.terminals])
+
+
+def test_pop_points_merged_by_sorting_and_by_marks_agree():
+    from numba.typed import List
+
+    from leapgen.grammars import token_masks
+
+    rng = random.Random(3)
+    vocabulary = _vocabulary_of(sorted({bytes(rng.choices(b"abcxyz", k=rng.randint(1, 8))) for _ in range(3000)}))
+    t_end = vocabulary.trie.end
+    assert len(t_end) >> 5 > 81     # few enough changes for _merge_pops to sort them
+    inner = [node for node in range(len(t_end)) if t_end[node] > node + 1]
+    for _ in range(50):
+        base = np.array(sorted(rng.sample(inner, rng.randint(0, len(inner) // 2))), np.int32)
+        dropped = List([(0, 1)])
+        for node in rng.sample(range(len(t_end)), rng.randint(0, 40)):
+            dropped.append((node, int(t_end[node])) if rng.random() < 0.3 else (node, node + 1))
+        added = List([0])
+        for node in rng.sample(range(len(t_end)), rng.randint(0, 40)):
+            added.append(node)
+        sorted_pops = token_masks._merge_pops(base, dropped, added, t_end)
+        assert sorted_pops.tolist() == token_masks._marked_pops(base, dropped, added, t_end).tolist()
+
+
 def _walk_tokens(walk, vocabulary) -> set[int]:
     """The ids of the tokens a walk allows."""
     from leapgen.grammars import token_masks
