@@ -102,7 +102,7 @@ class SchemaCompiler:
         self._issued = {"start", "any_value"}
         self.sizes: dict[str, int] = {}  # inlined_size of each rule
         self._validator = None
-        self.why_never: list[str] = []
+        self.why_never: list[tuple[str, str]] = []     # (reason, pointer) of each NEVER met
 
     # ---- entry -------------------------------------------------------------------------------------
 
@@ -112,8 +112,8 @@ class SchemaCompiler:
             self._check_metaschema()
         start = self.compile([Part(self.root, "", self.refs.root_base, frozenset({self.refs.id_keyword}))])
         if start == NEVER:
-            reason = self.why_never[0] if self.why_never else "no JSON value satisfies it"
-            raise SchemaError(f"schema is unsatisfiable: {reason}", "")
+            reason, pointer = self.why_never[0] if self.why_never else ("no JSON value satisfies it", "")
+            raise SchemaError(f"schema is unsatisfiable: {reason}", pointer)
         self.rules["start"] = start
         return Grammar(rules=self.rules, start="start")
 
@@ -128,7 +128,7 @@ class SchemaCompiler:
             raise SchemaError(f"schema does not match its metaschema: {error.message}", pointer)
 
     def never(self, reason: str, pointer: str) -> Expr:
-        self.why_never.append(f"{reason} (at {pointer or '/'})")
+        self.why_never.append((reason, pointer))
         return NEVER
 
     def share(self, expr: Expr, pointer: str) -> Expr:

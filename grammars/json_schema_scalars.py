@@ -130,7 +130,11 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
         step = common_multiple([k for k, _ in multiples])
         also.append(multiples_of(step, multiples[0][1] if len(multiples) == 1 else pointer))
         integral = integral or step == step.to_integral_value()
-    refused = [x for x in excluded if isinstance(x, Multiples)]
+    refused = _fewest_multiples([x for x in excluded if isinstance(x, Multiples)])
+    if multiples:
+        for x in refused:
+            if step % x.step == 0:
+                return ctx.never(f"every multiple of {step} is a multiple of {x.step}, which is excluded", pointer)
     if integral:
         main = INTEGER if integer_only and ctx.draft4 else INTEGER_VALUE
     else:
@@ -152,6 +156,14 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
     named = ([f"multipleOf {step}"] if multiples else []) + [f"not multipleOf {x.step}" for x in refused]
     named += ["its bounds"] if lo or hi else []
     return Terminal(main, tuple(also), exclude, origin=(" with ".join(named) or "the number", pointer))
+
+
+def _fewest_multiples(refused: list[Multiples]) -> list[Multiples]:
+    """The excluded multiples without those of a step that is itself a multiple of another's: each one left
+    multiplies the automaton's states (allOf of oneOf branches over multipleOf distributed into 18 terminals
+    of up to nine exclusions each took 200 ms)."""
+    steps = sorted({x.step for x in refused})
+    return [Multiples(k) for i, k in enumerate(steps) if not any(k % j == 0 for j in steps[:i])]
 
 
 def _digit_cap(cap: int, bounds: list[Decimal], multiples: list[Decimal], whole_open: bool) -> str:

@@ -630,6 +630,19 @@ def test_negated_closed_objects_settled_by_the_rest_of_the_conjunction(schema):
     assert not wrong, wrong
 
 
+@pytest.mark.parametrize("schema, reason, pointer", [
+    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]},
+     "minimum 5 is above maximum 1", "/properties/a"),
+    ({"type": "integer", "multipleOf": 1.5, "not": {"multipleOf": 0.75}},
+     "every multiple of 1.5 is a multiple of 0.75, which is excluded", ""),
+])
+def test_an_unsatisfiable_schema_names_the_first_impossible_value_and_where_it_is(schema, reason, pointer):
+    with pytest.raises(SchemaError) as caught:
+        json_schema_to_grammar(schema)
+    assert str(caught.value) == f"schema is unsatisfiable: {reason} (at {pointer or '/'})"
+    assert caught.value.pointer == pointer
+
+
 def test_a_branch_of_annotations_only_matches_everything_so_one_of_excludes_the_other_branch():
     # `_format` is no keyword: the branch is `{}`, so oneOf admits exactly what the other branch does not
     schema = {"oneOf": [{"enum": ["", 1]}, {"_format": "email", "description": "any"}]}
@@ -1145,6 +1158,14 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
     ({"type": "integer", "multipleOf": 3, "maximum": -100, "minimum": -1000,    # differences one at a time
       "not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 5}, {"multipleOf": 7}, {"multipleOf": 11}, {"multipleOf": 13},
                         {"multipleOf": 37}]}}, [-111, -117, -129, -120, -999, -1002, 3]),
+    # an excluded step that divides the required one leaves nothing (that branch); one that is a multiple of
+    # another excluded step adds nothing
+    ({"type": "integer", "oneOf": [{"multipleOf": 33}, {"multipleOf": 12}], "not": {"multipleOf": 11}},
+     [12, 24, 33, 66, 132, 7, 0]),
+    ({"type": "number", "not": {"anyOf": [{"multipleOf": 8}, {"multipleOf": 4}, {"multipleOf": 0.5}, {"multipleOf": 6}]}},
+     [1, 0.25, 0.5, 1.5, 4, 6, 8, 10, 13, 2.75]),
+    ({"type": "integer", "multipleOf": 1.5, "anyOf": [{"not": {"multipleOf": 0.75}}, {"maximum": 3}]},
+     [3, 6, 0, 1, 2, -3]),
     # bounds negate into the opposite bound on their type; items into an item that fails them
     ({"not": {"maxLength": 2, "minLength": 1}}, ["", "a", "ab", "abc", 1]),
     ({"type": "object", "not": {"maxProperties": 1}}, [{}, {"a": 1}, {"a": 1, "b": 2}]),
