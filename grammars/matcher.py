@@ -70,15 +70,19 @@ class CompiledGrammar:
         hit = self._closures.get(state)
         if hit is not None:
             return hit, state in self._complete
-        a, stacks = self.automaton, self.stacks
+        stacks, masks, first_terminal = self.stacks, self.masks, self.automaton.first_terminal
+        call_ptr, accept, has_out = masks.call_ptr, masks.accepting, masks.reading     # (see TokenMasks.call_ptr)
         seen, todo, ready, complete = set(state), list(state), [], False
         while todo:
             g, s = todo.pop()
-            if a.has_out[g]:
-                ready.append((g, s))
-            called = (stacks.call(s, c) for c in range(a.call_ptr[g], a.call_ptr[g + 1]))
-            nexts = [cfg for cfg in called if cfg is not None]
-            if a.accept[g]:
+            if g >= first_terminal:     # a terminal state reads bytes and calls nothing
+                if has_out[g]:
+                    ready.append((g, s))
+                nexts = []
+            else:
+                called = (stacks.call(s, c) for c in range(call_ptr[g], call_ptr[g + 1]))
+                nexts = [cfg for cfg in called if cfg is not None]
+            if accept[g]:
                 if s == 0:
                     complete = True
                 else:

@@ -736,7 +736,11 @@ class TokenMasks:
         self._shared = _SHARED_WALKS.get(vocabulary)
         if self._shared is None:
             self._shared = _SHARED_WALKS.setdefault(vocabulary, SharedWalks(_SHARED_WALKS_LIMIT, _SHARED_WIDE_BYTES))
-        self._call_ptr = tuple(automaton.call_ptr[:automaton.first_terminal + 1].tolist())   # structural states'
+        # read per configuration by the searches here and by the parser's closures, and indexing numpy from Python
+        # costs ~0.1 us a time: the structural states' call table as a tuple, whether each state accepts and reads
+        # bytes as bytes (0 or 1)
+        self.call_ptr = tuple(automaton.call_ptr[:automaton.first_terminal + 1].tolist())
+        self.accepting, self.reading = automaton.accept.tobytes(), automaton.has_out.tobytes()
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
         # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
         captured = [automaton.terminal_of(int(first))[1] for first in np.flatnonzero(automaton.framed == CAPTURE_FRAME)]
@@ -919,7 +923,7 @@ class TokenMasks:
         definition) is searched once per tag and trie nodes.  That never comes back to the frame being searched
         (left recursion is refused), but each level of it is a Python call: past `_MAX_FRAME_NESTING` the
         search goes on inside the pushed frames instead."""
-        a, call_ptr, parent, ret = self.a, self._call_ptr, stacks.parent, stacks.ret
+        a, call_ptr, parent, ret = self.a, self.call_ptr, stacks.parent, stacks.ret
         first_terminal = a.first_terminal
         base = (parent[s], ret[s])
         nested = depth < _MAX_FRAME_NESTING
@@ -951,7 +955,7 @@ class TokenMasks:
                     else:
                         nexts.append((edge[0], stacks.made(s, edge), nodes, nodes_key))
                 ends, ends_key = nodes, nodes_key
-                returning = bool(a.accept[g])
+                returning = bool(self.accepting[g])
             if returning:
                 if (parent[s], ret[s]) == base:
                     returns[ends_key] = ends
@@ -983,7 +987,7 @@ class TokenMasks:
     def _search(self, bits: np.ndarray, todo: list[tuple[int, int, np.ndarray, bytes]], stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from configurations (state, stack) below trie nodes."""
         a = self.a
-        call_ptr = self._call_ptr
+        call_ptr = self.call_ptr
         seen = {(g, s, key) for g, s, _, key in todo}
         while todo:
             g, s, nodes, nodes_key = todo.pop()
@@ -1002,7 +1006,7 @@ class TokenMasks:
                     called = stacks.call(s, c)
                     if called is not None:
                         nexts.append((*called, nodes, nodes_key))
-                if a.accept[g] and s:
+                if self.accepting[g] and s:
                     # returning from the outermost rule ends the text: nothing may follow
                     nexts.append((stacks.ret[s], stacks.parent[s], nodes, nodes_key))
             for item in nexts:
