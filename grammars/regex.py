@@ -363,7 +363,7 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
         # Languages one at a time: the union of residue automata multiplies their states, while the running
         # difference stays within what the other keywords allow (a bounded range)
         for other in excluding:
-            if not isinstance(other, str) and dfa.accept.any():    # nothing left: nothing more to take out
+            if not isinstance(other, str) and not dfa.matches_nothing:    # nothing left: nothing more to take out
                 dfa = product(dfa, other.dfa(), False, MAX_DFA_STATES)
                 built += dfa.num_states
         excluding = tuple(other for other in excluding if isinstance(other, str))
