@@ -171,6 +171,8 @@ def _size_of_negation(schema: Any, resolve: Resolver, memo: dict) -> int | None:
             return None
         if keys == {"allOf"}:
             return sum(sizes)
+        if _tagged(combined, resolve):
+            return 3 + sum(sizes)   # no object, no tag, an unknown tag, and each tag's branch negated
         return math.prod(sizes)   # every branch negated, together: their alternatives multiply
     if keys == {"required"} and isinstance(schema["required"], list) and schema["required"]:
         return len(schema["required"])
@@ -319,12 +321,83 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         if len(pairs) > _MAX_NEGATED_PAIRS:
             raise UnsupportedSchemaError(f"not over a oneOf whose branches overlap in more than {_MAX_NEGATED_PAIRS} "
                                          "pairs (it fails where any two match)", part.at("not", "oneOf"))
+        tag = None if pairs else _discriminator(ctx, rest, branches)
+        if tag is not None:
+            return _failing_tagged(ctx, rest, part, negations, *tag)
         return choice([ctx.compile(rest + negations)]
                       + [ctx.compile(rest + [branches[i], branches[j]]) for i, j in pairs])
     if keyword == "not":
         return ctx.compile(rest + [part.sub(value, "not", "not")])
     return None
 
+
+
+def _discriminator(ctx: SchemaContext, rest: list[Part], branches: list[Part]) -> tuple[str, list[list]] | None:
+    """A key every branch (with `rest`) holds only in objects, and requires, with a constant or enum that no two
+    branches share (`{"kind": "a", ...} | {"kind": "b", ...}`), and each branch's values for it; None if none."""
+    if len(branches) < 2:
+        return None
+    sigs = [_signature(ctx, rest + [branch]) for branch in branches]
+    if any(sig is None or not sig["types"] <= {"object"} for sig in sigs):
+        return None
+    name = _tag([(sig["required"], sig["consts"]) for sig in sigs])
+    return None if name is None else (name, [sig["consts"][name] for sig in sigs])
+
+
+def _tag(pins: list[tuple[set, dict[str, list]]]) -> str | None:
+    """The key every branch requires (`pins`: each branch's required keys and the keys it pins to constants, see
+    `_pin`), pinned by each to values no other branch's admits; the first by name, None if none."""
+    for name in sorted(k for k in set.intersection(*(required for required, _ in pins)) if isinstance(k, str)):
+        if all(name in consts for _, consts in pins):
+            keys = [_keys(consts[name]) for _, consts in pins]
+            if sum(map(len, keys)) == len(set().union(*keys)):
+                return name
+    return None
+
+
+def _pin(required: set, consts: dict[str, list], req: Any, props: Any) -> None:
+    """Add what one schema's `required` and `properties` pin down: the keys it requires, and the values of those
+    properties that are a const or an enum."""
+    if isinstance(req, list):
+        required.update(k for k in req if isinstance(k, str))
+    if isinstance(props, dict):
+        for name, sub in props.items():
+            if isinstance(sub, dict) and ("const" in sub or "enum" in sub):
+                consts[name] = [sub["const"]] if "const" in sub else list(sub.get("enum") or [])
+
+
+def _tagged(branches: list[Any], resolve: Resolver) -> bool:
+    """Whether `branches` (schemas as written, $refs resolved by `resolve`) are objects told apart by a tag (see
+    `_tag`), so that their negation is a sum, not a product (see `_failing_tagged`)."""
+    pins = []
+    for branch in branches:
+        conjuncts = resolve(branch) if isinstance(branch, dict) and "$ref" in branch else [branch]
+        if conjuncts is None or not all(isinstance(c, dict) for c in conjuncts):
+            return False
+        if not any(c.get("type") in ("object", ["object"]) for c in conjuncts):
+            return False
+        required: set = set()
+        consts: dict[str, list] = {}
+        for c in conjuncts:
+            _pin(required, consts, c.get("required"), c.get("properties"))
+        pins.append((required, consts))
+    return len(pins) > 1 and _tag(pins) is not None
+
+
+def _failing_tagged(ctx: SchemaContext, rest: list[Part], part: Part, negations: list[Part], name: str,
+                    tags: list[list]) -> Expr:
+    """Every branch failing, where each branch is an object requiring key `name` with a value among its own `tags`:
+    a value of branch k's fails the other branches already, so only branch k is negated there.  A sum of the
+    branches' negations where negating them all together would multiply them (a recursive tagged union inside a
+    oneOf's exclusions, Github_hard's o91595, built 600 objects)."""
+    tagged = {"type": "object", "required": [name]}
+    ways = [[part.derived({"not": {"type": "object"}}, "no object", "not")],
+            [part.derived({"type": "object", "properties": {name: False}}, f"without {name}", "not")],
+            [part.derived({**tagged, "properties": {name: {"not": {"enum": [v for vs in tags for v in vs]}}}},
+                          f"{name} untagged", "not")]]
+    ways += [[part.derived({**tagged, "properties": {name: {"enum": vs}}}, f"{name} tagged {k}", "not"), negation]
+             for k, (vs, negation) in enumerate(zip(tags, negations))]
+    return choice(ctx.compile(rest + way) for way in ways)
 
 # Counts: `not: {minLength: n}` is a string of at most n - 1 characters (other types satisfy minLength).
 _COUNT_NEGATIONS = {"minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
@@ -523,13 +596,7 @@ def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
     consts: dict[str, list] = {}
     for p in parts:
         narrow_types(p, branches)
-        req = p.get("required", [])
-        required |= set(req) if isinstance(req, list) else set()
-        props = p.get("properties", {})
-        if isinstance(props, dict):
-            for name, sub in props.items():
-                if isinstance(sub, dict) and ("const" in sub or "enum" in sub):
-                    consts[name] = [sub["const"]] if "const" in sub else list(sub.get("enum") or [])
+        _pin(required, consts, p.get("required"), p.get("properties"))
     keys = _closed_keys(parts)
     closed = None if keys is None else set(keys)
     types = {"integer" if t == "number" and branches.integer_only else t for t in branches.types}

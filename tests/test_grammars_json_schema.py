@@ -1203,6 +1203,50 @@ def test_keywords_rewritten_into_choices_are_exact(schema, values):
           invalid=[v for v in values if not validator.is_valid(v)])
 
 
+@pytest.mark.parametrize("schema,values", [
+    ({"not": {"anyOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+                         "required": ["kind", "x"]},
+                        {"type": "object", "properties": {"kind": {"enum": ["b", "c"]}, "y": {"type": "string"}},
+                         "required": ["kind"]}]}},
+     [{}, {"kind": "a"}, {"kind": "a", "x": 1}, {"kind": "a", "x": "s"}, {"kind": "b"}, {"kind": "c", "y": 1},
+      {"kind": "c", "y": "s"}, {"kind": "d"}, {"kind": 1}, {"x": 1}, "a", 1, None, []]),
+    ({"type": "object", "not": {"oneOf": [{"properties": {"k": {"const": "a"}}, "required": ["k"]},
+                                          {"properties": {"k": {"const": "b"}, "n": {"minimum": 2}}, "required": ["k"]}]}},
+     [{}, {"k": "a"}, {"k": "b"}, {"k": "b", "n": 1}, {"k": "b", "n": 3}, {"k": "c"}, {"j": 1}]),
+    ({"not": {"anyOf": [{"type": "object", "properties": {"t": {"enum": [1, True]}}, "required": ["t"]},
+                        {"type": "object", "properties": {"t": {"const": 2}, "u": {"type": "null"}}, "required": ["t"]}]}},
+     [{"t": 1}, {"t": 1.0}, {"t": True}, {"t": 2}, {"t": 2.0}, {"t": 2, "u": 1}, {"t": 3}, {"t": "1"}, 0]),
+    # a recursive tagged union inside the exclusions of a oneOf (Github_hard's o91595)
+    ({"$defs": {"t": {"type": "object", "oneOf": [
+        {"type": "object", "properties": {"k": {"const": "leaf"}}, "required": ["k"]},
+        {"type": "object", "properties": {"k": {"const": "list"}, "of": {"$ref": "#/$defs/t"}}, "required": ["k", "of"]}]}},
+      "type": "object", "oneOf": [{"properties": {"a": {"type": "boolean"}}, "required": ["a"]},
+                                  {"properties": {"r": {"$ref": "#/$defs/t"}}, "required": ["r"]}]},
+     [{}, {"a": True}, {"r": {"k": "leaf"}}, {"a": True, "r": {"k": "leaf"}}, {"a": 1, "r": {"k": "leaf"}},
+      {"a": True, "r": {"k": "list"}}, {"a": True, "r": {"k": "list", "of": {"k": "leaf"}}},
+      {"a": True, "r": {"k": "list", "of": {"k": "x"}}}, {"a": True, "r": {"k": "list", "of": {"k": "list"}}},
+      {"a": True, "r": 5}, {"a": True, "r": {"k": "x"}}, {"a": True, "r": {}}, {"r": {"k": "list", "of": 1}}]),
+    # sized as a sum of its branches' negations: as a product (7 ** 5) the overlapping oneOf was refused
+    ({"oneOf": [{"anyOf": [{"type": "object", "properties": {"kind": {"const": f"k{k}"}, "a": {"type": "integer"},
+                                                             "b": {"type": "string"}, "c": {"type": "boolean"}},
+                            "required": ["kind", "a"]} for k in range(5)]},
+                {"type": "object", "properties": {"a": {"minimum": 10}}}]},
+     [{"kind": "k0", "a": 1}, {"kind": "k0", "a": 11}, {"a": 11}, {"a": 1}, {"kind": "k9", "a": 1}, "x", {},
+      {"kind": "k3", "a": 20, "b": "x"}, {"kind": "k2", "a": 3, "c": 1}, {"kind": "k2", "a": 30, "c": 1}]),
+])
+def test_negated_tagged_unions_fail_where_the_tag_or_its_branch_fails(schema, values, monkeypatch):
+    # a tagged union (a required key whose constants tell the branches apart) fails where the tag is missing or
+    # unknown, or where the branch the tag picks fails: one negated branch per tag, not every branch negated
+    # together (any property order: these objects hold the keys of several branches)
+    tags = []
+    split = json_schema_combinators._failing_tagged
+    monkeypatch.setattr(json_schema_combinators, "_failing_tagged", lambda *a: tags.append(a[4]) or split(*a))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    check(schema, valid=[v for v in values if validator.is_valid(v)],
+          invalid=[v for v in values if not validator.is_valid(v)], property_order="any")
+    assert tags and set(tags) <= {"kind", "k", "t"}
+
+
 @pytest.mark.parametrize("schema", [
     {"not": {"oneOf": [{"type": "string"}, {"maxLength": 3}]}},     # strings of up to 3 match both
     {"not": {"oneOf": [{"type": "integer"}, {"minimum": 3}, {"multipleOf": 2}]}},
