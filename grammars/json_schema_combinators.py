@@ -45,7 +45,7 @@ def _overlapping_pairs(ctx: SchemaContext, rest: list[Part], subs: list[Part]) -
     sigs = [_signature(ctx, rest + [s]) for s in subs]
     for i in range(len(sigs)):
         for j in range(i + 1, len(sigs)):
-            if not _disjoint(sigs[i], sigs[j]):
+            if not _apart(ctx, sigs[i], sigs[j]):
                 yield i, j
 
 
@@ -209,6 +209,8 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return None
     keys = _constraining(inner)
     rest = [p.skipping("not") if p is part else p for p in parts]
+    if _apart(ctx, _signature(ctx, rest), _signature(ctx, [part.sub(inner, "not")])):
+        return ctx.compile(rest)
     bounds = _negated_bounds(inner)
     if bounds is not None:
         if not bounds:
@@ -495,7 +497,7 @@ def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: di
     expect(isinstance(patterns, dict), "patternProperties must be an object", part.at("not", "patternProperties"))
     other = inner.get("additionalProperties", True)
     signature = _signature(ctx, rest)
-    if signature is not None and not _types_overlap(signature["types"], {"object"}):
+    if signature is not None and not _shared_types(signature["types"], {"object"}):
         return ctx.never("only an object fails properties", part.at("not"))
     if other is False and not patterns and signature is not None and signature["required"] - declared.keys():
         return ctx.compile(rest + [part.derived({"type": "object"}, "a key closed out", "not")])
@@ -602,7 +604,9 @@ def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
     types = {"integer" if t == "number" and branches.integer_only else t for t in branches.types}
     if values is not None:
         types = {_type_of(v) for v in values}
-    return {"types": types, "values": values, "required": required, "consts": consts, "closed": closed}
+    # (the parts themselves, for `_apart`'s closer look at their anyOf/oneOf branches and property values)
+    return {"types": types, "values": values, "required": required, "consts": consts, "closed": closed,
+            "parts": parts}
 
 
 def conditional(ctx: SchemaContext, parts: list[Part], owner: Part) -> Expr:
@@ -782,11 +786,11 @@ def _type_of(value: Any) -> str:
     return {str: "string", list: "array", dict: "object"}[type(value)]
 
 
-def _types_overlap(a: set, b: set) -> bool:
+def _shared_types(a: set, b: set) -> set:
+    """The types an instance of both may have (a number and an integer share the integers)."""
     def widen(s):
         return s | ({"integer"} if "number" in s else set())
-    a, b = widen(a), widen(b)
-    return bool(a & b) or ("number" in a and "integer" in b) or ("integer" in a and "number" in b)
+    return widen(a) & widen(b)
 
 
 def _disjoint(a: dict | None, b: dict | None) -> bool:
@@ -799,14 +803,14 @@ def _disjoint(a: dict | None, b: dict | None) -> bool:
         if x["values"] is not None and not any(_type_of(v) in y["types"] or (_type_of(v) == "integer" and "number"
                                                                              in y["types"]) for v in x["values"]):
             return True
-    if not _types_overlap(a["types"], b["types"]):
+    shared = _shared_types(a["types"], b["types"])
+    if not shared:
         return True
-    if a["types"] & b["types"] - {"object"} and not (a["types"] <= {"object"} or b["types"] <= {"object"}):
-        return False
     # Both can only be objects from here on (or overlap only on objects): look for a discriminating key.
-    if (a["types"] & b["types"]) - {"object"}:
+    if shared - {"object"}:
         return False
-    for name in a["required"] & b["required"]:
+    # a key one side requires holds its constants, which the other side's (when it holds the key) must share
+    for name in a["required"] | b["required"]:
         if name in a["consts"] and name in b["consts"]:
             if not _keys(a["consts"][name]) & _keys(b["consts"][name]):
                 return True
@@ -814,6 +818,44 @@ def _disjoint(a: dict | None, b: dict | None) -> bool:
         if y["closed"] is not None and x["required"] - y["closed"]:
             return True
     return False
+
+
+_APART_DEPTH = 2   # how deep `_apart` looks into branches and property values (each level a signature per branch)
+
+
+def _apart(ctx: SchemaContext, a: dict | None, b: dict | None, depth: int = _APART_DEPTH) -> bool:
+    """`_disjoint`, or else proved by a closer look: every branch of an anyOf/oneOf on one side apart from the
+    other side, or (where both can only meet as objects) the values of a key one side requires apart
+    (`{"kind": {"oneOf": [tag a, tag b]}}` against `{"kind": tag c}`).  Sound, not complete."""
+    if _disjoint(a, b):
+        return True
+    if depth == 0 or a is None or b is None:
+        return False
+    for x, y in ((a, b), (b, a)):
+        for part in x["parts"]:
+            for keyword in ("anyOf", "oneOf"):
+                subs = part.get(keyword)
+                if isinstance(subs, list) and subs and all(
+                        _apart(ctx, _signature(ctx, [part.sub(sub, keyword, i)]), y, depth - 1)
+                        for i, sub in enumerate(subs)):
+                    return True
+    if _shared_types(a["types"], b["types"]) - {"object"}:
+        return False
+    for name in a["required"] | b["required"]:
+        values_a, values_b = _property_parts(a["parts"], name), _property_parts(b["parts"], name)
+        if values_a and values_b and _apart(ctx, _signature(ctx, values_a), _signature(ctx, values_b), depth - 1):
+            return True
+    return False
+
+
+def _property_parts(parts: list[Part], name: str) -> list[Part]:
+    """What `parts`' `properties` say of the value of key `name`."""
+    out = []
+    for part in parts:
+        props = part.get("properties")
+        if isinstance(props, dict) and name in props:
+            out.append(part.sub(props[name], "properties", name))
+    return out
 
 
 def _keys(values: list[Any]) -> set:

@@ -1196,6 +1196,10 @@ def test_a_recursive_object_with_many_properties_chains_its_tails_through_calls(
     # a oneOf of exclusive branches fails where each does, so it nests inside another oneOf
     ({"oneOf": [{"oneOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}]}, {"type": "string", "minLength": 2}]},
      ["a", "ab", "abc", 1, 2.5, None]),
+    # branches told apart by a key only as objects: a number and an integer still share the integers
+    ({"oneOf": [{"type": ["number", "object"], "properties": {"k": {"const": 1}}, "required": ["k"]},
+                {"type": ["integer", "object"], "properties": {"k": {"const": 2}}, "required": ["k"]}]},
+     [5, 5.5, {"k": 1}, {"k": 2}, {"k": 3}]),
 ])
 def test_keywords_rewritten_into_choices_are_exact(schema, values):
     validator = jsonschema.validators.validator_for(schema)(schema)
@@ -1270,6 +1274,46 @@ def test_a_oneof_branch_negates_only_the_branches_it_may_match_together_with():
     assert [validator.is_valid(v) for v in values] == [True, True, False, False, False, True, True, True, False,
                                                       False]
 
+
+
+_TAGGED = {"a": {"type": "object", "properties": {"t": {"const": "a"}, "x": {"type": "integer"}}, "required": ["t"]},
+           "b": {"type": "object", "properties": {"t": {"const": "b"}}, "required": ["t"]},
+           "c": {"type": "object", "properties": {"t": {"const": "c"}, "y": {"type": "string"}}, "required": ["t", "y"]}}
+
+
+@pytest.mark.parametrize("schema,values", [
+    # the values of a key both require are apart: a oneOf of tags against another tag (MARPL's rule heads)
+    ({"$defs": _TAGGED, "oneOf": [
+        {"type": "object", "properties": {"v": {"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]}}, "required": ["v"]},
+        {"type": "object", "properties": {"v": {"$ref": "#/$defs/c"}}, "required": ["v"]}]},
+     [{"v": {"t": "a"}}, {"v": {"t": "b"}}, {"v": {"t": "c", "y": "s"}}, {"v": {"t": "c"}}, {"v": {"t": "d"}}, {}]),
+    # every branch of one side's anyOf apart from the other side
+    ({"$defs": _TAGGED, "type": "array", "items": {"oneOf": [
+        {"anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]}, {"$ref": "#/$defs/c"}]}},
+     [[], [{"t": "a", "x": 1}, {"t": "c", "y": "s"}], [{"t": "a", "x": "s"}], [{"t": "c"}], [{"t": "b"}, 1]]),
+    # a key only one side requires, whose constant the other side's (when it is there) excludes
+    ({"oneOf": [{"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]},
+                {"type": "object", "properties": {"t": {"const": "s"}, "s": {"type": "integer"}}, "required": ["s"]}]},
+     [{"t": "a"}, {"s": 1}, {"t": "s", "s": 1}, {"t": "a", "s": 1}, {"s": "x"}, {}]),
+])
+def test_oneof_branches_proved_apart_compile_as_anyof(schema, values, monkeypatch):
+    def overlapping(*args):
+        raise AssertionError("branches proved apart were compiled as overlapping")
+    monkeypatch.setattr(json_schema_combinators, "_exactly_one", overlapping)
+    validator = jsonschema.Draft202012Validator(schema)
+    check(schema, valid=[v for v in values if validator.is_valid(v)],
+          invalid=[v for v in values if not validator.is_valid(v)], property_order="any")
+
+
+def test_a_negation_the_rest_of_the_conjunction_implies_is_dropped(monkeypatch):
+    # an object tagged "a" is never one tagged "b": the `not` adds nothing, and nothing of it is compiled
+    negations = []
+    rewrite = json_schema_combinators._negated_members
+    monkeypatch.setattr(json_schema_combinators, "_negated_members", lambda *a: negations.append(a) or rewrite(*a))
+    schema = {"type": "object", "properties": {"t": {"const": "a"}, "n": {"type": "integer"}}, "required": ["t"],
+              "not": {"properties": {"t": {"const": "b"}, "n": {"minimum": 3}}, "required": ["t"]}}
+    check(schema, valid=[{"t": "a"}, {"t": "a", "n": 5}], invalid=[{"t": "b"}, {}, {"t": "a", "n": "x"}])
+    assert not negations
 
 def test_a_negated_oneof_overlapping_in_too_many_pairs_is_refused():
     with pytest.raises(UnsupportedSchemaError, match="more than 6 pairs") as info:
