@@ -216,6 +216,39 @@ def one_of_schemas(draw, inner: st.SearchStrategy) -> dict:
     return {"oneOf": branches}
 
 
+# Tag values: strings, and numbers and booleans that JSON equality tells apart or not (1 and 1.0 are one value)
+TAGS = ["a", "b", "c", 1, 1.0, True, 2]
+
+
+@st.composite
+def tagged_union_schemas(draw, inner: st.SearchStrategy) -> dict:
+    """Objects told apart by a tag (a key each requires, held to constants the others do not share), now and then
+    with a tag shared or optional, as a oneOf or anyOf, bare, negated, or one branch of a oneOf whose exclusions
+    negate it: the compiler proves such branches apart and negates the union as a sum over its tags."""
+    tag = draw(st.sampled_from(NAMES))
+    count = draw(st.integers(2, 3))
+    tags = draw(st.lists(st.lists(st.sampled_from(TAGS), min_size=1, max_size=2, unique_by=repr), min_size=count,
+                         max_size=count))
+    branches = []
+    shape = object_schemas(leaf_schemas())      # leaves beside the tag: most such branches negate exactly
+    for values in tags:
+        branch = {**draw(shape), "type": "object"} if draw(st.integers(0, 5)) else draw(shape)
+        branch["properties"] = {**branch.get("properties", {}),
+                                tag: {"const": values[0]} if len(values) == 1 else {"enum": values}}
+        if draw(st.integers(0, 5)):
+            branch["required"] = [tag] + [k for k in branch.get("required", []) if k != tag]
+        branches.append(branch)
+    union = {draw(st.sampled_from(["oneOf", "anyOf"])): branches}
+    form = draw(st.sampled_from(["bare", "not", "not", "beside", "excluded"]))
+    if form == "not":
+        return {"not": union}
+    if form == "beside":
+        return {**draw(object_schemas(inner)), "not": union}
+    if form == "excluded":      # another branch that may overlap it: negated, with the union, in its exclusions
+        return {"oneOf": [union, draw(st.one_of(inner, object_schemas(inner)))]}
+    return union
+
+
 @st.composite
 def all_of_schemas(draw, inner: st.SearchStrategy) -> dict:
     objects = object_schemas(inner)
@@ -265,6 +298,7 @@ def composite_schemas(inner: st.SearchStrategy) -> st.SearchStrategy:
         object_schemas(inner), object_schemas(inner), array_schemas(inner),
         st.lists(inner, min_size=2, max_size=3).map(lambda options: {"anyOf": options}),
         one_of_schemas(inner), all_of_schemas(inner), negated_schemas(inner), conditional_schemas(inner),
+        tagged_union_schemas(inner),
     )
 
 
