@@ -19,7 +19,7 @@ from .ir import Expr
 from .json_numbers import multiples_of
 from .json_schema_context import (SOME_KEY, VALIDATION, Branches, NotMatching, Part, SchemaContext, enum_values, expect,
                                   is_number, key_matches, narrow_types)
-from .json_schema_ir import choice, json_key
+from .json_schema_ir import NEVER, choice, json_key
 
 _MAX_DISTRIBUTED_BRANCHES = 64
 _MAX_DISTRIBUTED_VARIANTS = 256
@@ -527,10 +527,20 @@ def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: di
                               "values": _failing(part, other, "not", "additionalProperties")})
     # a declared key failing its schemas is held by name: written once, among the extras in schema order, where the
     # rest of the conjunction does not declare it
-    witnesses = [{"name": name, "values": [part.derived({"not": subs[0] if len(subs) == 1 else {"allOf": subs}},
-                                                        f"failing {name}", "not")],
-                  "at": part.at("not", "properties", name)} for name, subs in failing if subs] + witnesses
+    named = [{"name": name, "values": [part.derived({"not": subs[0] if len(subs) == 1 else {"allOf": subs}},
+                                                    f"failing {name}", "not")],
+              "at": part.at("not", "properties", name)} for name, subs in failing if subs]
+    # a key whose value the rest holds to what the negated schema asks of it too fails nowhere: its object, built in
+    # full, would be NEVER (two overlapping `oneOf` branches declaring one key alike: 178 of Github_hard's o40454)
+    witnesses = [w for w in named if _can_fail(ctx, rest, w)] + witnesses
     return choice([_holding(ctx, rest, part, witness) for witness in witnesses])
+
+
+def _can_fail(ctx: SchemaContext, rest: list[Part], witness: dict) -> bool:
+    """Whether a declared key's value can be what `witness` asks beside what the rest's `properties` hold it to (a
+    subset of what its object's member would be held to: where this admits nothing, neither does that)."""
+    held = _property_parts(rest, witness["name"])
+    return not held or ctx.nested(held + witness["values"]) != NEVER
 
 
 def _failing(part: Part, sub: Any, *tokens: Any) -> list[Part]:
