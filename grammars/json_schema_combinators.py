@@ -357,15 +357,19 @@ def _tag(pins: list[tuple[set, dict[str, list]]]) -> str | None:
     return None
 
 
-def _pin(required: set, consts: dict[str, list], req: Any, props: Any) -> None:
+def _pin(required: set, consts: dict[str, list], req: Any, props: Any, legacy: bool) -> None:
     """Add what one schema's `required` and `properties` pin down: the keys it requires, and the values of those
-    properties that are a const or an enum."""
+    properties that are a const or an enum (not beside a $ref where the draft, `legacy`, lets the $ref replace them)."""
     if isinstance(req, list):
         required.update(k for k in req if isinstance(k, str))
     if isinstance(props, dict):
         for name, sub in props.items():
-            if isinstance(sub, dict) and ("const" in sub or "enum" in sub):
-                consts[name] = [sub["const"]] if "const" in sub else list(sub.get("enum") or [])
+            if not isinstance(sub, dict) or (legacy and "$ref" in sub):
+                continue
+            if "const" in sub:
+                consts[name] = [sub["const"]]
+            elif isinstance(sub.get("enum"), list):
+                consts[name] = list(sub["enum"])
 
 
 def _tagged(branches: list[Any], resolve: Resolver) -> bool:
@@ -380,8 +384,8 @@ def _tagged(branches: list[Any], resolve: Resolver) -> bool:
             return False
         required: set = set()
         consts: dict[str, list] = {}
-        for c in conjuncts:
-            _pin(required, consts, c.get("required"), c.get("properties"))
+        for c in conjuncts:     # (the draft unknown here: a constant beside a $ref is never counted)
+            _pin(required, consts, c.get("required"), c.get("properties"), legacy=True)
         pins.append((required, consts))
     return len(pins) > 1 and _tag(pins) is not None
 
@@ -608,7 +612,7 @@ def _signature(ctx: SchemaContext, parts: list[Part]) -> dict | None:
     consts: dict[str, list] = {}
     for p in parts:
         narrow_types(p, branches)
-        _pin(required, consts, p.get("required"), p.get("properties"))
+        _pin(required, consts, p.get("required"), p.get("properties"), ctx.legacy)
     keys = _closed_keys(parts)
     closed = None if keys is None else set(keys)
     types = {"integer" if t == "number" and branches.integer_only else t for t in branches.types}

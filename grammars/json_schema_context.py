@@ -163,6 +163,7 @@ class SchemaContext(Protocol):
     options: JsonSchemaOptions
     punct: Punctuation
     draft4: bool  # draft-04 (or -03) document: an integer is written without a fraction (1.0 is a number)
+    legacy: bool  # draft-07 or older: a $ref replaces the keywords beside it
     rules: dict[str, Expr]
     sizes: dict[str, int]  # inlined_size of each rule
 

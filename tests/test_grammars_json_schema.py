@@ -1335,6 +1335,32 @@ def test_a_declared_key_held_alike_on_both_sides_is_never_asked_to_fail(monkeypa
           invalid=[v for v in values if not validator.is_valid(v)], property_order="any")
     assert "d" not in asked and {"s", "u"} <= set(asked)
 
+
+_D7 = "http://json-schema.org/draft-07/schema#"
+_TAG_BESIDE_REF = {"$ref": "#/definitions/s", "const": "a"}     # the const is ignored before 2019-09
+
+
+@pytest.mark.parametrize("schema,values", [
+    ({"$schema": _D7, "definitions": {"s": {"type": "string"}}, "type": "object", "required": ["k"],
+      "properties": {"k": _TAG_BESIDE_REF}, "not": {"required": ["k"], "properties": {"k": {"const": "b"}}}},
+     [{"k": "a"}, {"k": "b"}, {"k": "c"}]),
+    ({"$schema": _D7, "definitions": {"s": {"type": "string"}}, "oneOf": [
+        {"type": "object", "required": ["k"], "properties": {"k": _TAG_BESIDE_REF}},
+        {"type": "object", "properties": {"k": {"const": "b"}}}]}, [{"k": "a"}, {"k": "b"}, {"k": "c"}, {}]),
+    ({"$schema": _D7, "definitions": {"s": {"type": "string"}}, "not": {"anyOf": [
+        {"type": "object", "required": ["k"], "properties": {"k": _TAG_BESIDE_REF, "v": {"type": "string"}}},
+        {"type": "object", "required": ["k"], "properties": {"k": {"const": "b"}, "v": {"type": "integer"}}}]}},
+     [{"k": "a"}, {"k": "c"}, {"k": "b", "v": "s"}, {"k": "b", "v": 1}, {"k": "c", "v": 1}, 5]),
+    # from 2019-09 on the const beside the $ref holds: the branches are apart
+    ({"definitions": {"s": {"type": "string"}}, "oneOf": [
+        {"type": "object", "required": ["k"], "properties": {"k": _TAG_BESIDE_REF}},
+        {"type": "object", "properties": {"k": {"const": "b"}}}]}, [{"k": "a"}, {"k": "b"}, {"k": "c"}, {}]),
+])
+def test_a_constant_beside_a_ref_tells_branches_apart_only_where_the_draft_reads_it(schema, values):
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    check(schema, valid=[v for v in values if validator.is_valid(v)],
+          invalid=[v for v in values if not validator.is_valid(v)], property_order="any")
+
 def test_a_negated_oneof_overlapping_in_too_many_pairs_is_refused():
     with pytest.raises(UnsupportedSchemaError, match="more than 6 pairs") as info:
         json_schema_to_grammar({"not": {"oneOf": [{"minimum": i} for i in range(5)]}})
