@@ -34,15 +34,15 @@ def distribute(ctx: SchemaContext, parts: list[Part], owner: Part, keyword: str)
     rest = [p.skipping(keyword) if p is owner else p for p in parts]
     subs = [owner.sub(b, keyword, i) for i, b in enumerate(branches)]
     if keyword == "oneOf" and len(subs) > 1:
-        pairs = list(_overlapping_pairs(ctx, rest, subs))
+        pairs = list(_overlapping_pairs(ctx, [_signature(ctx, rest + [s]) for s in subs]))
         if pairs:
             return _exactly_one(ctx, rest, owner, pairs)
     return choice(ctx.compile(rest + [s]) for s in subs)
 
 
-def _overlapping_pairs(ctx: SchemaContext, rest: list[Part], subs: list[Part]) -> Iterator[tuple[int, int]]:
-    """Every two oneOf branches that may both match one instance (those not proved apart)."""
-    sigs = [_signature(ctx, rest + [s]) for s in subs]
+def _overlapping_pairs(ctx: SchemaContext, sigs: list[dict | None]) -> Iterator[tuple[int, int]]:
+    """Every two oneOf branches that may both match one instance (those not proved apart; `sigs`: each branch's
+    signature together with the rest of the conjunction)."""
     for i in range(len(sigs)):
         for j in range(i + 1, len(sigs)):
             if not _apart(ctx, sigs[i], sigs[j]):
@@ -209,7 +209,8 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         return None
     keys = _constraining(inner)
     rest = [p.skipping("not") if p is part else p for p in parts]
-    if _apart(ctx, _signature(ctx, rest), _signature(ctx, [part.sub(inner, "not")])):
+    signature = _signature(ctx, rest)
+    if _apart(ctx, signature, _signature(ctx, [part.sub(inner, "not")])):
         return ctx.compile(rest)
     bounds = _negated_bounds(inner)
     if bounds is not None:
@@ -244,7 +245,7 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
             return ctx.compile(rest)
         return choice(ctx.compile(rest + [negated_conjunct(conjunct)]) for conjunct in expanded[0])
     if keys and keys <= {"properties", "patternProperties", "additionalProperties"}:
-        return _negated_members(ctx, rest, part, inner)
+        return _negated_members(ctx, rest, signature, part, inner)
     if keys in ({"dependencies"}, {"dependentSchemas"}, {"dependentRequired"}):
         # an object holding a trigger and failing what it asks for: a key it lists, or its schema
         [keyword] = keys
@@ -319,11 +320,12 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         # anyOf, and a oneOf where no two branches match together, fail where every branch fails; a oneOf also
         # fails where two branches match (a conjunction, not a count)
         branches = [part.sub(b, "not", keyword, i) for i, b in enumerate(value)]
-        pairs = list(_overlapping_pairs(ctx, rest, branches)) if keyword == "oneOf" else []
+        sigs = [_signature(ctx, rest + [branch]) for branch in branches] if len(branches) > 1 else []
+        pairs = list(_overlapping_pairs(ctx, sigs)) if keyword == "oneOf" else []
         if len(pairs) > _MAX_NEGATED_PAIRS:
             raise UnsupportedSchemaError(f"not over a oneOf whose branches overlap in more than {_MAX_NEGATED_PAIRS} "
                                          "pairs (it fails where any two match)", part.at("not", "oneOf"))
-        tag = None if pairs else _discriminator(ctx, rest, branches)
+        tag = None if pairs else _discriminator(sigs)
         if tag is not None:
             return _failing_tagged(ctx, rest, part, negations, *tag)
         return choice([ctx.compile(rest + negations)]
@@ -333,13 +335,12 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
     return None
 
 
-
-def _discriminator(ctx: SchemaContext, rest: list[Part], branches: list[Part]) -> tuple[str, list[list]] | None:
-    """A key every branch (with `rest`) holds only in objects, and requires, with a constant or enum that no two
-    branches share (`{"kind": "a", ...} | {"kind": "b", ...}`), and each branch's values for it; None if none."""
-    if len(branches) < 2:
+def _discriminator(sigs: list[dict | None]) -> tuple[str, list[list]] | None:
+    """A key every branch (`sigs`: their signatures with the rest of the conjunction) holds only in objects, and
+    requires, with a constant or enum that no two branches share (`{"kind": "a", ...} | {"kind": "b", ...}`), and
+    each branch's values for it; None if none."""
+    if len(sigs) < 2:
         return None
-    sigs = [_signature(ctx, rest + [branch]) for branch in branches]
     if any(sig is None or not sig["types"] <= {"object"} for sig in sigs):
         return None
     name = _tag([(sig["required"], sig["consts"]) for sig in sigs])
@@ -404,6 +405,7 @@ def _failing_tagged(ctx: SchemaContext, rest: list[Part], part: Part, negations:
     ways += [[part.derived({**tagged, "properties": {name: {"enum": vs}}}, f"{name} tagged {k}", "not"), negation]
              for k, (vs, negation) in enumerate(zip(tags, negations))]
     return choice(ctx.compile(rest + way) for way in ways)
+
 
 # Counts: `not: {minLength: n}` is a string of at most n - 1 characters (other types satisfy minLength).
 _COUNT_NEGATIONS = {"minLength": ("string", "maxLength", -1), "maxLength": ("string", "minLength", 1),
@@ -485,7 +487,8 @@ def _negated_counts(schema: dict) -> list[tuple[int, int | None]] | None:
     return counts
 
 
-def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: dict) -> Expr | None:
+def _negated_members(ctx: SchemaContext, rest: list[Part], signature: dict | None, part: Part,
+                     inner: dict) -> Expr | None:
     """`not: {properties, patternProperties, additionalProperties}`: an object with a member failing the
     schemas it holds that member's value to (a declared key's own and those of the patterns it matches, a
     pattern's for the other keys matching it, `additionalProperties` for the rest).  Which keys those may be
@@ -494,13 +497,12 @@ def _negated_members(ctx: SchemaContext, rest: list[Part], part: Part, inner: di
     fails that pattern's schema, or a key matching none whose value fails `additionalProperties` (`SOME_KEY`,
     with the value's schema where it is not `false`).  Two conjunctions settle it at once: one that admits no
     object (every other type satisfies the negated keywords), and one that requires a key the negated schema
-    closes out, which every object of it holds."""
+    closes out, which every object of it holds.  `signature`: the rest's (see `_signature`)."""
     declared = inner.get("properties", {})
     expect(isinstance(declared, dict), "properties must be an object", part.at("not", "properties"))
     patterns = inner.get("patternProperties", {})
     expect(isinstance(patterns, dict), "patternProperties must be an object", part.at("not", "patternProperties"))
     other = inner.get("additionalProperties", True)
-    signature = _signature(ctx, rest)
     if signature is not None and not _shared_types(signature["types"], {"object"}):
         return ctx.never("only an object fails properties", part.at("not"))
     if other is False and not patterns and signature is not None and signature["required"] - declared.keys():
