@@ -56,20 +56,16 @@ class MemberSet:
         self.cap = max(spec.max if spec.max is not None else spec.min, spec.max_extras or 0)
         self.most_needed = max(spec.min, 1)  # the most members and extras a completion can need
         self._feasible: dict[tuple[int, int, int], bool] = {}
-        # the last tag's open members: a mask search asks for every member's claim from one tag in turn
-        self._last_open: tuple[Tag, int] = (EMPTY_TAG, self._open(EMPTY_TAG))
+        # the last tag's claimable members: a closure or a mask search asks for every member's claim from one tag in
+        # turn
+        self._last_claimable: tuple[Tag | None, int] = (None, 0)
+        self._claimables: dict[tuple[int, int], int] = {}   # by (members written, extras)
 
     def guard(self, kind: int, member: int, tag: Tag) -> Tag | None:
         """The tag after taking a guarded edge, or None when the edge is closed for this tag."""
         seen, extras, written = tag
         if kind == CLAIM:
-            last = self._last_open
-            if last[0] is not tag:
-                last = self._last_open = (tag, self._open(tag))
-            if not last[1] >> member & 1:
-                return None
-            tag = (seen | 1 << member, extras, written)
-            return tag if self.feasible(tag, AFTER) else None
+            return (seen | 1 << member, extras, written) if self.claimable(tag) >> member & 1 else None
         if kind == EXTRA:
             if not self._extras_left(extras):
                 return None
@@ -78,6 +74,32 @@ class MemberSet:
         if kind == SEPARATOR:
             return tag if self.feasible(tag, FIRST) else None
         return tag if self.complete(tag) else None
+
+    def claimable(self, tag: Tag) -> int:
+        """The members whose CLAIM guard is open for this tag (bits)."""
+        last = self._last_claimable
+        if last[0] is not tag:
+            key = (tag[0], tag[1])      # the texts written do not matter (see `feasible`)
+            bits = self._claimables.get(key)
+            if bits is None:
+                bits = self._claimables[key] = self._claimable_of(tag)
+            last = self._last_claimable = (tag, bits)
+        return last[1]
+
+    def _claimable_of(self, tag: Tag) -> int:
+        # the open members after which the object can still be completed; without optional triggers there is one
+        # way to complete it, checked directly (a new tag of a large object asks this of a hundred members)
+        seen, extras, written = tag
+        open_ = self._open(tag)
+        out = 0
+        while open_:
+            low = open_ & -open_
+            open_ ^= low
+            after = (seen | low, extras, written)
+            if (self.feasible(after, AFTER) if self.optional_triggers else
+                    self._completion(after[0], extras, 0, self._open(after), AFTER) is not None):
+                out |= low
+        return out
 
     def complete(self, tag: Tag) -> bool:
         """Whether the object may close with this tag."""
@@ -101,18 +123,26 @@ class MemberSet:
         free = [t for t in self.optional_triggers if available >> t & 1]
         for r in range(len(free) + 1):
             for chosen in combinations(free, r):
-                have = self._closed(seen | self.required | _bits(chosen))
-                count = have.bit_count() + extras
-                added = have & ~seen
-                if added & ~available:
-                    continue
-                need = max(self.min - count, 1 - added.bit_count() if where == FIRST else 0, 0)
-                if self.max is not None and count + need > self.max:
-                    continue
-                spare = available & ~(have | self.triggers)   # writing these requires nothing more
-                if need > spare.bit_count() + self._extras_left(extras):
-                    continue
-                yield added, need, spare
+                found = self._completion(seen, extras, _bits(chosen), available, where)
+                if found is not None:
+                    yield found
+
+    def _completion(self, seen: int, extras: int, chosen: int, available: int,
+                    where: int) -> tuple[int, int, int] | None:
+        """`_completions`' answer for one choice of optional triggers (bits), None where it cannot complete the
+        object; `available`: the open members."""
+        have = self._closed(seen | self.required | chosen)
+        count = have.bit_count() + extras
+        added = have & ~seen
+        if added & ~available:
+            return None
+        need = max(self.min - count, 1 - added.bit_count() if where == FIRST else 0, 0)
+        if self.max is not None and count + need > self.max:
+            return None
+        spare = available & ~(have | self.triggers)   # writing these requires nothing more
+        if need > spare.bit_count() + self._extras_left(extras):
+            return None
+        return added, need, spare
 
     def plan(self, tag: Tag, where: int, costs: Sequence[int], extra_cost: Callable[[int], int | None],
              separator_cost: int, close_cost: int) -> tuple[int, list[int], int] | None:

@@ -82,6 +82,32 @@ def test_dependencies_and_counts_hold_in_any_order():
             assert accepts(grammar, TOKENIZER, text) == validator.is_valid(json.loads(text)), text
 
 
+@pytest.mark.parametrize("order", ["schema", "any"])
+@pytest.mark.parametrize("schema", [
+    {"properties": {k: {} for k in "abcde"}, "required": ["b", "d"], "additionalProperties": False},
+    {"properties": {k: {} for k in "abcde"}, "required": ["c"], "minProperties": 3, "maxProperties": 4},
+    {"properties": {k: {} for k in "abcde"}, "dependentRequired": {"a": ["e"], "c": ["b"]}, "maxProperties": 3},
+    {"properties": {k: {} for k in "abcde"}, "required": ["a"], "dependentRequired": {"a": ["c"]},
+     "minProperties": 4, "additionalProperties": False},
+])
+def test_claimable_members_are_the_open_ones_after_which_the_object_completes(schema, order):
+    """Every tag's claimable members (asked of a hundred at once where a large object's member comes next) are
+    exactly its open members after which some completion remains."""
+    from leapgen.grammars.object_members import AFTER
+
+    grammar = compile_json_schema({"type": "object", **schema}, TOKENIZER, property_order=order)
+    members = grammar.automaton.frames[0].members
+    for seen in range(1 << members.size):
+        for extras in range(3):
+            tag = (seen, extras, ())
+            expected = 0
+            for k in range(members.size):
+                after = (seen | 1 << k, extras, ())
+                if members._open(tag) >> k & 1 and members.feasible(after, AFTER):
+                    expected |= 1 << k
+            assert members.claimable(tag) == expected, (seen, extras)
+
+
 def test_extras_mix_with_declared_members():
     schema = {"type": "object", "required": ["id"], "properties": {"id": {"type": "integer"}},
               "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": False}

@@ -280,6 +280,57 @@ def test_masks_equal_brute_force_stepping(kind, which):
             m.advance(rng.choice(choices))
 
 
+# objects whose claims are taken together (token_masks._Claims, here from four members on), with required members, a
+# dependency (an optional trigger), a count bound, extras and another such object inside
+LARGE_OBJECT = {
+    "type": "object",
+    "properties": {**{key: {"type": "integer"} for key in "acdfghij"}, "b": {"type": "boolean"},
+                   "e": {"type": "object", "properties": {key: {"enum": [1, 22]} for key in "klmnopqrs"},
+                         "required": ["p"], "additionalProperties": False}},
+    "required": ["c", "f"],
+    "dependentRequired": {"b": ["h"]},
+    "maxProperties": 7,
+    "additionalProperties": {"type": "integer"},
+}
+
+
+def _member_vocabulary(keys: str):
+    """Every byte, and tokens that hold a whole member and go on past it (its frame returns inside the token), a key
+    with its colon, a separator with the next key."""
+    pieces = {bytes([b]) for b in range(256)}
+    for key in keys:
+        pieces |= {f'"{key}":1,'.encode(), f'"{key}":22}}'.encode(), f'"{key}":'.encode(), f', "{key}'.encode(),
+                   f'{{"{key}":true,'.encode(), f'"{key}":1, "'.encode()}
+    return _vocabulary_of(sorted(pieces))
+
+
+@pytest.mark.parametrize("order", ["schema", "any"])
+def test_masks_of_large_objects_equal_brute_force_stepping(order, monkeypatch):
+    """Where a member of a large object comes next, the claimable members' answers taken together allow what
+    stepping every token's bytes through the parser allows."""
+    from leapgen.grammars import compile_json_schema, token_masks
+
+    monkeypatch.setattr(token_masks, "_CLAIMS_TOGETHER", 4)
+    vocabulary = _member_vocabulary("abcdefghijklmnopqrs")
+    g = compile_json_schema(LARGE_OBJECT, vocabulary, whitespace="flexible", property_order=order)
+    rng = random.Random(order)
+    for _ in range(12):
+        m = g.matcher()
+        for _ in range(60):
+            state = m._state
+            expected = {t for t, b in enumerate(vocabulary.token_bytes) if b and g.step(state, b) is not None}
+            if g.closure(state)[1]:
+                expected |= set(vocabulary.eos_ids)
+            allowed = set(m.allowed_token_ids().tolist())
+            assert allowed == expected
+            long_ones = [t for t in allowed if t not in vocabulary.eos_ids and len(vocabulary.token_bytes[t]) > 1]
+            choices = long_ones if long_ones and rng.random() < 0.7 else sorted(allowed - set(vocabulary.eos_ids))
+            if not choices:
+                break
+            m.advance(rng.choice(choices))
+    assert any(table.returning for table in g.masks._claims.values())   # members whose frames return were met
+
+
 def test_frames_past_the_nesting_bound_are_searched_inside_their_caller(monkeypatch):
     """Masks are the same whether pushed frames are answered on their own (and kept) or searched inside the
     frame that pushed them, as they are past `_MAX_FRAME_NESTING`."""
