@@ -201,7 +201,8 @@ def load_kernels(vocabulary: Vocabulary) -> None:
     scratch = _SCRATCH.of(vocabulary)
     _walk_skipping(*_skipping_args(nowhere_dfa, vocabulary), 0, _ROOT, *scratch)
     _run_walks_together([(nowhere_dfa, 0), (nowhere_dfa, 0)], vocabulary)
-    _or_chosen(np.zeros(1, np.int64), np.zeros(1, np.uint32), np.zeros(1, np.int32), np.zeros(1, np.uint8), *scratch[:2])
+    _or_chosen(np.zeros(1, np.int64), np.zeros(1, np.uint32), np.zeros(1, np.int32), np.zeros(1, np.uint8),
+               *scratch[:2])
 
 
 _ROOT_CHILDREN: "weakref.WeakKeyDictionary[Vocabulary, np.ndarray]" = weakref.WeakKeyDictionary()
