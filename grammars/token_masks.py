@@ -156,7 +156,8 @@ def _row_reach(row, nodes_per_byte):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True)
 def _or_chosen(words, values, owners, chosen, bits, touched):  # pragma: no cover - compiled
     """The sparse entries (`words`, `values`) whose owner is `chosen` (a flag per owner) ORed together, as sorted
-    words and their values; `bits` (all zero, left so) and `touched` are scratch rows."""
+    words and their values; `bits` (all zero, left so) and `touched` are scratch rows.  A sparse walk's values are
+    never zero, so a word is listed in `touched` once."""
     n = 0
     for i in range(len(words)):
         if chosen[owners[i]]:
@@ -769,36 +770,38 @@ class _Claims:
     """Where a member of a large object comes next (after `{` or a separator), below some trie nodes: what each
     member's frame allows, the same whatever the object wrote before it, and the sparse walks of all of them in one
     index, so that a new tag takes its claimable members' tokens in one compiled pass instead of a hundred guarded
-    edges one by one (after each member of a Snowplow event, 0.3-0.9 ms).  Members join as they are first claimable."""
+    edges one by one (after each member of a Snowplow event, 0.3-0.9 ms).  Members join as they are first claimable.
+    Slots and few containers: a grammar keeps a table per such state and trie nodes (up to ~100 replaying a
+    subset's instances), and the garbage collector walks each container it holds."""
 
-    def __init__(self, size: int):
+    __slots__ = ("known", "returns", "dense", "_sparse", "_index")
+
+    def __init__(self) -> None:
         self.known = 0          # bits of the members whose answers are in
-        self.returning = 0      # bits of the members whose frame can return inside a token
-        self.answers: list[FrameAnswer | None] = [None] * size
-        self.dense: list[tuple[int, Walk]] = []
+        self.returns: dict[int, tuple[tuple[np.ndarray, bytes], ...]] = {}   # of members whose frame can return
+        self.dense: list[tuple[int, Walk]] = []     # (member, walk) of the walks kept whole
         self._sparse: list[tuple[np.ndarray, np.ndarray, int]] = []
-        self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._index: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None   # of the first n sparse
 
     def add(self, member: int, answer: FrameAnswer) -> None:
-        self.known |= 1 << member
-        self.answers[member] = answer
         if answer[1]:
-            self.returning |= 1 << member
+            self.returns[member] = answer[1]
         for walk in answer[0]:
             if walk[0] is None:
                 self.dense.append((member, walk))
             elif len(walk[0]):
                 self._sparse.append((walk[0], walk[1], member))
-                self._index = None
+        self.known |= 1 << member    # last: a member counts as known once all of it is in
 
     def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The sparse walks' words, values and owners (member indices), concatenated."""
-        if self._index is None:
-            parts = self._sparse or [(np.zeros(0, np.int64), np.zeros(0, np.uint32), 0)]
-            self._index = (np.concatenate([words for words, _, _ in parts]),
-                           np.concatenate([values for _, values, _ in parts]),
-                           np.concatenate([np.full(len(words), member, np.int32) for words, _, member in parts]))
-        return self._index
+        n, kept = len(self._sparse), self._index
+        if kept is None or kept[0] != n:
+            parts = self._sparse[:n] or [(np.zeros(0, np.int64), np.zeros(0, np.uint32), 0)]
+            kept = self._index = (n, (
+                np.concatenate([words for words, _, _ in parts]), np.concatenate([values for _, values, _ in parts]),
+                np.concatenate([np.full(len(words), member, np.int32) for words, _, member in parts])))
+        return kept[1]
 
 
 class TokenMasks:
@@ -1077,7 +1080,7 @@ class TokenMasks:
         if table is None:
             if len(self._claims) >= _FRAME_CACHE_LIMIT:
                 self._claims.clear()
-            table = self._claims[(g, nodes_key)] = _Claims(members.size)
+            table = self._claims[(g, nodes_key)] = _Claims()
         missing = chosen & ~table.known
         while missing:
             member = missing.bit_length() - 1
@@ -1092,14 +1095,12 @@ class TokenMasks:
         for member, walk in table.dense:
             if chosen >> member & 1:
                 walks[id(walk)] = walk
-        returning = chosen & table.returning
-        while returning:
-            member = returning.bit_length() - 1
-            returning ^= 1 << member
-            edge = stacks.edge(s, edges[member])
-            below = stacks.below(s, edge)
-            for ends, ends_key in table.answers[member][1]:
-                nexts.append((edge[1], below, ends, ends_key))
+        for member, rets in table.returns.items():
+            if chosen >> member & 1:
+                edge = stacks.edge(s, edges[member])
+                below = stacks.below(s, edge)
+                for ends, ends_key in rets:
+                    nexts.append((edge[1], below, ends, ends_key))
 
     def _union(self, walks: tuple[Walk, ...]) -> Walk:
         """The tokens of all `walks` as one walk (no pop points)."""

@@ -296,12 +296,16 @@ LARGE_OBJECT = {
 
 def _member_vocabulary(keys: str):
     """Every byte, and tokens that hold a whole member and go on past it (its frame returns inside the token), a key
-    with its colon, a separator with the next key."""
+    with its colon and values, a separator with the next key; in a shuffled order, so that a member's tokens lie
+    in words all over the mask and some of its walks are kept whole (dense)."""
     pieces = {bytes([b]) for b in range(256)}
     for key in keys:
         pieces |= {f'"{key}":1,'.encode(), f'"{key}":22}}'.encode(), f'"{key}":'.encode(), f', "{key}'.encode(),
                    f'{{"{key}":true,'.encode(), f'"{key}":1, "'.encode()}
-    return _vocabulary_of(sorted(pieces))
+        pieces |= {f'"{key}":{n}'.encode() for n in range(10)}
+    pieces = sorted(pieces)
+    random.Random(0).shuffle(pieces)
+    return _vocabulary_of(pieces)
 
 
 @pytest.mark.parametrize("order", ["schema", "any"])
@@ -328,7 +332,28 @@ def test_masks_of_large_objects_equal_brute_force_stepping(order, monkeypatch):
             if not choices:
                 break
             m.advance(rng.choice(choices))
-    assert any(table.returning for table in g.masks._claims.values())   # members whose frames return were met
+    tables = g.masks._claims.values()
+    assert any(table.returns for table in tables) and any(table.dense for table in tables)  # both kinds were met
+    assert len(token_masks._or_chosen.signatures) == 1      # the kernel warm_up loads, never compiled again
+
+
+def test_members_passed_over_leave_a_large_objects_masks(monkeypatch):
+    """In schema order, once `c` is written `b` may not follow, though it could after `a`: neither its key's tokens
+    (kept whole, dense) nor the tokens that write it whole and go on (its frame returns inside them) are allowed."""
+    from leapgen.grammars import compile_json_schema, token_masks
+
+    monkeypatch.setattr(token_masks, "_CLAIMS_TOGETHER", 4)
+    vocabulary = _member_vocabulary("abcde")
+    g = compile_json_schema({"type": "object", "properties": {key: {"type": "integer"} for key in "abcde"},
+                             "additionalProperties": False}, vocabulary)
+    m = g.matcher()
+    for byte in b'{"a":1, "c":1, "d":2}':
+        state = m._state
+        expected = {t for t, b in enumerate(vocabulary.token_bytes) if b and g.step(state, b) is not None}
+        assert set(m.allowed_token_ids().tolist()) - set(vocabulary.eos_ids) == expected
+        m.advance(vocabulary.token_bytes.index(bytes([byte])))
+    tables = g.masks._claims.values()
+    assert any(table.dense for table in tables) and any(table.returns for table in tables)
 
 
 def test_frames_past_the_nesting_bound_are_searched_inside_their_caller(monkeypatch):
