@@ -246,6 +246,13 @@ NESTED_OBJECTS = {
 }
 
 
+def _stepped(g, state) -> set[int]:
+    """The tokens whose bytes the parser steps through from `state`, one by one, and eos where the text is complete:
+    what the trie walks of a mask must allow."""
+    allowed = {t for t, b in enumerate(g.vocabulary.token_bytes) if b and g.step(state, b) is not None}
+    return allowed | set(g.vocabulary.eos_ids) if g.closure(state)[1] else allowed
+
+
 @pytest.mark.parametrize("kind", ["byte_level", "sentencepiece"])
 @pytest.mark.parametrize("which", ["regex", "lark_json", "nested", "objects", "objects_any_order"])
 def test_masks_equal_brute_force_stepping(kind, which):
@@ -268,12 +275,8 @@ def test_masks_equal_brute_force_stepping(kind, which):
     for _ in range(4):
         m = g.matcher()
         for _ in range(40 if which.startswith("objects") else 12):
-            state = m._state
-            expected = {t for t, b in enumerate(g.vocabulary.token_bytes) if b and g.step(state, b) is not None}
-            if g.closure(state)[1]:
-                expected |= set(g.vocabulary.eos_ids)
             allowed = set(m.allowed_token_ids().tolist())
-            assert allowed == expected
+            assert allowed == _stepped(g, m._state)
             choices = sorted(allowed - set(g.vocabulary.eos_ids))
             if not choices:
                 break
@@ -321,12 +324,8 @@ def test_masks_of_large_objects_equal_brute_force_stepping(order, monkeypatch):
     for _ in range(12):
         m = g.matcher()
         for _ in range(60):
-            state = m._state
-            expected = {t for t, b in enumerate(vocabulary.token_bytes) if b and g.step(state, b) is not None}
-            if g.closure(state)[1]:
-                expected |= set(vocabulary.eos_ids)
             allowed = set(m.allowed_token_ids().tolist())
-            assert allowed == expected
+            assert allowed == _stepped(g, m._state)
             long_ones = [t for t in allowed if t not in vocabulary.eos_ids and len(vocabulary.token_bytes[t]) > 1]
             choices = long_ones if long_ones and rng.random() < 0.7 else sorted(allowed - set(vocabulary.eos_ids))
             if not choices:
@@ -348,9 +347,7 @@ def test_members_passed_over_leave_a_large_objects_masks(monkeypatch):
                              "additionalProperties": False}, vocabulary)
     m = g.matcher()
     for byte in b'{"a":1, "c":1, "d":2}':
-        state = m._state
-        expected = {t for t, b in enumerate(vocabulary.token_bytes) if b and g.step(state, b) is not None}
-        assert set(m.allowed_token_ids().tolist()) - set(vocabulary.eos_ids) == expected
+        assert set(m.allowed_token_ids().tolist()) == _stepped(g, m._state)
         m.advance(vocabulary.token_bytes.index(bytes([byte])))
     tables = g.masks._claims.values()
     assert any(table.dense for table in tables) and any(table.returns for table in tables)
