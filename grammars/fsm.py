@@ -152,6 +152,11 @@ class DFA:
             cached = self._byte_runs = runs, bits, _plain_runs(self.trans, self.accept, PLAIN_BYTES, RUN_CAP)
         return cached
 
+    @property
+    def has_byte_runs(self) -> bool:
+        """Whether `byte_runs` is computed already."""
+        return self._byte_runs is not None
+
     def size(self, limit: int) -> int | None:
         """How many strings it accepts, None when more than `limit` (or infinitely many)."""
         count = int(self.counts[0])

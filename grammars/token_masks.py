@@ -58,6 +58,10 @@ _PATCHED_MIN_BYTES = 128  # ...from a state taking at least this many first byte
 # its own skips more of it (cl100k: at 7 bytes, 4.7 ms narrowed against 3.3 walked; at 15, 0.5 against 1.3)
 _NARROWED_DEPTH = 12
 _FRAME_CACHE_LIMIT = 1 << 12  # per grammar; an entry holds up to a whole bitmask (12 KB on cl100k)
+# a wide walk skips main paths (`DFA.byte_runs`: 0.5 us per DFA state, a pass over its table) from the first for a
+# DFA of this many states, and from the k-th for one k times larger: skipping saves about 1 ms a walk on cl100k,
+# and a pattern under a length bound unrolled over the count took 6 ms for its first walk where 1.5 walked plainly
+_SKIPPING_STATES = 2048
 _MAX_FRAME_WALKS = 8  # a frame's answer keeps this many walks as they are, more merged into one bitmask
 _MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls each), well inside the recursion limit
 # objects with this many members or more have their members' answers taken together where a member comes next (see
@@ -837,6 +841,7 @@ class TokenMasks:
                                for g in (frame.first, frame.next)}
         self._claim_edges: dict[int, ClaimEdges] = {}
         self._claims: dict[tuple[int, bytes], _Claims] = {}
+        self._plain_walks: dict[int, int] = {}     # per large DFA (uid), its wide walks made without skipping
 
     def walk(self, state: int, nodes: np.ndarray, nodes_key: bytes) -> Walk:
         """Tokens below the trie `nodes` consumable from terminal state `state`, and pop points (cached)."""
@@ -868,11 +873,22 @@ class TokenMasks:
             # counted already: the patch's own check would index the row again (2 us on every key's first walk)
             hit = self._patched_root_walk(dfa, state, depth) if out_bytes >= _PATCHED_MIN_BYTES else None
             if hit is None:
-                hit = _run_walk(dfa, self.vocabulary, state, nodes, skipping=wide)
+                hit = _run_walk(dfa, self.vocabulary, state, nodes, skipping=wide and self._skips(dfa))
             if signed is not None:
                 self._shared.put(signed, hit, wide)
-        self._shared.put(key, hit, wide)
+        # a dense walk below other nodes (a long string's first chunk after every token opening it) costs as much as
+        # a wide state's: among the narrow walks, a few hundred schemas pushed it out and each walked it again (2-3
+        # ms a mask on Github_hard)
+        self._shared.put(key, hit, wide or hit[0] is None)
         return hit
+
+    def _skips(self, dfa: DFA) -> bool:
+        """Whether a wide walk of `dfa` skips main paths: it pays for the byte runs once the walks without them
+        have cost about as much (see `_SKIPPING_STATES`)."""
+        if dfa.has_byte_runs or dfa.num_states <= _SKIPPING_STATES:
+            return True
+        walks = self._plain_walks[dfa.uid] = self._plain_walks.get(dfa.uid, 0) + 1
+        return dfa.num_states <= walks * _SKIPPING_STATES
 
     def prefetch(self, configurations: tuple[tuple[int, int], ...]) -> None:
         """Take together the whole-vocabulary walks from wide states that `configurations` (a parser state's, ready to

@@ -401,6 +401,50 @@ def test_shared_walks_evict_the_least_recently_used(monkeypatch):
     assert len(masks._shared) == 3
 
 
+def test_dense_walks_below_other_nodes_outlive_narrow_ones(monkeypatch):
+    """A dense walk below trie nodes other than the root (a long string's first chunk, after every token that opens
+    it) costs as much as a wide state's: kept with those, walks of narrow states do not push it out."""
+    import weakref
+
+    from leapgen.grammars import token_masks
+
+    monkeypatch.setattr(token_masks, "_SHARED_WALKS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(token_masks, "_SHARED_WALKS_LIMIT", 2)
+    masks = compile_regex("[a-z]+", tu.byte_level_bpe()).masks
+    nodes = token_masks._root_children(masks.vocabulary)
+    dense = masks._shared_walk(regex_dfa("(?s:.*)"), 0, nodes, nodes.tobytes())
+    assert dense[0] is None     # (words: none where the bitmask is whole)
+    root, key = token_masks._ROOT, token_masks._ROOT_KEY
+    narrow = [masks._shared_walk(regex_dfa(p), 0, root, key) for p in ("ab", "cd", "ef", "gh")]
+    assert all(walk[0] is not None for walk in narrow)
+    assert masks._shared_walk(regex_dfa("(?s:.*)"), 0, nodes, nodes.tobytes()) is dense
+    assert masks._shared_walk(regex_dfa("ab"), 0, root, key) is not narrow[0]     # pushed out, walked again
+
+
+def test_large_automata_skip_main_paths_once_their_walks_pay_for_it(monkeypatch):
+    """A wide walk of a DFA with many states reads the trie plainly until its walks have cost about what the
+    byte runs cost to compute; then it skips.  Both walks find what reading each token through the DFA finds."""
+    from leapgen.grammars import token_masks
+    from leapgen.grammars.json_strings import Length
+
+    rng = random.Random(7)
+    pieces = {bytes([b]) for b in range(256)} | {"".join(rng.choices('ab@x" é', k=rng.randint(2, 9))).encode()
+                                                  for _ in range(2000)}
+    vocabulary = _vocabulary_of(sorted(pieces))
+    masks = compile_regex("[a-z]+", vocabulary).masks
+    monkeypatch.setattr(token_masks, "_SIGNED_WALK_NODES", 0)     # a small vocabulary: every state counts as wide
+    dfa = Length(2, 40).intersect(regex_dfa(r'"[^"\\ ]+@[^"\\ ]+"'), 1 << 20)
+    monkeypatch.setattr(token_masks, "_SKIPPING_STATES", dfa.num_states // 2 + 1)
+    states = [1, int(dfa.trans[1, ord("a")])]
+    walks = []
+    for skipped, state in enumerate(states):
+        walks.append(masks._shared_walk(dfa, state, token_masks._ROOT, token_masks._ROOT_KEY))
+        assert dfa.has_byte_runs == bool(skipped)
+    for state, walk in zip(states, walks):
+        allowed, pops, _, _ = _walk_by_tokens(dfa, vocabulary, state)
+        assert _walk_tokens(walk, vocabulary) == allowed and set(walk[2].tolist()) == pops
+
+
 def _vocabulary_of(token_bytes: list[bytes]):
     """A vocabulary of `token_bytes` (in this order) and eos after them."""
     from leapgen.grammars.vocab import Vocabulary, build_trie
