@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import functools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Hashable
 
 import numpy as np
 
@@ -125,6 +125,9 @@ class Automaton:
     call_guard: np.ndarray | None = None  # int32, per call edge: index into `guards`, -1 for none
     guards: tuple[tuple[int, int, int], ...] = ()  # (frame, object_members kind, member)
     frames: tuple[ObjectFrame, ...] = ()
+    # (first global state, end, key) of each rule that reads the same in every grammar holding it (see
+    # `_portable_rules`): equal keys, equal rules
+    portable: tuple[tuple[int, int, Hashable], ...] = ()
     # the first states of `terminals`, a tuple: once it survives a collection the collector stops walking it
     _terminal_starts: tuple[int, ...] = field(init=False, repr=False)
     # every state from here on is a terminal's (structural states come first, then the terminals end to end)
@@ -568,7 +571,7 @@ class _Compiler:
         body = self.rules[name]
         built = _RULE_DFAS.get(body)
         if built is not None and all(ref in self.called for ref in built.refs):
-            return self._relabelled(built)
+            return self._relabelled(body, built)
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()
         self._labelled, self._inlined = [], False
@@ -595,12 +598,14 @@ class _Compiler:
                 del _RULE_DFAS[next(iter(_RULE_DFAS))]
             except (KeyError, RuntimeError, StopIteration):   # another thread's compile changed it meanwhile
                 break
+        dfa.shared = True
         _RULE_DFAS[body] = _BuiltRule(dfa, tuple(terminals.values()), refs)
 
-    def _relabelled(self, built: _BuiltRule) -> CallDFA:
+    def _relabelled(self, body: ir.Expr, built: _BuiltRule) -> CallDFA:
         """A kept rule automaton in this grammar: its terminals labelled in the order its build would label them.
         Labels name DFAs, so it is the kept automaton itself unless the terminal memo has since built one of them
-        again (another DFA, another label)."""
+        again (another DFA, another label); then the relabelled one is kept in its place, so that the grammars
+        after this one share it again (`CallDFA.shared`)."""
         renamed = {}
         for captured, expr, kept in built.terminals:
             label = self.capture_label(expr) if captured else self.terminal_label(expr)
@@ -609,7 +614,10 @@ class _Compiler:
         if not renamed:
             return built.dfa
         calls = [tuple((renamed.get(label, label), t) for label, t in row) for row in built.dfa.calls]
-        return CallDFA(built.dfa.accept, calls, built.dfa.trimmed)
+        dfa = CallDFA(built.dfa.accept, calls, built.dfa.trimmed, shared=True)
+        _RULE_DFAS[body] = _BuiltRule(dfa, tuple((captured, expr, renamed.get(label, label))
+                                                 for captured, expr, label in built.terminals), built.refs)
+        return dfa
 
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
         """`labels` and then the labels `expr` calls one after the other, where it is a plain sequence of calls
@@ -872,6 +880,8 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     tail = np.zeros(total, bool)
     calls_out = call_ptr_all[1:first_terminal + 1] - call_ptr_all[:first_terminal]
     tail[:first_terminal] = accept[:first_terminal] & (calls_out == 0)
+    portable = tuple((offsets[name], offsets[name] + rules[name].num_states, key)
+                     for name, key in _portable_rules(rules).items())
     return Automaton(
         accept=accept,
         call_ptr=call_ptr_all,
@@ -885,7 +895,36 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         call_guard=call_guard,
         guards=tuple(guards),
         frames=tuple(frames),
+        portable=portable,
     )
+
+
+def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, Hashable]:
+    """Per rule kept across grammars whose callees are all kept too, in turn (`CallDFA.shared`; the value of an
+    object's extras, any JSON value, is one), a key naming it with every rule it reaches: two grammars with equal
+    keys hold the same automata under the same names, and call the same terminal DFAs (labels name them), so
+    what a token can do inside the rule is the same in both."""
+    out: dict[str, Hashable] = {}
+    for name, rule in rules.items():
+        if not rule.shared:
+            continue
+        reached, todo = {name: rule}, [rule]
+        while todo and reached is not None:
+            for calls in todo.pop().calls:
+                for label, _ in calls:
+                    callee = rules.get(label)   # (None: a terminal)
+                    if callee is None or label in reached:
+                        continue
+                    if not callee.shared:
+                        reached = None
+                        break
+                    reached[label] = callee
+                    todo.append(callee)
+                if reached is None:
+                    break
+        if reached is not None:
+            out[name] = (name, frozenset(reached.items()))
+    return out
 
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int], members: MemberSet) -> ObjectFrame:

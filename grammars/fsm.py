@@ -220,6 +220,8 @@ class CallDFA:
     # every state reaches an accepting one through its calls (a chain, an object's five states, most automata from
     # subset construction): trimming the rule can then only drop the calls of rules that match nothing
     trimmed: bool = False
+    # kept across grammars (`automaton._RULE_DFAS`): every grammar with the rule's body holds this very object
+    shared: bool = False
 
     @property
     def num_states(self) -> int:

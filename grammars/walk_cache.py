@@ -30,7 +30,8 @@ def walk_bytes(walk: Walk) -> int:
 class SharedWalks:
     """Walks by key: at most `narrow_limit` walks of narrow states, and wide states' walks of at most
     `wide_bytes` in all (a walk kept under two keys, its state's and its signature's, counts twice).  Safe to
-    share between threads: a racing eviction only drops a walk sooner."""
+    share between threads: a racing eviction only drops a walk sooner.  (Frame answers shared between grammars,
+    tuples of walks, are kept in one too, as narrow.)"""
 
     def __init__(self, narrow_limit: int, wide_bytes: int):
         self.narrow_limit, self.wide_limit = narrow_limit, wide_bytes

@@ -445,6 +445,46 @@ def test_large_automata_skip_main_paths_once_their_walks_pay_for_it(monkeypatch)
         assert _walk_tokens(walk, vocabulary) == allowed and set(walk[2].tolist()) == pops
 
 
+def test_rules_every_grammar_reads_alike_share_their_frame_answers(monkeypatch):
+    """Inside a rule that reads the same in every grammar holding it (any JSON value), a grammar takes the answers
+    another one found; where the rule reads otherwise (numbers capped to two digits), it finds its own.  Either way
+    the masks along an instance are those of a grammar that shares nothing."""
+    import weakref
+
+    from leapgen.grammars import compile_json_schema, token_masks
+
+    tok = tu.byte_level_bpe()
+    schema, text = {"type": "array", "items": {}}, b'[[1, {"x": [true, 12, "a"]}], [[2]], {}]'
+
+    searched = []   # the frames searched inside such rules
+    search = token_masks.TokenMasks._frame_search
+
+    def counted(masks, g, *args):
+        searched.append(g in masks._portable)
+        return search(masks, g, *args)
+
+    def masks_along(**options) -> tuple[list[list[int]], int]:
+        searched.clear()
+        g = compile_json_schema(schema, tok, **options)
+        m, masks = g.matcher(), []
+        for tid in g.vocabulary.encode(text):
+            masks.append(m.allowed_token_ids().tolist())
+            m.advance(tid)
+        return masks, sum(searched)
+
+    monkeypatch.setattr(token_masks.TokenMasks, "_frame_search", counted)
+    monkeypatch.setattr(token_masks, "_SHARED_FRAMES", weakref.WeakKeyDictionary())
+    alone, own = masks_along()
+    assert own > 0
+    monkeypatch.setattr(token_masks, "_SHARED_FRAMES", weakref.WeakKeyDictionary())
+    capped, _ = masks_along(max_number_digits=2)
+    assert capped != alone
+    after_other, own = masks_along()
+    assert after_other == alone and own > 0
+    again, own = masks_along()
+    assert again == alone and own == 0     # every answer inside the rule taken from the grammar before
+
+
 def _vocabulary_of(token_bytes: list[bytes]):
     """A vocabulary of `token_bytes` (in this order) and eos after them."""
     from leapgen.grammars.vocab import Vocabulary, build_trie
