@@ -47,6 +47,9 @@ MEMBERS_FRAME, CAPTURE_FRAME = 1, 2
 # rules, a few hundred at most: the bodies kept are objects every full garbage collection visits.
 _RULE_DFAS: dict[ir.Expr, "_BuiltRule"] = {}
 _RULE_DFAS_KEPT = 256
+# the keys of portable rules' groups (see `_portable_rules`), each kept once: equal keys of two grammars are one object
+_PORTABLE_KEYS: dict[tuple, tuple] = {}
+_PORTABLE_KEYS_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -615,8 +618,9 @@ class _Compiler:
             return built.dfa
         calls = [tuple((renamed.get(label, label), t) for label, t in row) for row in built.dfa.calls]
         dfa = CallDFA(built.dfa.accept, calls, built.dfa.trimmed, shared=True)
-        _RULE_DFAS[body] = _BuiltRule(dfa, tuple((captured, expr, renamed.get(label, label))
-                                                 for captured, expr, label in built.terminals), built.refs)
+        if _RULE_DFAS.get(body) is built:     # (not where another thread's compile dropped it meanwhile)
+            _RULE_DFAS[body] = _BuiltRule(dfa, tuple((captured, expr, renamed.get(label, label))
+                                                     for captured, expr, label in built.terminals), built.refs)
         return dfa
 
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
@@ -880,8 +884,9 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     tail = np.zeros(total, bool)
     calls_out = call_ptr_all[1:first_terminal + 1] - call_ptr_all[:first_terminal]
     tail[:first_terminal] = accept[:first_terminal] & (calls_out == 0)
-    portable = tuple((offsets[name], offsets[name] + rules[name].num_states, key)
-                     for name, key in _portable_rules(rules).items())
+    # (a grammar with captured terminals searches its masks whole, sharing no frame)
+    portable = () if compiler.capture_labels else tuple(
+        (offsets[name], offsets[name] + rules[name].num_states, key) for name, key in _portable_rules(rules).items())
     return Automaton(
         accept=accept,
         call_ptr=call_ptr_all,
@@ -900,31 +905,85 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
 
 
 def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, Hashable]:
-    """Per rule kept across grammars whose callees are all kept too, in turn (`CallDFA.shared`; the value of an
-    object's extras, any JSON value, is one), a key naming it with every rule it reaches: two grammars with equal
-    keys hold the same automata under the same names, and call the same terminal DFAs (labels name them), so
-    what a token can do inside the rule is the same in both."""
-    out: dict[str, Hashable] = {}
+    """Per rule kept across grammars that calls only such rules, in turn (`CallDFA.shared`; the value of an object's
+    extras, any JSON value, is one), a key naming it with every rule it reaches: two grammars with equal keys hold
+    the same automata under the same names, and call the same terminal DFAs (labels name them), so what a token can
+    do inside the rule is the same in both.  A key is built per group of rules that reach each other, from the keys
+    of the groups it calls (one frozenset per rule's reach took quadratic time and memory on long recursions), and
+    interned, so that another grammar's equal key is the same object."""
+    callers: dict[str, list[str]] = {}
     for name, rule in rules.items():
-        if not rule.shared:
+        for calls in rule.calls:
+            for label, _ in calls:
+                if label in rules:
+                    callers.setdefault(label, []).append(name)
+    out = [name for name, rule in rules.items() if not rule.shared]
+    excluded = set(out)
+    while out:     # a rule that reaches one not kept is not portable
+        for caller in callers.get(out.pop(), ()):
+            if caller not in excluded:
+                excluded.add(caller)
+                out.append(caller)
+    keys: dict[str, Hashable] = {}
+    for group in _groups({name: rule for name, rule in rules.items() if name not in excluded}):
+        members = frozenset((name, rules[name]) for name in group)
+        called = frozenset(keys[label] for name in group for calls in rules[name].calls for label, _ in calls
+                           if label in keys)
+        group_key = _PORTABLE_KEYS.get((members, called))
+        if group_key is None:
+            if len(_PORTABLE_KEYS) >= _PORTABLE_KEYS_KEPT:
+                _PORTABLE_KEYS.clear()
+            group_key = _PORTABLE_KEYS[(members, called)] = (members, called)
+        for name in group:
+            keys[name] = group_key
+    return {name: (name, key) for name, key in keys.items()}
+
+
+def _groups(rules: dict[str, CallDFA]) -> list[list[str]]:
+    """The strongly connected groups of `rules` by their calls among themselves, each group after those it calls
+    (Tarjan's algorithm, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in rules:
+        if root in index:
             continue
-        reached, todo = {name: rule}, [rule]
-        while todo and reached is not None:
-            for calls in todo.pop().calls:
-                for label, _ in calls:
-                    callee = rules.get(label)   # (None: a terminal)
-                    if callee is None or label in reached:
-                        continue
-                    if not callee.shared:
-                        reached = None
+        work = [(root, iter(_callees(rules, root)))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            name, callees = work[-1]
+            callee = next(callees, None)
+            if callee is not None:
+                if callee not in index:
+                    index[callee] = low[callee] = len(index)
+                    stack.append(callee)
+                    on_stack.add(callee)
+                    work.append((callee, iter(_callees(rules, callee))))
+                elif callee in on_stack:
+                    low[name] = min(low[name], index[callee])
+                continue
+            work.pop()
+            if work:
+                caller = work[-1][0]
+                low[caller] = min(low[caller], low[name])
+            if low[name] == index[name]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == name:
                         break
-                    reached[label] = callee
-                    todo.append(callee)
-                if reached is None:
-                    break
-        if reached is not None:
-            out[name] = (name, frozenset(reached.items()))
-    return out
+                groups.append(group)
+    return groups
+
+
+def _callees(rules: dict[str, CallDFA], name: str) -> list[str]:
+    return [label for calls in rules[name].calls for label, _ in calls if label in rules]
 
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int], members: MemberSet) -> ObjectFrame:

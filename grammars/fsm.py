@@ -68,6 +68,7 @@ class DFA:
     _byte_runs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
     _counted_states: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
     _edge_table: np.ndarray | None = field(default=None, init=False, repr=False)
+    plain_walks: int = field(default=0, init=False, repr=False)     # wide token walks made without byte runs
     # Where it reads like another automaton for a while (a length-bounded string like any string, short of its
     # bound), so that a token walk narrows the other's walk instead of walking the trie (`token_masks`): the
     # other, and per state its state in step with this one (every byte this one reads, the other reads too, into

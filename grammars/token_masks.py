@@ -42,7 +42,8 @@ from .vocab import Vocabulary
 from .walk_cache import SharedWalks, Walk
 
 _SHARED_WALKS_LIMIT = 1 << 15  # per vocabulary, walks of narrow states; most are sparse (a few words of bitmask)
-_SHARED_FRAMES_LIMIT = 1 << 13  # per vocabulary, answers of frames inside rules every grammar reads alike
+_SHARED_FRAMES_LIMIT = 1 << 11  # per vocabulary, answers of frames inside rules every grammar reads alike (one
+# of more than _MAX_FRAME_WALKS walks holds a whole bitmask: 12 KB on cl100k)
 # per vocabulary, wide states' walks (a dense bitmask, often tens of thousands of pop points: 12-250 KB on cl100k)
 _SHARED_WIDE_BYTES = 64 << 20
 # a whole-vocabulary walk over fewer trie nodes is kept per DFA state only, not shared between DFAs by its state's
@@ -851,7 +852,6 @@ class TokenMasks:
         self._shared_frames = _SHARED_FRAMES.get(vocabulary)
         if self._shared_frames is None:
             self._shared_frames = _SHARED_FRAMES.setdefault(vocabulary, SharedWalks(_SHARED_FRAMES_LIMIT, 0))
-        self._plain_walks: dict[int, int] = {}     # per large DFA (uid), its wide walks made without skipping
 
     def walk(self, state: int, nodes: np.ndarray, nodes_key: bytes) -> Walk:
         """Tokens below the trie `nodes` consumable from terminal state `state`, and pop points (cached)."""
@@ -897,8 +897,8 @@ class TokenMasks:
         have cost about as much (see `_SKIPPING_STATES`)."""
         if dfa.has_byte_runs or dfa.num_states <= _SKIPPING_STATES:
             return True
-        walks = self._plain_walks[dfa.uid] = self._plain_walks.get(dfa.uid, 0) + 1
-        return dfa.num_states <= walks * _SKIPPING_STATES
+        dfa.plain_walks += 1    # (on the DFA: grammars share it)
+        return dfa.num_states <= dfa.plain_walks * _SKIPPING_STATES
 
     def prefetch(self, configurations: tuple[tuple[int, int], ...]) -> None:
         """Take together the whole-vocabulary walks from wide states that `configurations` (a parser state's, ready to

@@ -447,42 +447,65 @@ def test_large_automata_skip_main_paths_once_their_walks_pay_for_it(monkeypatch)
 
 def test_rules_every_grammar_reads_alike_share_their_frame_answers(monkeypatch):
     """Inside a rule that reads the same in every grammar holding it (any JSON value), a grammar takes the answers
-    another one found; where the rule reads otherwise (numbers capped to two digits), it finds its own.  Either way
-    the masks along an instance are those of a grammar that shares nothing."""
+    other grammars found, of its own schema or another; where the rule reads otherwise (numbers capped to two
+    digits), it finds its own.  Either way the masks along an instance are those of a grammar that shares nothing."""
     import weakref
 
     from leapgen.grammars import compile_json_schema, token_masks
 
     tok = tu.byte_level_bpe()
-    schema, text = {"type": "array", "items": {}}, b'[[1, {"x": [true, 12, "a"]}], [[2]], {}]'
-
-    searched = []   # the frames searched inside such rules
+    array, text = {"type": "array", "items": {}}, b'[[1, {"x": [true, 12, "a"]}], [[2]], {}]'
+    record = {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}}
+    record_text = b'{"a": [1, {"x": [true, 12]}], "b": 3}'
+    searched = []   # per frame searched, whether inside such a rule
     search = token_masks.TokenMasks._frame_search
 
     def counted(masks, g, *args):
         searched.append(g in masks._portable)
         return search(masks, g, *args)
 
-    def masks_along(**options) -> tuple[list[list[int]], int]:
+    def masks_along(schema, data, fresh=False, **options) -> tuple[list[list[int]], int]:
+        if fresh:
+            monkeypatch.setattr(token_masks, "_SHARED_FRAMES", weakref.WeakKeyDictionary())
         searched.clear()
         g = compile_json_schema(schema, tok, **options)
         m, masks = g.matcher(), []
-        for tid in g.vocabulary.encode(text):
+        for tid in g.vocabulary.encode(data):
             masks.append(m.allowed_token_ids().tolist())
             m.advance(tid)
         return masks, sum(searched)
 
     monkeypatch.setattr(token_masks.TokenMasks, "_frame_search", counted)
-    monkeypatch.setattr(token_masks, "_SHARED_FRAMES", weakref.WeakKeyDictionary())
-    alone, own = masks_along()
-    assert own > 0
-    monkeypatch.setattr(token_masks, "_SHARED_FRAMES", weakref.WeakKeyDictionary())
-    capped, _ = masks_along(max_number_digits=2)
+    alone, own = masks_along(array, text, fresh=True)
+    record_alone, record_own = masks_along(record, record_text, fresh=True)
+    assert own > 0 and record_own > 0
+    capped, _ = masks_along(array, text, fresh=True, max_number_digits=2)
     assert capped != alone
-    after_other, own = masks_along()
+    after_other, own = masks_along(array, text)
     assert after_other == alone and own > 0
-    again, own = masks_along()
+    again, own = masks_along(array, text)
     assert again == alone and own == 0     # every answer inside the rule taken from the grammar before
+    record_after, own = masks_along(record, record_text)
+    assert record_after == record_alone and own < record_own     # another schema's grammar takes some of them
+
+
+def test_portable_rules_are_keyed_by_their_group_and_the_groups_they_reach():
+    """Rules that reach each other share one key, a rule calling them holds that key inside its own, a rule that
+    reaches one not kept across grammars is not portable, and an equal grammar's keys are the same objects (a long
+    recursion is one group: one key, not a set of its reach per rule)."""
+    from leapgen.grammars import automaton
+
+    def rule(*labels, shared=True):
+        return fsm.CallDFA([False, True], [tuple((label, 1) for label in labels), ()], shared=shared)
+
+    rules = {"a": rule("b", "<terminal 1>"), "b": rule("a"), "c": rule("a"), "d": rule("e"), "e": rule(shared=False)}
+    keys = automaton._portable_rules(rules)
+    assert sorted(keys) == ["a", "b", "c"]
+    assert keys["a"][1] is keys["b"][1] and keys["c"][1] is not keys["a"][1]
+    assert keys["a"][1] in keys["c"][1][1]      # the groups it calls
+    assert automaton._portable_rules(dict(rules))["c"][1] is keys["c"][1]
+    ring = {f"r{i}": rule(f"r{(i + 1) % 2000}") for i in range(2000)}
+    assert len({id(key) for _, key in automaton._portable_rules(ring).values()}) == 1
 
 
 def _vocabulary_of(token_bytes: list[bytes]):
