@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
@@ -182,19 +183,27 @@ def rule_refs(expr: ir.Expr, out: set[str]) -> set[str]:
 
 
 def _cyclic(graph: dict[str, set[str]]) -> set[str]:
-    """Nodes lying on a cycle of `graph` (Tarjan's strongly connected components)."""
+    """Nodes lying on a cycle of `graph`."""
+    result: set[str] = set()
+    for component in _components(graph):
+        if len(component) > 1 or component[0] in graph[component[0]]:
+            result.update(component)
+    return result
+
+
+def _components(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of `graph` (every node's successors among its keys), each after those it
+    reaches (Tarjan's algorithm, iterative: deep JSON-schema $ref chains must not hit Python's recursion limit)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
-    result: set[str] = set()
-    counter = [0]
-
-    def visit(root: str) -> None:
-        # iterative Tarjan: deep JSON-schema $ref chains must not hit Python's recursion limit
-        work = [(root, iter(graph[root]))]   # the components do not depend on the order
-        index[root] = low[root] = counter[0]
-        counter[0] += 1
+    components: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
         stack.append(root)
         on_stack.add(root)
         while work:
@@ -202,8 +211,7 @@ def _cyclic(graph: dict[str, set[str]]) -> set[str]:
             child = next(children, None)
             if child is not None:
                 if child not in index:
-                    index[child] = low[child] = counter[0]
-                    counter[0] += 1
+                    index[child] = low[child] = len(index)
                     stack.append(child)
                     on_stack.add(child)
                     work.append((child, iter(graph[child])))
@@ -222,13 +230,8 @@ def _cyclic(graph: dict[str, set[str]]) -> set[str]:
                     component.append(member)
                     if member == node:
                         break
-                if len(component) > 1 or node in graph[node]:
-                    result.update(component)
-
-    for name, children in graph.items():
-        if children and name not in index:     # a node that refers to nothing lies on no cycle
-            visit(name)
-    return result
+                components.append(component)
+    return components
 
 
 def _unwrap(expr: ir.Expr) -> ir.Expr:
@@ -925,7 +928,9 @@ def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, Hashable]:
                 excluded.add(caller)
                 out.append(caller)
     keys: dict[str, Hashable] = {}
-    for group in _groups({name: rule for name, rule in rules.items() if name not in excluded}):
+    portable = {name: [label for calls in rule.calls for label, _ in calls if label in rules]
+                for name, rule in rules.items() if name not in excluded}
+    for group in _components(portable):
         members = frozenset((name, rules[name]) for name in group)
         called = frozenset(keys[label] for name in group for calls in rules[name].calls for label, _ in calls
                            if label in keys)
@@ -937,53 +942,6 @@ def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, Hashable]:
         for name in group:
             keys[name] = group_key
     return {name: (name, key) for name, key in keys.items()}
-
-
-def _groups(rules: dict[str, CallDFA]) -> list[list[str]]:
-    """The strongly connected groups of `rules` by their calls among themselves, each group after those it calls
-    (Tarjan's algorithm, without recursion)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    groups: list[list[str]] = []
-    for root in rules:
-        if root in index:
-            continue
-        work = [(root, iter(_callees(rules, root)))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            name, callees = work[-1]
-            callee = next(callees, None)
-            if callee is not None:
-                if callee not in index:
-                    index[callee] = low[callee] = len(index)
-                    stack.append(callee)
-                    on_stack.add(callee)
-                    work.append((callee, iter(_callees(rules, callee))))
-                elif callee in on_stack:
-                    low[name] = min(low[name], index[callee])
-                continue
-            work.pop()
-            if work:
-                caller = work[-1][0]
-                low[caller] = min(low[caller], low[name])
-            if low[name] == index[name]:
-                group = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    group.append(member)
-                    if member == name:
-                        break
-                groups.append(group)
-    return groups
-
-
-def _callees(rules: dict[str, CallDFA], name: str) -> list[str]:
-    return [label for calls in rules[name].calls for label, _ in calls if label in rules]
 
 
 def _object_frame(compiler: _Compiler, name: str, offsets: dict[str, int], members: MemberSet) -> ObjectFrame:
