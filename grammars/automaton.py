@@ -914,26 +914,15 @@ def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, Hashable]:
     do inside the rule is the same in both.  A key is built per group of rules that reach each other, from the keys
     of the groups it calls (one frozenset per rule's reach took quadratic time and memory on long recursions), and
     interned, so that another grammar's equal key is the same object."""
-    callers: dict[str, list[str]] = {}
-    for name, rule in rules.items():
-        for calls in rule.calls:
-            for label, _ in calls:
-                if label in rules:
-                    callers.setdefault(label, []).append(name)
-    out = [name for name, rule in rules.items() if not rule.shared]
-    excluded = set(out)
-    while out:     # a rule that reaches one not kept is not portable
-        for caller in callers.get(out.pop(), ()):
-            if caller not in excluded:
-                excluded.add(caller)
-                out.append(caller)
+    # a rule that reaches one not kept is not portable
+    excluded = _least_set(rules, {name for name, rule in rules.items() if not rule.shared},
+                          lambda name, found: any(label in found for calls in rules[name].calls for label, _ in calls))
     keys: dict[str, Hashable] = {}
     portable = {name: [label for calls in rule.calls for label, _ in calls if label in rules]
                 for name, rule in rules.items() if name not in excluded}
     for group in _components(portable):
         members = frozenset((name, rules[name]) for name in group)
-        called = frozenset(keys[label] for name in group for calls in rules[name].calls for label, _ in calls
-                           if label in keys)
+        called = frozenset(keys[label] for name in group for label in portable[name] if label in keys)
         group_key = _PORTABLE_KEYS.get((members, called))
         if group_key is None:
             if len(_PORTABLE_KEYS) >= _PORTABLE_KEYS_KEPT:
