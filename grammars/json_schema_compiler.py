@@ -242,7 +242,15 @@ class SchemaCompiler:
             only = parts[0]
             key: Hashable = (of(only.schema), only.base, only.skip, only.variant)
         else:
-            key = frozenset((of(p.schema), p.base, p.skip, p.variant) for p in parts)
+            # equal conjuncts are one (A and A is A): a rewrite that drops one of two would otherwise come back to
+            # the same conjunction at the same depth, which reads as a cycle (two `$ref`s whose negations both
+            # became `not: {type: object}` beside an array were refused as "$ref cycle that consumes no input")
+            unique: dict[Hashable, Part] = {}
+            for p in parts:
+                unique.setdefault((of(p.schema), p.base, p.skip, p.variant), p)
+            if len(unique) < len(parts):
+                parts = list(unique.values())
+            key = frozenset(unique) if len(parts) > 1 else next(iter(unique))
         if not via_ref and not any(p.variant.startswith(NEGATED_CONJUNCT) for p in parts):
             expr = self._conjunctions.get(key)
             if expr is None:

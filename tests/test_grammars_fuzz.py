@@ -163,3 +163,22 @@ def test_a_starred_alternative_keeps_its_loop_to_itself():
     assert not accepts(compile_regex("a*b|c", byte_level_bpe()), byte_level_bpe(), "ac")
     grammar = compile_json_schema({"type": "string", "pattern": "q|^w"}, byte_level_bpe())
     assert not accepts(grammar, byte_level_bpe(), '"aw"')
+
+
+def test_equal_conjuncts_met_again_are_not_a_ref_cycle():
+    """Found by a campaign (seed 2513, --property-order any): the first item's `not: {oneOf}` of two `$ref`s, both
+    of whose negations became `not: {type: object}` beside an item failing `contains`; rewriting one away left a
+    conjunction equal to the one being compiled (A and A is A), which was refused as a `$ref` cycle that consumes
+    no input (MaskBench's Github_hard o44959 too, a schema without such a cycle)."""
+    schema = {"prefixItems": [{"not": {"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]}}],
+              "contains": {"oneOf": [{"type": "array", "maxItems": 3}]}, "maxContains": 4,
+              "$defs": {"a": {"type": "object", "required": ["x"]}, "b": {"type": "object", "maxProperties": 3}}}
+    tokenizer = byte_level_bpe()
+    grammar = compile_json_schema(schema, tokenizer)
+    validator = jsonschema.Draft202012Validator(schema)
+    instances = [[1, []], [[], 1], [{"x": 1}], [{"x": 1, "y": 2, "z": 3, "w": 4}], [{}], [[]], ["a", [], [1]],
+                 [[], [], [], [], []], [[1, 2, 3, 4]], [[1, 2, 3, 4], []]]
+    for instance in instances:
+        text = json.dumps(instance)
+        assert accepts(grammar, tokenizer, text) == validator.is_valid(instance), text
+    assert {validator.is_valid(i) for i in instances} == {True, False}
