@@ -25,7 +25,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 from .automaton import rule_refs
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Grammar, Lit, Ref, Terminal
+from .ir import Expr, Grammar, Lit, Ref, Seq, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
 from .json_schema_combinators import (NEGATED_CONJUNCT, conditional, dependent_schemas, distribute, negate,
                                       rewritten_negation)
@@ -101,6 +101,7 @@ class SchemaCompiler:
         # every name handed out, and the fixed ones: a hint's name may be another's numbered one (`a_1` after `a`)
         self._issued = {"start", "any_value"}
         self.sizes: dict[str, int] = {}  # inlined_size of each rule
+        self._shared: dict[Hashable, tuple[str, Expr]] = {}
         self._validator = None
         self.why_never: list[tuple[str, str]] = []     # (reason, pointer) of each NEVER met
 
@@ -131,13 +132,24 @@ class SchemaCompiler:
         self.why_never.append((reason, pointer))
         return NEVER
 
-    def share(self, expr: Expr, pointer: str) -> Expr:
+    def share(self, expr: Expr, pointer: str, own: bool = False) -> Expr:
         """Name an expression the layout mentions several times, so the IR stays a small DAG
-        (walking it as a tree would double the work at every nesting level)."""
+        (walking it as a tree would double the work at every nesting level).  Equal expressions get one rule
+        (the variants of an object that negations and if/else build hold mostly the same members: each a rule
+        of its own doubled the automaton's rules), unless `own`: the extras of one object must differ."""
         if isinstance(expr, (Lit, Terminal, Ref)) or expr in (NEVER, EMPTY):
             return expr
+        # keyed by the parts' identities, not the expression's hash, which walks all of it (a member's value): the
+        # variants take their members' values from the compile memos, as the same objects (kept alive beside the
+        # name, so that their ids stay theirs)
+        key = None if own else tuple(map(_identity, expr.items)) if type(expr) is Seq else _identity(expr)
+        known = None if key is None else self._shared.get(key)
+        if known is not None:
+            return Ref(known[0])
         name = self.rule_name(pointer + "_member")
         self.rules[name] = expr
+        if key is not None:
+            self._shared[key] = (name, expr)
         return Ref(name)
 
     def rule_name(self, hint: str) -> str:
@@ -479,3 +491,9 @@ def _deepest_path(document: Any) -> Path:
         items = value.items() if isinstance(value, dict) else enumerate(value)
         stack += [(v, (path, k), depth + 1) for k, v in items if isinstance(v, (dict, list))]
     raise AssertionError("no value is nested that deep")
+
+
+def _identity(expr: Expr) -> Hashable:
+    """What tells `expr` apart cheaply: a reference's name, a literal's text, else the object itself."""
+    kind = type(expr)
+    return ("ref", expr.name, expr.call) if kind is Ref else expr.text if kind is Lit else id(expr)

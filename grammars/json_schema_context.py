@@ -180,8 +180,9 @@ class SchemaContext(Protocol):
     def never(self, reason: str, pointer: str) -> Expr:
         """NEVER, remembering why for the error if the whole schema ends up unsatisfiable."""
 
-    def share(self, expr: Expr, pointer: str) -> Expr:
-        """`expr` as a named rule where it is worth one, so the IR stays a small DAG."""
+    def share(self, expr: Expr, pointer: str, own: bool = False) -> Expr:
+        """`expr` as a named rule where it is worth one, so the IR stays a small DAG; equal expressions share
+        one, unless `own` (a rule no other expression uses)."""
 
     def rule_name(self, hint: str) -> str:
         """A fresh rule name built from `hint`."""

@@ -281,7 +281,7 @@ class _ObjectBuilder:
         def extra_without(held_keys: tuple[str, ...]) -> tuple[Expr, int | None]:
             if held_keys not in extras:
                 extra, count = self.extras(names + list(held_keys)) if listed is None else (NEVER, None)
-                extras[held_keys] = self.ctx.share(extra, self.pointer), count
+                extras[held_keys] = self.ctx.share(extra, self.pointer, own=True), count
             return extras[held_keys]
 
         if witnesses:
@@ -347,7 +347,7 @@ class _ObjectBuilder:
             key = (tuple(group), by_name)
             if key not in held_by:
                 extra, _ = self.extras(names + list(by_name), _merged([witnesses[i] for i in group]))
-                held_by[key] = self.ctx.share(extra, self.pointer)
+                held_by[key] = self.ctx.share(extra, self.pointer, own=True)
             return held_by[key]
 
         def narrowed(option: str | _Held, asked: list[Part]) -> Expr:

@@ -19,6 +19,8 @@ from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq,
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
+from leapgen.grammars.json_schema_compiler import SchemaCompiler
+from leapgen.grammars.json_schema_context import JsonSchemaOptions
 from leapgen.grammars.json_strings import (ANY_CHARS, ANY_STRING_END, FORMATS, Chars, Length, StringEnd, chars_regex,
                                           format_regex, length_dfa, pattern_regex, pattern_regexes, string_regex)
 from leapgen.grammars.regex import dfa_fullmatch, regex_dfa
@@ -966,6 +968,34 @@ def test_a_subschema_written_out_at_many_places_compiles_once():
     assert len(nine.rules) == len(one.rules) + 8
     check(_pasted(9), valid=[{"m0": {"id": 3}, "m8": {"id": 30, "tags": ["b"]}}],
           invalid=[{"m0": {"id": 30}}, {"m5": {"id": 3, "tags": ["a"]}}, {"m8": {"tags": []}}])
+
+
+def test_the_variants_of_an_object_share_the_members_they_leave_alone():
+    """if/then/else and a negation build the object once per variant: the members no variant narrows are one rule
+    each, not one per variant (prometheus' six exclusive auth keys compiled 1,200 rules, 346 now)."""
+    schema = {"type": "object", "properties": {"kind": {"enum": ["x", "y"]}, "size": {"type": "integer"},
+                                               "note": {"type": "string"}, "tags": {"type": "array"}},
+              "if": {"properties": {"kind": {"const": "x"}}}, "then": {"required": ["size"]},
+              "else": {"properties": {"size": {"maximum": 3}}}}
+    grammar = json_schema_to_grammar(schema)
+    members = [body.items[0].text for body in grammar.rules.values()
+               if isinstance(body, Seq) and isinstance(body.items[0], Lit)]
+    assert members.count('"note"') == members.count('"tags"') == 1
+    assert members.count('"size"') == 2     # narrowed in one variant: any size, or at most 3
+    check(schema, valid=[{"kind": "x", "size": 9}, {"kind": "y", "size": 2, "note": "n"}, {"size": 4, "tags": []}],
+          invalid=[{"kind": "x"}, {"kind": "y", "size": 9}, {"tags": []}])
+
+
+def test_share_names_equal_parts_once_and_an_own_rule_always_anew():
+    """An object's extras are parts of its members rule, which tells its parts apart by rule: two extras made
+    alike (the keys a witness holds, the other keys) must stay two rules."""
+    compiler = SchemaCompiler({}, JsonSchemaOptions())
+    value = Terminal("[0-9]+")
+    member = compiler.share(Seq((Lit('"a"'), Lit(":"), value)), "/a")
+    assert compiler.share(Seq((Lit('"a"'), Lit(":"), value)), "/b") == member
+    assert compiler.share(Seq((Lit('"b"'), Lit(":"), value)), "/b") != member
+    extra = Seq((Terminal('"[a-z]+"'), Lit(":"), value))
+    assert compiler.share(extra, "/x", own=True) != compiler.share(extra, "/x", own=True)
 
 
 def test_values_python_equates_and_json_does_not_stay_apart():
