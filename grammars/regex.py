@@ -215,10 +215,11 @@ class _Builder:
     def seq(self, items, src: int, dst: int, flags: int, lead: bool, trail: bool) -> None:
         items = list(items)
         cur = src
+        # the items after which only anchors follow (found once: asked per item, a long literal took quadratic time)
+        last = next((k for k in range(len(items) - 1, -1, -1) if items[k][0] is not C.AT), -1)
         for k, (op, av) in enumerate(items):
             nxt = dst if k == len(items) - 1 else self.nfa.node()
-            rest_anchors = all(o is C.AT for o, _ in items[k + 1 :])
-            self.item(op, av, cur, nxt, flags, lead, trail and rest_anchors)
+            self.item(op, av, cur, nxt, flags, lead, trail and k >= last)
             if op is not C.AT:
                 lead = False
             cur = nxt
@@ -240,7 +241,9 @@ class _Builder:
             self.nfa.embed(_class_dfa(tuple(ranges)), src, dst)
 
     def item(self, op, av, src: int, dst: int, flags: int, lead: bool, trail: bool) -> None:
-        if op is C.LITERAL or op is C.NOT_LITERAL:
+        if op is C.LITERAL and not flags & re.IGNORECASE and not _SURROGATES[0] <= av <= _SURROGATES[1]:
+            self.chars(((av, av),), src, dst)   # most items of most patterns: one character, no class to look up
+        elif op is C.LITERAL or op is C.NOT_LITERAL:
             items = ((C.LITERAL, av),) if op is C.LITERAL else ((C.NEGATE, None), (C.LITERAL, av))
             self.chars(_class_ranges(items, flags), src, dst)
         elif op is C.ANY:
