@@ -494,6 +494,12 @@ def _deepest_path(document: Any) -> Path:
 
 
 def _identity(expr: Expr) -> Hashable:
-    """What tells `expr` apart cheaply: a reference's name, a literal's text, else the object itself."""
+    """What tells `expr` apart cheaply: a reference's name, a literal's text, a terminal itself (its hash reads its
+    patterns, whose strings keep theirs: equal formats under different descriptions compile to equal terminals),
+    else the object's id."""
     kind = type(expr)
-    return ("ref", expr.name, expr.call) if kind is Ref else expr.text if kind is Lit else id(expr)
+    if kind is Ref:
+        return ("ref", expr.name, expr.call)
+    if kind is Lit:
+        return expr.text
+    return expr if kind is Terminal else id(expr)

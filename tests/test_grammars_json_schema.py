@@ -987,12 +987,14 @@ def test_the_variants_of_an_object_share_the_members_they_leave_alone():
 
 
 def test_share_names_equal_parts_once_and_an_own_rule_always_anew():
-    """An object's extras are parts of its members rule, which tells its parts apart by rule: two extras made
-    alike (the keys a witness holds, the other keys) must stay two rules."""
+    """Equal members share a rule; an object's extras are parts of its members rule, which tells its parts apart by
+    rule: two extras made alike (the keys a witness holds, the other keys) must stay two rules."""
     compiler = SchemaCompiler({}, JsonSchemaOptions())
     value = Terminal("[0-9]+")
     member = compiler.share(Seq((Lit('"a"'), Lit(":"), value)), "/a")
     assert compiler.share(Seq((Lit('"a"'), Lit(":"), value)), "/b") == member
+    # an equal terminal compiled apart (one format under two descriptions) is the same value
+    assert compiler.share(Seq((Lit('"a"'), Lit(":"), Terminal("[0-9]+", origin=("x", "/c")))), "/c") == member
     assert compiler.share(Seq((Lit('"b"'), Lit(":"), value)), "/b") != member
     extra = Seq((Terminal('"[a-z]+"'), Lit(":"), value))
     assert compiler.share(extra, "/x", own=True) != compiler.share(extra, "/x", own=True)
