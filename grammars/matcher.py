@@ -80,8 +80,7 @@ class CompiledGrammar:
                     ready.append((g, s))
                 nexts = []
             else:
-                called = (stacks.call(s, c) for c in range(call_ptr[g], call_ptr[g + 1]))
-                nexts = [cfg for cfg in called if cfg is not None]
+                nexts = stacks.calls(s, call_ptr[g], call_ptr[g + 1])
             if accept[g]:
                 if s == 0:
                     complete = True

@@ -820,6 +820,10 @@ class TokenMasks:
         self.a = automaton
         self.vocabulary = vocabulary
         self._walks: dict[tuple[int, bytes], Walk] = {}
+        # per terminal state met by `prefetch`: whether its whole-vocabulary walk is wide and its own (not narrowed
+        # from another automaton's), which its DFA alone decides: asked of every configuration of every new parser
+        # state (a key's start, after each member of an object), and found by a compiled pass over its row
+        self._wide_own: dict[int, bool] = {}
         # a frame's answer, its walks and its returns kept apart: cached as one nested pair it would stay tracked by
         # the garbage collector into its old generation (see CompiledGrammar's closures)
         self._frame_walks: dict[tuple[int, FrameTag, bytes], tuple[Walk, ...]] = {}
@@ -908,10 +912,15 @@ class TokenMasks:
         if len(configurations) < 2:     # the common case, and nothing to take together
             return
         batch: dict[tuple, tuple[DFA, int, tuple | None]] = {}
+        wide_own = self._wide_own
         for g, _ in configurations:
-            if (g, _ROOT_KEY) in self._walks:
+            if wide_own.get(g) is False or (g, _ROOT_KEY) in self._walks:
                 continue
             first, dfa = self.a.terminal_of(g)
+            if g not in wide_own:
+                wide_own[g] = self._first_bytes(dfa, g - first)[1] and not _narrowable(dfa, g - first)
+                if not wide_own[g]:
+                    continue
             found = self._walk_to_run(dfa, g - first)
             if found is not None and found[0] not in batch:
                 batch[found[0]] = (dfa, *found[1:])

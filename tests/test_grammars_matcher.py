@@ -353,6 +353,42 @@ def test_members_passed_over_leave_a_large_objects_masks(monkeypatch):
     assert any(table.dense for table in tables) and any(table.returns for table in tables)
 
 
+def test_a_closure_takes_call_edges_as_the_search_does():
+    """`StackArena.calls`, the closure's one pass over a state's call edges (claims closed once their member is
+    written, extras, retagged frames, pushed and tail calls, captured texts), makes the configurations that `edge`
+    and `made`, the mask search's steps, make one edge at a time."""
+    from leapgen.grammars import compile_json_schema
+
+    schema = {"type": "object", "required": ["c", "f"], "dependentRequired": {"b": ["h"]},
+              "properties": {**{key: {"type": "integer"} for key in "acdfghij"}, "b": {"type": "boolean"},
+                             "t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+              "additionalProperties": {"type": "integer"}}
+    vocabulary = _member_vocabulary("abcdefghijt")
+    g = compile_json_schema(schema, vocabulary, whitespace="flexible", property_order="any")
+    stacks, call_ptr, first_terminal = g.stacks, g.masks.call_ptr, g.automaton.first_terminal
+    compared, kinds = 0, set()
+    m = g.matcher()
+    for byte in b'{"a": 1, "t": ["x", "yy", "x1"], "b": true, "h": 2, "zz": 5, "c": 3, "f": 4}':
+        seen, todo = set(m._state), list(m._state)
+        while todo:     # every configuration the closure meets, structural ones included
+            state, s = todo.pop()
+            nexts = []
+            if state < first_terminal:
+                edges = [stacks.edge(s, c) for c in range(call_ptr[state], call_ptr[state + 1])]
+                nexts = stacks.calls(s, call_ptr[state], call_ptr[state + 1])
+                assert nexts == [(edge[0], stacks.made(s, edge)) for edge in edges if edge is not None]
+                compared += len(edges)
+                kinds.update("closed" if edge is None else "captured" if edge[4] == b"" else "retagged"
+                             if edge[2] != stacks.tag[s] else "pushed" if edge[3] else "tail" for edge in edges)
+            popped = stacks.pop(s) if g.masks.accepting[state] and s else None
+            nexts += [popped] if popped is not None else []
+            todo += [cfg for cfg in nexts if cfg not in seen]
+            seen.update(nexts)
+        m.advance(vocabulary.token_bytes.index(bytes([byte])))
+    assert g.closure(m._state)[1]   # the whole document was read
+    assert compared > 200 and kinds == {"closed", "captured", "retagged", "pushed", "tail"}
+
+
 def test_frames_past_the_nesting_bound_are_searched_inside_their_caller(monkeypatch):
     """Masks are the same whether pushed frames are answered on their own (and kept) or searched inside the
     frame that pushed them, as they are past `_MAX_FRAME_NESTING`."""
