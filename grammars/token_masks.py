@@ -1178,10 +1178,7 @@ class TokenMasks:
                     nexts.append((stacks.ret[s], stacks.parent[s], pops, pops_key))
             else:
                 # a structural state consumes no bytes: go on into each callee from the same nodes
-                for c in range(call_ptr[g], call_ptr[g + 1]):
-                    called = stacks.call(s, c)
-                    if called is not None:
-                        nexts.append((*called, nodes, nodes_key))
+                nexts = [(*called, nodes, nodes_key) for called in stacks.calls(s, call_ptr[g], call_ptr[g + 1])]
                 if self.accepting[g] and s:
                     # returning from the outermost rule ends the text: nothing may follow
                     nexts.append((stacks.ret[s], stacks.parent[s], nodes, nodes_key))
