@@ -70,16 +70,20 @@ class StackArena:
         members' claims, most of them closed: one pass, without a call per edge or per closed claim."""
         out = []
         tail, framed, guard_of, callees, rets = self._tail, self._framed, self._guard, self._callee, self._ret
-        ids = self._ids
+        ids, guards, frames = self._ids, self._guards, self._frames
         tag = self.tag[stack]
+        claimable: tuple[int, int] = (-1, 0)    # (frame, its claimable members), asked once for all its claims
         for c in range(first, end):
             below = stack
             guard = guard_of[c]
             if guard >= 0:
-                frame, kind, member = self._guards[guard]
-                members = self._frames[frame].members
-                if kind == CLAIM and not members.claimable(tag) >> member & 1:
-                    continue
+                frame, kind, member = guards[guard]
+                members = frames[frame].members
+                if kind == CLAIM:
+                    if claimable[0] != frame:
+                        claimable = (frame, members.claimable(tag))
+                    if not claimable[1] >> member & 1:
+                        continue
                 retagged = members.guard(kind, member, tag)
                 if retagged is None:
                     continue
