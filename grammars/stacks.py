@@ -69,8 +69,7 @@ class StackArena:
         takes every call edge of each state it meets, and after each member of a large object that is a hundred
         members' claims, most of them closed: one pass, without a call per edge or per closed claim."""
         out = []
-        tail, framed, guard_of, callees, rets = self._tail, self._framed, self._guard, self._callee, self._ret
-        ids, guards, frames = self._ids, self._guards, self._frames
+        guard_of, callees, rets, guards, frames = self._guard, self._callee, self._ret, self._guards, self._frames
         tag = self.tag[stack]
         claimable: tuple[int, int] = (-1, 0)    # (frame, its claimable members), asked once for all its claims
         for c in range(first, end):
@@ -90,15 +89,18 @@ class StackArena:
                 if retagged != tag:
                     below = self._id(self.parent[stack], self.ret[stack], retagged)
             callee, ret = callees[c], rets[c]
-            pushed = framed.get(callee)
-            if pushed:
-                out.append((callee, self._id(below, ret, b"" if pushed == CAPTURE_FRAME else EMPTY_TAG)))
-            elif tail[ret]:
-                out.append((callee, below))
-            else:
-                sid = ids.get((below, ret, None))
-                out.append((callee, self._id(below, ret, None) if sid is None else sid))
+            push, pushed = self._frame_of(callee, ret)
+            out.append((callee, self._id(below, ret, pushed) if push else below))
         return out
+
+    def _frame_of(self, callee: int, ret: int) -> tuple[bool, FrameTag]:
+        """Whether a call into `callee` returning to `ret` pushes a frame, and the pushed frame's tag: the call into
+        an object's members or a captured text always pushes one (its tag records what it writes), any other
+        unless it returns where only returning is left (`Automaton.tail`)."""
+        framed = self._framed.get(callee)
+        if framed:
+            return True, b"" if framed == CAPTURE_FRAME else EMPTY_TAG
+        return not self._tail[ret], None
 
     def edge(self, stack: int, c: int) -> Edge | None:
         """Call edge `c` from a configuration on `stack`, making no stack: (callee state, return state, the tag of
@@ -114,10 +116,7 @@ class StackArena:
             if tag is None:
                 return None
         callee, ret = self._callee[c], self._ret[c]
-        framed = self._framed.get(callee)
-        if framed:
-            return callee, ret, tag, True, b"" if framed == CAPTURE_FRAME else EMPTY_TAG
-        return callee, ret, tag, not self._tail[ret], None
+        return callee, ret, tag, *self._frame_of(callee, ret)
 
     def below(self, stack: int, edge: Edge) -> int:
         """The stack under what `edge` pushes from `stack` (`stack` itself, or in its place the frame its guard
