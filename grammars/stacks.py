@@ -67,7 +67,8 @@ class StackArena:
     def calls(self, stack: int, first: int, end: int) -> list[tuple[int, int]]:
         """`call` of each edge first..end-1 from a configuration on `stack`, those whose guard is open.  A closure
         takes every call edge of each state it meets, and after each member of a large object that is a hundred
-        members' claims, most of them closed: one pass, without a call per edge or per closed claim."""
+        members' claims, most of them closed: one pass that builds no edge tuple, and skips a closed claim by its
+        object's claimable members, asked once, before any tag is built."""
         out = []
         guard_of, callees, rets, guards, frames = self._guard, self._callee, self._ret, self._guards, self._frames
         tag = self.tag[stack]
