@@ -42,6 +42,9 @@ class CompiledGrammar:
         # (a collection untracks a tuple only after the tuples inside it, and it meets the pair first).
         self._closures: dict[State, tuple[tuple[int, int], ...]] = {}
         self._complete: set[State] = set()
+        self._reads: dict[int, tuple[dict[int, int], int]] = {}    # see `_claim_reads`
+        self._first_reads: dict[int, tuple[int, ...] | None] = {}     # see `_first_bytes`
+        self._opened_cache: dict[tuple[State, int | None], tuple[tuple[int, int], ...]] = {}
         self._mask_cache: dict[State, np.ndarray] = {}
         self._ids_cache: dict[State, np.ndarray] = {}
         self._out_bytes: dict[int, np.ndarray] = {}
@@ -66,21 +69,44 @@ class CompiledGrammar:
 
     def closure(self, state: State) -> tuple[tuple[tuple[int, int], ...], bool]:
         """Configurations of `state` that can consume a byte, after calls and returns; and
-        whether the text so far is complete (the outermost rule can return)."""
+        whether the text so far is complete (the outermost rule can return).  Where a member of a large object
+        comes next, its members' claims stay closed: the configuration of the object's state stands for them (a
+        structural state among the ready ones, see `_opened`)."""
         hit = self._closures.get(state)
         if hit is not None:
             return hit, state in self._complete
+        ready, complete = self._expand(list(state), set(state))
+        if len(self._closures) >= _MASK_CACHE_LIMIT:
+            self._closures.clear()
+            self._complete.clear()
+        hit = self._closures[state] = tuple(sorted(ready))
+        if complete:
+            self._complete.add(state)
+        return hit, complete
+
+    def _expand(self, todo: list[tuple[int, int]], seen: set[tuple[int, int]]) -> tuple[list[tuple[int, int]], bool]:
+        """`closure` from the configurations `todo` (all in `seen`)."""
         stacks, masks, first_terminal = self.stacks, self.masks, self.automaton.first_terminal
-        call_ptr, accept, has_out = masks.call_ptr, masks.accepting, masks.reading     # (see TokenMasks.call_ptr)
-        seen, todo, ready, complete = set(state), list(state), [], False
+        call_edges, accept, has_out = masks.call_edges, masks.accepting, masks.reading     # (see TokenMasks.call_edges)
+        large = masks.large_objects
+        ready, complete = [], False
         while todo:
             g, s = todo.pop()
             if g >= first_terminal:     # a terminal state reads bytes and calls nothing
                 if has_out[g]:
                     ready.append((g, s))
                 nexts = []
+            elif g in large:
+                # After each member of a large object its claims made a hundred members' configurations, three
+                # stacks each (after the separator, and again after a space), which no mask reads (masks take
+                # claims together, `TokenMasks._claimed`): they are opened once a byte picks among them.  A
+                # member's key reads a byte first, so the text is not complete through one.
+                members, _, edged, others = masks.claim_edges(g)
+                if members.claimable(stacks.tag[s]) & edged:
+                    ready.append((g, s))
+                nexts = stacks.calls(s, others)
             else:
-                nexts = stacks.calls(s, call_ptr[g], call_ptr[g + 1])
+                nexts = stacks.calls(s, call_edges[g])
             if accept[g]:
                 if s == 0:
                     complete = True
@@ -92,19 +118,90 @@ class CompiledGrammar:
                 if cfg not in seen:
                     seen.add(cfg)
                     todo.append(cfg)
-        if len(self._closures) >= _MASK_CACHE_LIMIT:
-            self._closures.clear()
-            self._complete.clear()
-        hit = self._closures[state] = tuple(sorted(ready))
-        if complete:
-            self._complete.add(state)
-        return hit, complete
+        return ready, complete
+
+    def _opened(self, state: State, byte: int | None) -> tuple[tuple[int, int], ...]:
+        """The closure of `state` with the claims a large object's configuration stands for opened: the
+        configurations of its claimable members that may read `byte` first (where `byte` is None, of all of them).
+        Cached: a state met again is stepped again."""
+        key = (state, byte)
+        hit = self._opened_cache.get(key)
+        if hit is not None:
+            return hit
+        first_terminal, stacks, masks = self.automaton.first_terminal, self.stacks, self.masks
+        ready, _ = self.closure(state)
+        out = [cfg for cfg in ready if cfg[0] >= first_terminal]
+        objects = [cfg for cfg in ready if cfg[0] < first_terminal]
+        seen = set(ready)
+        while objects:
+            g, s = objects.pop()
+            members, edges, edged, _ = masks.claim_edges(g)
+            chosen = members.claimable(stacks.tag[s]) & edged
+            if byte is not None:
+                by_byte, unread = self._claim_reads(g)
+                chosen &= by_byte.get(byte, 0) | unread
+            picked = []
+            while chosen:
+                member = chosen.bit_length() - 1
+                chosen ^= 1 << member
+                picked.append(edges[member])
+            todo = [cfg for cfg in stacks.calls(s, picked) if cfg not in seen]
+            seen.update(todo)
+            for cfg in self._expand(todo, seen)[0]:
+                (out if cfg[0] >= first_terminal else objects).append(cfg)
+        if len(self._opened_cache) >= _MASK_CACHE_LIMIT:
+            self._opened_cache.clear()
+        hit = self._opened_cache[key] = tuple(out)
+        return hit
+
+    def _claim_reads(self, g: int) -> tuple[dict[int, int], int]:
+        """Of the members claimed at large object state `g`: per byte, the members that may read it first (bits);
+        and the members whose first bytes are not known (their rule may return before reading any)."""
+        hit = self._reads.get(g)
+        if hit is None:
+            by_byte: dict[int, int] = {}
+            unread = 0
+            for member, c in enumerate(self.masks.claim_edges(g)[1]):
+                if c < 0:
+                    continue
+                first = self._first_bytes(int(self.automaton.call_callee[c]))
+                if first is None:
+                    unread |= 1 << member
+                for byte in first or ():
+                    by_byte[byte] = by_byte.get(byte, 0) | 1 << member
+            hit = self._reads[g] = (by_byte, unread)
+        return hit
+
+    def _first_bytes(self, start: int) -> tuple[int, ...] | None:
+        """The bytes a call into `start` may read first, whatever its guards; None where it may return before
+        (cached: the states of an object before its first member and after a separator claim the same members)."""
+        if start in self._first_reads:
+            return self._first_reads[start]
+        a, call_edges = self.automaton, self.masks.call_edges
+        seen, todo, out = {start}, [start], set()
+        while todo and out is not None:
+            g = todo.pop()
+            if a.accept[g]:
+                out = None
+            elif g >= a.first_terminal:
+                first, dfa = a.terminal_of(g)
+                out.update(np.flatnonzero(dfa.trans[g - first] >= 0).tolist())
+            else:
+                for c in call_edges[g]:
+                    callee = int(a.call_callee[c])
+                    if callee not in seen:
+                        seen.add(callee)
+                        todo.append(callee)
+        found = self._first_reads[start] = None if out is None else tuple(out)
+        return found
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`, or None if the grammar cannot continue with it."""
-        rows, stacks = self._rows, self.stacks
+        rows, stacks, first_terminal = self._rows, self.stacks, self.automaton.first_terminal
         for b in data:
-            ready, _ = self.closure(state)   # only terminal states are ready: they alone consume bytes
+            ready, _ = self.closure(state)   # terminal states (they alone consume bytes), and large objects' states
+            if ready and ready[0][0] < first_terminal:     # (which sort first)
+                ready = self._opened(state, b)
             moved = set()
             for g, s in ready:
                 row = rows.get(g)
@@ -123,6 +220,8 @@ class CompiledGrammar:
     def next_bytes(self, state: State) -> np.ndarray:
         """Sorted distinct bytes that may follow."""
         ready, _ = self.closure(state)
+        if ready and ready[0][0] < self.automaton.first_terminal:
+            ready = self._opened(state, None)
         if len(ready) == 1:
             return self._state_bytes(ready[0][0])
         return np.unique(np.concatenate([self._state_bytes(g) for g, _ in ready])) if ready else np.zeros(0, np.int64)

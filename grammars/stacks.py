@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from typing import Iterable
 
 import numpy as np
 
@@ -61,19 +62,19 @@ class StackArena:
     def call(self, stack: int, c: int) -> tuple[int, int] | None:
         """The configuration (callee state, stack) after taking call edge `c` from a configuration on
         `stack`; None where the edge's guard is closed."""
-        taken = self.calls(stack, c, c + 1)
+        taken = self.calls(stack, (c,))
         return taken[0] if taken else None
 
-    def calls(self, stack: int, first: int, end: int) -> list[tuple[int, int]]:
-        """`call` of each edge first..end-1 from a configuration on `stack`, those whose guard is open.  A closure
-        takes every call edge of each state it meets, and after each member of a large object that is a hundred
-        members' claims, most of them closed: one pass that builds no edge tuple, and skips a closed claim by its
+    def calls(self, stack: int, edges: Iterable[int]) -> list[tuple[int, int]]:
+        """`call` of each of `edges` from a configuration on `stack`, those whose guard is open.  A closure
+        takes every call edge of each state it meets, and a byte that opens a large object's claims a hundred
+        members' (`CompiledGrammar._opened`): one pass that builds no edge tuple, and skips a closed claim by its
         object's claimable members, asked once, before any tag is built."""
         out = []
         guard_of, callees, rets, guards, frames = self._guard, self._callee, self._ret, self._guards, self._frames
         tag = self.tag[stack]
         claimable: tuple[int, int] = (-1, 0)    # (frame, its claimable members), asked once for all its claims
-        for c in range(first, end):
+        for c in edges:
             below = stack
             guard = guard_of[c]
             if guard >= 0:

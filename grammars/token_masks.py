@@ -833,9 +833,10 @@ class TokenMasks:
         if self._shared is None:
             self._shared = _SHARED_WALKS.setdefault(vocabulary, SharedWalks(_SHARED_WALKS_LIMIT, _SHARED_WIDE_BYTES))
         # read per configuration by the searches here and by the parser's closures, and indexing numpy from Python
-        # costs ~0.1 us a time: the structural states' call table as a tuple, whether each state accepts and reads
-        # bytes as bytes (0 or 1)
-        self.call_ptr = tuple(automaton.call_ptr[:automaton.first_terminal + 1].tolist())
+        # costs ~0.1 us a time: the structural states' call edges as ranges (made once: a closure took two lookups
+        # and a range per state), whether each state accepts and reads bytes as bytes (0 or 1)
+        ptr = automaton.call_ptr[:automaton.first_terminal + 1].tolist()
+        self.call_edges = tuple(map(range, ptr[:-1], ptr[1:]))
         self.accepting, self.reading = automaton.accept.tobytes(), automaton.has_out.tobytes()
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
         # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
@@ -845,9 +846,9 @@ class TokenMasks:
         self._follow_height = 0 if self._runs_out else 1 + min((int(terminal_distances(dfa)[0]) for dfa in captured),
                                                               default=0)
         # the states of objects with `_CLAIMS_TOGETHER` members or more where a member comes next, and their edges
-        # once searched (see `_claim_edges`)
-        self._large_objects = {g: frame for frame in automaton.frames if frame.members.size >= _CLAIMS_TOGETHER
-                               for g in (frame.first, frame.next)}
+        # once searched or read by the parser (see `claim_edges`)
+        self.large_objects = {g: frame for frame in automaton.frames if frame.members.size >= _CLAIMS_TOGETHER
+                              for g in (frame.first, frame.next)}
         self._claim_edges: dict[int, ClaimEdges] = {}
         self._claims: dict[tuple[int, bytes], _Claims] = {}
         # the structural states of rules that read the same in every grammar holding them, as (rule key, state in
@@ -865,6 +866,17 @@ class TokenMasks:
             first, dfa = self.a.terminal_of(state)
             hit = self._walks[key] = self._shared_walk(dfa, state - first, nodes, nodes_key)
         return hit
+
+    def claim_edges(self, g: int) -> ClaimEdges | None:
+        """Where `g` is a state of a large object where a member comes next, its claim edges (see `_claim_edges`);
+        None for any other state."""
+        frame = self.large_objects.get(g)
+        if frame is None:
+            return None
+        claims = self._claim_edges.get(g)
+        if claims is None:
+            claims = self._claim_edges[g] = _claim_edges(self.a, g, frame)
+        return claims
 
     def _shared_walk(self, dfa: DFA, state: int, nodes: np.ndarray, nodes_key: bytes, depth: int = 0) -> Walk:
         # kept per DFA state, and walks of the whole vocabulary from a wide state also by the state's signature:
@@ -915,6 +927,9 @@ class TokenMasks:
         wide_own = self._wide_own
         for g, _ in configurations:
             if wide_own.get(g) is False or (g, _ROOT_KEY) in self._walks:
+                continue
+            if g < self.a.first_terminal:    # a large object's state: its members' keys are not wide
+                wide_own[g] = False
                 continue
             first, dfa = self.a.terminal_of(g)
             if g not in wide_own:
@@ -1057,7 +1072,7 @@ class TokenMasks:
         definition) is searched once per tag and trie nodes.  That never comes back to the frame being searched
         (left recursion is refused), but each level of it is a Python call: past `_MAX_FRAME_NESTING` the
         search goes on inside the pushed frames instead."""
-        a, call_ptr, parent, ret = self.a, self.call_ptr, stacks.parent, stacks.ret
+        a, call_edges, parent, ret = self.a, self.call_edges, stacks.parent, stacks.ret
         first_terminal = a.first_terminal
         base = (parent[s], ret[s])
         nested = depth < _MAX_FRAME_NESTING
@@ -1074,12 +1089,9 @@ class TokenMasks:
                 ends, ends_key = found[2], found[3]
                 returning = len(ends) > 0
             else:
-                edges = range(call_ptr[g], call_ptr[g + 1])
-                frame = self._large_objects.get(g) if nested else None
-                if frame is not None:
-                    claims = self._claim_edges.get(g)
-                    if claims is None:
-                        claims = self._claim_edges[g] = _claim_edges(a, g, frame)
+                edges = call_edges[g]
+                claims = self.claim_edges(g) if nested else None
+                if claims is not None:
                     self._claimed(g, claims, s, nodes, nodes_key, stacks, depth, walks, nexts)
                     edges = claims[3]
                 for c in edges:
@@ -1163,7 +1175,7 @@ class TokenMasks:
     def _search(self, bits: np.ndarray, todo: list[tuple[int, int, np.ndarray, bytes]], stacks: StackArena) -> None:
         """OR into `bits` the tokens allowed from configurations (state, stack) below trie nodes."""
         a = self.a
-        call_ptr = self.call_ptr
+        call_edges = self.call_edges
         seen = {(g, s, key) for g, s, _, key in todo}
         while todo:
             g, s, nodes, nodes_key = todo.pop()
@@ -1178,7 +1190,7 @@ class TokenMasks:
                     nexts.append((stacks.ret[s], stacks.parent[s], pops, pops_key))
             else:
                 # a structural state consumes no bytes: go on into each callee from the same nodes
-                nexts = [(*called, nodes, nodes_key) for called in stacks.calls(s, call_ptr[g], call_ptr[g + 1])]
+                nexts = [(*called, nodes, nodes_key) for called in stacks.calls(s, call_edges[g])]
                 if self.accepting[g] and s:
                     # returning from the outermost rule ends the text: nothing may follow
                     nexts.append((stacks.ret[s], stacks.parent[s], nodes, nodes_key))

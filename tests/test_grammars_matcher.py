@@ -353,6 +353,51 @@ def test_members_passed_over_leave_a_large_objects_masks(monkeypatch):
     assert any(table.dense for table in tables) and any(table.returns for table in tables)
 
 
+@pytest.mark.parametrize("order", ["schema", "any"])
+def test_a_large_objects_claims_open_as_a_byte_picks_them(order, monkeypatch):
+    """The closure leaves a large object's claims closed (the object's state stands for them among the ready
+    configurations), and a step opens only those of the members that may read its byte: every step, next bytes,
+    forced bytes and end are those of the same grammar with its claims opened in the closure, with fewer stacks."""
+    from leapgen.grammars import compile_json_schema, token_masks
+
+    vocabulary = _member_vocabulary("abcdefghijklmnopqrs")
+
+    def compiled(claims_together: int):
+        monkeypatch.setattr(token_masks, "_CLAIMS_TOGETHER", claims_together)
+        return compile_json_schema(LARGE_OBJECT, vocabulary, whitespace="flexible", property_order=order)
+
+    eager, lazy = compiled(1000), compiled(4)
+    assert lazy.masks.large_objects and not eager.masks.large_objects
+    rng, closed = random.Random(order), 0
+    for _ in range(6):
+        ml, me = lazy.matcher(), eager.matcher()
+        for _ in range(40):
+            closed += any(g < lazy.automaton.first_terminal for g, _ in lazy.closure(ml._state)[0])
+            allowed = _stepped(lazy, ml._state)
+            assert allowed == _stepped(eager, me._state) == set(ml.allowed_token_ids().tolist())
+            assert lazy.next_bytes(ml._state).tolist() == eager.next_bytes(me._state).tolist()
+            assert ml.forced_bytes() == me.forced_bytes() and ml.is_finished() == me.is_finished()
+            choices = sorted(allowed - set(vocabulary.eos_ids))
+            if not choices:
+                break
+            token = rng.choice(choices)
+            ml.advance(token)
+            me.advance(token)
+    assert closed >= 5
+
+    def closure_stacks(grammar) -> int:
+        """The stacks the closure of the state after a separator makes (in any order a claim of each member left,
+        three stacks each; in schema order only `c`'s, which is required next)."""
+        m = grammar.matcher()
+        for token in (b"{", b'"a":1,'):
+            m.advance(vocabulary.token_bytes.index(token))
+        made = len(grammar.stacks.parent)
+        grammar.closure(m._state)
+        return len(grammar.stacks.parent) - made
+
+    assert closure_stacks(compiled(4)) * 4 < closure_stacks(compiled(1000))
+
+
 def test_a_closure_takes_call_edges_as_the_search_does():
     """`StackArena.calls`, the closure's one pass over a state's call edges (claims closed once their member is
     written, extras, retagged frames, pushed and tail calls, captured texts), makes the configurations that `edge`
@@ -365,7 +410,7 @@ def test_a_closure_takes_call_edges_as_the_search_does():
               "additionalProperties": {"type": "integer"}}
     vocabulary = _member_vocabulary("abcdefghijt")
     g = compile_json_schema(schema, vocabulary, whitespace="flexible", property_order="any")
-    stacks, call_ptr, first_terminal = g.stacks, g.masks.call_ptr, g.automaton.first_terminal
+    stacks, call_edges, first_terminal = g.stacks, g.masks.call_edges, g.automaton.first_terminal
     compared, kinds = 0, set()
     m = g.matcher()
     for byte in b'{"a": 1, "t": ["x", "yy", "x1"], "b": true, "h": 2, "zz": 5, "c": 3, "f": 4}':
@@ -374,8 +419,8 @@ def test_a_closure_takes_call_edges_as_the_search_does():
             state, s = todo.pop()
             nexts = []
             if state < first_terminal:
-                edges = [stacks.edge(s, c) for c in range(call_ptr[state], call_ptr[state + 1])]
-                nexts = stacks.calls(s, call_ptr[state], call_ptr[state + 1])
+                edges = [stacks.edge(s, c) for c in call_edges[state]]
+                nexts = stacks.calls(s, call_edges[state])
                 assert nexts == [(edge[0], stacks.made(s, edge)) for edge in edges if edge is not None]
                 compared += len(edges)
                 kinds.update("closed" if edge is None else "captured" if edge[4] == b"" else "retagged"
