@@ -42,7 +42,7 @@ class CompiledGrammar:
         # (a collection untracks a tuple only after the tuples inside it, and it meets the pair first).
         self._closures: dict[State, tuple[tuple[int, int], ...]] = {}
         self._complete: set[State] = set()
-        self._reads: dict[int, tuple[dict[int, int], int]] = {}    # see `_claim_reads`
+        self._member_reads: dict[int, tuple[dict[int, int], int]] = {}    # see `_claim_reads`
         self._first_reads: dict[int, tuple[int, ...] | None] = {}     # see `_first_bytes`
         self._opened_cache: dict[tuple[State, int | None], tuple[tuple[int, int], ...]] = {}
         self._mask_cache: dict[State, np.ndarray] = {}
@@ -157,7 +157,7 @@ class CompiledGrammar:
     def _claim_reads(self, g: int) -> tuple[dict[int, int], int]:
         """Of the members claimed at large object state `g`: per byte, the members that may read it first (bits);
         and the members whose first bytes are not known (their rule may return before reading any)."""
-        hit = self._reads.get(g)
+        hit = self._member_reads.get(g)
         if hit is None:
             by_byte: dict[int, int] = {}
             unread = 0
@@ -169,7 +169,7 @@ class CompiledGrammar:
                     unread |= 1 << member
                 for byte in first or ():
                     by_byte[byte] = by_byte.get(byte, 0) | 1 << member
-            hit = self._reads[g] = (by_byte, unread)
+            hit = self._member_reads[g] = (by_byte, unread)
         return hit
 
     def _first_bytes(self, start: int) -> tuple[int, ...] | None:

@@ -67,7 +67,7 @@ class StackArena:
 
     def calls(self, stack: int, edges: Iterable[int]) -> list[tuple[int, int]]:
         """`call` of each of `edges` from a configuration on `stack`, those whose guard is open.  A closure
-        takes every call edge of each state it meets, and a byte that opens a large object's claims a hundred
+        takes every call edge of each state it meets, and a byte that opens a large object's claims takes a hundred
         members' (`CompiledGrammar._opened`): one pass that builds no edge tuple, and skips a closed claim by its
         object's claimable members, asked once, before any tag is built."""
         out = []
