@@ -43,7 +43,6 @@ class CompiledGrammar:
         self._closures: dict[State, tuple[tuple[int, int], ...]] = {}
         self._complete: set[State] = set()
         self._member_reads: dict[int, tuple[dict[int, int], int]] = {}    # see `_claim_reads`
-        self._first_reads: dict[int, tuple[int, ...] | None] = {}     # see `_first_bytes`
         self._opened_cache: dict[tuple[State, int | None], tuple[tuple[int, int], ...]] = {}
         self._mask_cache: dict[State, np.ndarray] = {}
         self._ids_cache: dict[State, np.ndarray] = {}
@@ -172,28 +171,23 @@ class CompiledGrammar:
             hit = self._member_reads[g] = (by_byte, unread)
         return hit
 
-    def _first_bytes(self, start: int) -> tuple[int, ...] | None:
-        """The bytes a call into `start` may read first, whatever its guards; None where it may return before
-        (cached: the states of an object before its first member and after a separator claim the same members)."""
-        if start in self._first_reads:
-            return self._first_reads[start]
+    def _first_bytes(self, start: int) -> set[int] | None:
+        """The bytes a call into `start` may read first, whatever its guards; None where it may return before."""
         a, call_edges = self.automaton, self.masks.call_edges
         seen, todo, out = {start}, [start], set()
-        while todo and out is not None:
+        while todo:
             g = todo.pop()
             if a.accept[g]:
-                out = None
-            elif g >= a.first_terminal:
-                first, dfa = a.terminal_of(g)
-                out.update(np.flatnonzero(dfa.trans[g - first] >= 0).tolist())
-            else:
-                for c in call_edges[g]:
-                    callee = int(a.call_callee[c])
-                    if callee not in seen:
-                        seen.add(callee)
-                        todo.append(callee)
-        found = self._first_reads[start] = None if out is None else tuple(out)
-        return found
+                return None
+            if g >= a.first_terminal:
+                out.update(self._state_bytes(g).tolist())
+                continue
+            for c in call_edges[g]:
+                callee = int(a.call_callee[c])
+                if callee not in seen:
+                    seen.add(callee)
+                    todo.append(callee)
+        return out
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`, or None if the grammar cannot continue with it."""
