@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr
 from .json_numbers import multiples_of
-from .json_schema_context import (SOME_KEY, VALIDATION, Branches, NotMatching, Part, SchemaContext, enum_values, expect,
-                                  is_number, key_matches, narrow_types)
+from .json_schema_context import (ONE_KEY_OF, SOME_KEY, VALIDATION, Branches, NotMatching, Part, SchemaContext,
+                                  enum_values, expect, is_number, key_matches, narrow_types)
 from .json_schema_ir import NEVER, choice, json_key
 
 _MAX_DISTRIBUTED_BRANCHES = 64
@@ -302,7 +302,7 @@ def rewritten_negation(ctx: SchemaContext, parts: list[Part], part: Part) -> Exp
         refused = _refused_names(value)
         if refused is None:
             witness = _refused_pattern(value, part.at("not", "propertyNames"))
-            return None if witness is None else _holding(ctx, rest, part, witness)
+            return None if witness is None else _holding(ctx, rest, part, [witness])
         if refused is True:
             return ctx.compile(rest + [part.derived({"type": "object", "minProperties": 1}, "some key", "not")])
         return choice(ctx.compile(rest + [part.derived({"type": "object", "required": [name]}, f"with {name}", "not")])
@@ -538,8 +538,10 @@ def _negated_members(ctx: SchemaContext, rest: list[Part], signature: dict | Non
               "at": part.at("not", "properties", name)} for name, subs in failing if subs]
     # a key whose value the rest holds to what the negated schema asks of it too fails nowhere: its object, built in
     # full, would be NEVER (two overlapping `oneOf` branches declaring one key alike: 178 of Github_hard's o40454)
-    witnesses = [w for w in named if _can_fail(ctx, rest, w)] + witnesses
-    return choice([_holding(ctx, rest, part, witness) for witness in witnesses])
+    named = [w for w in named if _can_fail(ctx, rest, w)]
+    # the declared keys' objects share all but one member each: the rest is compiled once for them all
+    return choice(([_holding(ctx, rest, part, named, ONE_KEY_OF)] if named else [])
+                  + [_holding(ctx, rest, part, [witness]) for witness in witnesses])
 
 
 def _can_fail(ctx: SchemaContext, rest: list[Part], witness: dict) -> bool:
@@ -554,9 +556,11 @@ def _failing(part: Part, sub: Any, *tokens: Any) -> list[Part]:
     return [] if sub is False else [part.derived({"not": sub}, "failing value", *tokens)]
 
 
-def _holding(ctx: SchemaContext, rest: list[Part], part: Part, witness: dict) -> Expr:
-    """The conjunction with an object holding a key `witness` admits (see `SOME_KEY`)."""
-    return ctx.compile(rest + [part.derived({"type": "object", SOME_KEY: [witness]}, f"holding {witness['at']}",
+def _holding(ctx: SchemaContext, rest: list[Part], part: Part, witnesses: list[dict],
+             keyword: str = SOME_KEY) -> Expr:
+    """The conjunction with an object holding a key each of `witnesses` admits (see `SOME_KEY`), or with
+    `ONE_KEY_OF` a key one of them admits."""
+    return ctx.compile(rest + [part.derived({"type": "object", keyword: witnesses}, f"holding {witnesses[0]['at']}",
                                             "not")])
 
 

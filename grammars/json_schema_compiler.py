@@ -29,8 +29,9 @@ from .ir import Expr, Grammar, Lit, Ref, Seq, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
 from .json_schema_combinators import (NEGATED_CONJUNCT, conditional, dependent_schemas, distribute, negate,
                                       rewritten_negation)
-from .json_schema_context import (DERIVED_KEYWORDS, EXCLUSIVE_BOUNDS, SOME_KEY, TYPES, UNSUPPORTED, VALIDATION,
-                                  Branches, JsonSchemaOptions, NotMatching, Part, expect, narrow_types, witness_admits)
+from .json_schema_context import (DERIVED_KEYWORDS, EXCLUSIVE_BOUNDS, ONE_KEY_OF, SOME_KEY, TYPES, UNSUPPORTED,
+                                  VALIDATION, Branches, JsonSchemaOptions, NotMatching, Part, expect, narrow_types,
+                                  witness_admits)
 from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
@@ -92,6 +93,10 @@ class SchemaCompiler:
         self.rules: dict[str, Expr] = {}
         self._content = _ContentIds()
         self._memo: dict[Hashable, str] = {}      # conjunctions through a $ref: their rules' names
+        # or their expressions where those need no rule: a literal, a terminal or NEVER (the branches a oneOf's
+        # exclusions proved empty, met again under every negation of the same $ref: Github_hard's o40454 compiled
+        # half its conjunctions again)
+        self._unnamed: dict[Hashable, Expr] = {}
         self._conjunctions: dict[Hashable, Expr] = {}  # the others: their expressions
         self._active: dict[Hashable, int] = {}
         self._depth = 0
@@ -272,6 +277,9 @@ class SchemaCompiler:
         # the conjunction may reach again inside itself
         if key in self._memo:
             return Ref(self._memo[key])
+        unnamed = self._unnamed.get(key)
+        if unnamed is not None:
+            return unnamed
         if key in self._active:
             if self._active[key] == self._depth:
                 raise SchemaError("$ref cycle that consumes no input", parts[0].pointer if parts else "")
@@ -285,6 +293,7 @@ class SchemaCompiler:
             self.rules[self._memo[key]] = body
             return Ref(self._memo[key])
         if isinstance(body, (Lit, Terminal)) or body == NEVER:
+            self._unnamed[key] = body
             return body
         name = self.rule_name(parts[0].pointer if parts else "any")
         self._memo[key] = name
@@ -444,7 +453,7 @@ def _reading_derived(cls: Any) -> Any:
     latest = jsonschema.Draft202012Validator.VALIDATORS
     return jsonschema.validators.extend(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
                                               **{k: _numeric_bound(latest[k]) for k in EXCLUSIVE_BOUNDS},
-                                              SOME_KEY: _holds_keys})
+                                              SOME_KEY: _holds_keys, ONE_KEY_OF: _holds_one_key})
 
 
 def _numeric_bound(check: Callable) -> Callable:
@@ -462,10 +471,24 @@ def _holds_keys(validator: Any, witnesses: list[dict], instance: Any, schema: di
 
     if isinstance(instance, dict):
         for witness in witnesses:
-            values = [validator.evolve(schema=part.schema) for part in witness.get("values", ())]
-            if not any(witness_admits(witness, name) and all(v.is_valid(value) for v in values)
-                       for name, value in instance.items()):
+            if not _holds(validator, witness, instance):
                 yield ValidationError(f"no key that {witness['at']} asks for")
+
+
+def _holds_one_key(validator: Any, witnesses: list[dict], instance: Any, schema: dict) -> Iterator[Any]:
+    """The ONE_KEY_OF keyword for jsonschema: an object holds a key one of the witnesses admits, with a value it
+    admits."""
+    from jsonschema import ValidationError
+
+    if isinstance(instance, dict) and not any(_holds(validator, witness, instance) for witness in witnesses):
+        yield ValidationError(f"no key that {witnesses[0]['at']} or its siblings ask for")
+
+
+def _holds(validator: Any, witness: dict, instance: dict) -> bool:
+    """Whether object `instance` holds a key `witness` admits, with a value it admits."""
+    values = [validator.evolve(schema=part.schema) for part in witness.get("values", ())]
+    return any(witness_admits(witness, name) and all(v.is_valid(value) for v in values)
+               for name, value in instance.items())
 
 
 def _check_document_depth(document: Any) -> None:

@@ -36,6 +36,9 @@ NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "mu
 # `patternProperties`, `propertyNames` and `additionalProperties`); its value is a list of such witnesses, "at"
 # the pointer each comes from.
 SOME_KEY = "\x00some key"
+# Its disjunction: the object holds a key one of the listed witnesses admits, each asking for a key by name (the
+# negation of `properties` by its declared keys: one object per key, but the rest of the conjunction compiled once).
+ONE_KEY_OF = "\x00one key of"
 # Keywords the compiler writes in the schemas it derives, whatever the document's draft: a jsonschema validator
 # of an older draft reads them too (the document's own are gone, see `SchemaCompiler`).
 DERIVED_KEYWORDS = ("const", "contains", "prefixItems")

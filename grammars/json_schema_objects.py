@@ -22,8 +22,8 @@ from .automaton import terminal_for
 from .completion import accepted_in_order
 from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
-from .json_schema_context import (SOME_KEY, STRING_KEYS, VALIDATION, Part, SchemaContext, count_of, enum_values,
-                                  expect, key_matches, witness_admits)
+from .json_schema_context import (ONE_KEY_OF, SOME_KEY, STRING_KEYS, VALIDATION, Part, SchemaContext, count_of,
+                                  enum_values, expect, key_matches, witness_admits)
 from .json_schema_ir import NEVER, choice, json_text, seq
 from .json_schema_scalars import distinct_texts, string_terminal
 from .json_strings import PatternRegexes, pattern_regexes
@@ -265,6 +265,9 @@ class _ObjectBuilder:
         if listed is not None:      # every key is one of these: each a member, and no other key
             names += [n for n in listed if n not in names]
         witnesses = [w for p in self.parts for w in p.get(SOME_KEY, ())]
+        # each way of choosing a witness of every ONE_KEY_OF list joins them (the lists hold witnesses by name, which
+        # leave `distinct_keys` as it is)
+        alternatives = list(product(*(p.get(ONE_KEY_OF) for p in self.parts if p.has(ONE_KEY_OF))))
         fixed = [self._fixed_keys(names, w) if listed is None else [] for w in witnesses]
         # an extra held for its value must keep it: no other extra may write its key again, unless it leaves
         # no room for another extra
@@ -284,11 +287,14 @@ class _ObjectBuilder:
                 extras[held_keys] = self.ctx.share(extra, self.pointer, own=True), count
             return extras[held_keys]
 
-        if witnesses:
+        if witnesses or alternatives != [()]:
             result = choice(self._members(names, {**members, **changed}, *extra_without(keys), self.required + needed,
                                           held)
-                            for needed, changed, keys, held in self._witness_layouts(names, members, witnesses, fixed,
-                                                                                      listed is None))
+                            for chosen in alternatives
+                            for needed, changed, keys, held in self._witness_layouts(
+                                names, members, witnesses + list(chosen),
+                                fixed + [self._fixed_keys(names, w) if listed is None else [] for w in chosen],
+                                listed is None))
         else:
             result = self._members(names, members, *extra_without(()), self.required)
         if result == NEVER:
