@@ -150,6 +150,16 @@ class StackArena:
         frame = self._object_below(stack)[1]
         return self.tag[frame][2] if frame else ()
 
+    def texts_held(self, stack: int) -> int:
+        """How many captured texts the object frames of `stack` hold together."""
+        held = 0
+        while stack:
+            tag = self.tag[stack]
+            if type(tag) is tuple:
+                held += len(tag[2])
+            stack = self.parent[stack]
+        return held
+
     def _object_below(self, frame: int) -> tuple[list[int], int]:
         """(the frames from `frame` down to the nearest object frame, that frame or 0 where there is none)."""
         chain = []

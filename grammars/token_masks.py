@@ -440,6 +440,51 @@ def _child(t_byte, t_end, node, byte):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _writes_again(t_byte, t_depth, t_end, node, height, text):  # pragma: no cover - compiled
+    """Whether some token below trie `node` (`height` bytes deep at most) holds `text` after the node: a search of the
+    subtree in preorder, each node's match of `text` so far going on from its parent's."""
+    n = len(text)
+    if n == 0:
+        return True
+    fail = np.zeros(n, np.int64)    # per prefix of `text`, its longest proper border
+    k = 0
+    for i in range(1, n):
+        while k and text[i] != text[k]:
+            k = fail[k - 1]
+        if text[i] == text[k]:
+            k += 1
+        fail[i] = k
+    base = t_depth[node]
+    matched = np.zeros(height + 1, np.int64)
+    for i in range(node + 1, t_end[node]):
+        d = t_depth[i] - base
+        k = matched[d - 1]
+        c = t_byte[i]
+        while k and c != text[k]:
+            k = fail[k - 1]
+        if c == text[k]:
+            k += 1
+        if k == n:
+            return True
+        matched[d] = k
+    return False
+
+
+@numba.njit(cache=True, nogil=True)
+def _reading_nodes(t_byte, t_end, row, nodes):  # pragma: no cover - compiled
+    """The trie `nodes` with a child on a byte that DFA row `row` reads."""
+    keep = np.zeros(len(nodes), np.bool_)
+    for k in range(len(nodes)):
+        i, stop = nodes[k] + 1, t_end[nodes[k]]
+        while i < stop:
+            if row[t_byte[i]] >= 0:
+                keep[k] = True
+                break
+            i = t_end[i]
+    return nodes[keep]
+
+
+@numba.njit(cache=True, nogil=True)
 def _goes_on(trans, has_out, state, data, ends):  # pragma: no cover - compiled
     """Per text data[ends[k]:ends[k + 1]], whether a call-free DFA goes on from `state` after reading it (False
     where it leaves the automaton)."""
@@ -839,12 +884,13 @@ class TokenMasks:
         self.call_edges = tuple(map(range, ptr[:-1], ptr[1:]))
         self.accepting, self.reading = automaton.accept.tobytes(), automaton.has_out.tobytes()
         # a token that ends a captured text goes on with the text added to its object's only where enough of it is
-        # left to write a separator and another whole text (or where a text may run into a dead end, anywhere)
+        # left to write a separator and that text again, or the start of another that it may make a dead end (see
+        # `_dead_reach`)
         captured = [automaton.terminal_of(int(first))[1] for first in np.flatnonzero(automaton.framed == CAPTURE_FRAME)]
         # captured terminals whose strings can run out from some state on (then a prefix may be a dead end)
         self._runs_out = {dfa.uid for dfa in captured if (dfa.finite & dfa.has_out).any()}
-        self._follow_height = 0 if self._runs_out else 1 + min((int(terminal_distances(dfa)[0]) for dfa in captured),
-                                                              default=0)
+        self._dead_depths = [_dead_depths(dfa) for dfa in captured if dfa.uid in self._runs_out]
+        self._dead_reaches: dict[int, int] = {}   # by the number of texts the stack's objects hold
         # the states of objects with `_CLAIMS_TOGETHER` members or more where a member comes next, and their edges
         # once searched or read by the parser (see `claim_edges`)
         self.large_objects = {g: frame for frame in automaton.frames if frame.members.size >= _CLAIMS_TOGETHER
@@ -1206,6 +1252,7 @@ class TokenMasks:
         text and byte, JsonSchemaStore's webhook (41 unique role ids, then a repeat) took up to 11 ms a mask."""
         t, text = self.vocabulary.trie, stacks.tag[s]
         written = [w[len(text):] for w in stacks.written(s) if w.startswith(text)]
+        dead_reach = self._dead_reach(stacks, s)
         first, dfa = self.a.terminal_of(g)
         # the written texts, then the starts only such texts complete (where they can run out), packed together
         dead = _dead_ends(dfa, g - first, written) if dfa.uid in self._runs_out else []
@@ -1216,6 +1263,10 @@ class TokenMasks:
         goes_on[len(written):] = False
         cuts = ~goes_on
         heights = _heights(self.vocabulary)
+        # where the text may not end here, a node with no child the terminal can read adds nothing (its own token came
+        # with the walk that popped there): whitespace before an item pops at 180 nodes, few of which go on with a quote
+        if not dfa.accept[g - first]:
+            nodes = _reading_nodes(t.byte, t.end, dfa.trans[g - first], nodes)
         for node in nodes.tolist():
             depth, height = int(t.depth[node]), int(heights[node])
             # every token this node adds lies below it, so where no cut does they go straight into `bits`
@@ -1227,13 +1278,25 @@ class TokenMasks:
             add_walk(found, own)
             pops = found[2]
             follow = []
-            short = pops[(heights[pops] > 0) & (heights[pops] < self._follow_height)]
+            # a token ending the text at a pop goes on with the text added only where a token below writes the text
+            # again (another text written already is cut all the same without it), or may reach a dead end that the
+            # text added might make
+            tall = []
+            for pop in pops[(heights[pops] > 0) & (heights[pops] > np.minimum(len(text) - depth + t.depth[pops],
+                                                                               dead_reach))].tolist():
+                whole = text + self._path(pop)[depth:]
+                if heights[pop] > dead_reach or _writes_again(t.byte, t.depth, t.end, pop, int(heights[pop]),
+                                                              np.frombuffer(whole, np.uint8)):
+                    tall.append((pop, whole))
+            short = pops[heights[pops] > 0]
+            if tall:
+                short = short[~np.isin(short, [pop for pop, _ in tall])]
             if len(short) and goes_on.any():
                 short = short[~np.isin(short, _descend_texts(t.byte, t.end, node, height, data, ends, goes_on))]
-            if len(short):      # too little left to write another text: the texts of the object do not matter
+            if len(short):      # the texts of the object do not matter to what follows
                 follow.append((stacks.ret[s], stacks.parent[s], short, short.tobytes()))
-            for pop in pops[heights[pops] >= max(self._follow_height, 1)].tolist():
-                popped = stacks.pop(s, text + self._path(pop)[depth:])
+            for pop, whole in tall:
+                popped = stacks.pop(s, whole)
                 if popped is not None:
                     pop_nodes = np.array([pop], np.int32)
                     follow.append((*popped, pop_nodes, pop_nodes.tobytes()))
@@ -1243,10 +1306,46 @@ class TokenMasks:
                 _clear_below(own, t.end, t.tok_ptr, t.tok_ids, cut)
                 np.bitwise_or(bits, own, out=bits)
 
+    def _dead_reach(self, stacks: StackArena, s: int) -> int:
+        """The fewest bytes from the start of a captured text to a dead end that the text of stack `s`, once added
+        to its object, might make: a state with no more strings than the texts the stack's objects hold and this
+        one (a large number where no captured terminal runs out)."""
+        if not self._dead_depths:
+            return 1 << 30
+        texts = stacks.texts_held(s)
+        reach = self._dead_reaches.get(texts)
+        if reach is None:
+            reach = self._dead_reaches[texts] = min(_dead_depth(depths, texts + 1) for depths in self._dead_depths)
+        return reach
+
     def _path(self, node: int) -> bytes:
         """The bytes from the trie's root to `node`: the start of any token below it."""
         t = self.vocabulary.trie
         return self.vocabulary.token_bytes[t.tok_ids[t.tok_ptr[node]]][:t.depth[node]]
+
+
+def _dead_depths(dfa: DFA) -> tuple[np.ndarray, np.ndarray]:
+    """The states with finitely many strings: their counts, ascending, and to each, the fewest bytes from the start
+    to a state of that count or less (see `_dead_depth`)."""
+    depth = np.full(dfa.num_states, -1, np.int64)
+    depth[0], level, steps = 0, np.zeros(1, np.int64), 0
+    while len(level):
+        steps += 1
+        level = np.unique(dfa.trans[level])
+        level = level[level >= 0]
+        level = level[depth[level] < 0]
+        depth[level] = steps
+    finite = np.flatnonzero(dfa.finite & (depth >= 0))
+    order = np.argsort(dfa.counts[finite], kind="stable")
+    return dfa.counts[finite][order], np.minimum.accumulate(depth[finite][order])
+
+
+def _dead_depth(depths: tuple[np.ndarray, np.ndarray], texts: int) -> int:
+    """The fewest bytes from the start of a captured text to a state with at most `texts` strings, where `texts`
+    written could leave no completion (a large number where there is none)."""
+    counts, reach = depths
+    i = int(np.searchsorted(counts, texts, side="right"))
+    return int(reach[i - 1]) if i else 1 << 30
 
 
 def _dead_ends(dfa: DFA, state: int, rests: list[bytes]) -> list[bytes]:

@@ -15,6 +15,7 @@ import pytest
 
 from fuzz_checks import has_duplicate_keys, random_walk
 from leapgen.grammars import SchemaError, compile_json_schema
+from leapgen.grammars.stacks import StackArena
 from leapgen.grammars.vocab import Vocabulary, build_trie
 from tokenizers_util import accepts, byte_level_bpe, cl100k
 
@@ -204,3 +205,47 @@ def test_long_length_bounds_are_one_captured_terminal(schema, repeated, fresh):
     tok = byte_level_bpe()
     grammar = compile_json_schema(schema, tok, whitespace="compact")
     assert accepts(grammar, tok, fresh) and not accepts(grammar, tok, repeated)
+
+
+def test_masks_stay_exact_where_whitespace_and_long_tokens_surround_the_items():
+    """Flexible whitespace: an item may start after any run of spaces, and tokens end one item and go on into
+    the next, or write it again whole (`", "a"`, ` "a", "a"`): only where a token below can write the ended text
+    again is it followed with the text added, and the masks stay those of the brute-force oracle."""
+    spanning = ['", "', '", "a"', ' "a", "a"', '"a", "b", "a"', '  "', '   ', ', "', '"b", "', '"ab"', '1, 1', ', 10']
+    tokens = [bytes((b,)) for b in range(32, 127)] + [t.encode() for t in _SPANNING + spanning]
+    vocab = Vocabulary(len(tokens) + 1, tokens + [None], {}, (len(tokens),), build_trie(tokens + [None]))
+    for schema in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+                   {"type": "array", "items": {"type": "string", "maxLength": 1, "pattern": "^[ab]*$"},
+                    "uniqueItems": True},
+                   {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 11}, "uniqueItems": True}):
+        grammar = compile_json_schema(schema, vocab, whitespace="flexible")
+        for seed in range(4):
+            oracle_walk(grammar, schema, random.Random(seed), 12)
+
+
+def test_a_token_ending_an_item_is_followed_with_it_only_where_a_token_may_write_it_again(monkeypatch):
+    """Forty ten-digit ids written (JsonSchemaStore's webhook): a mask inside the next one follows the tokens that
+    end it (`",`, `"]`...) without adding it to the array's texts, since no token holds it again; it added each
+    one and searched on from every trie node where it ended (3-10 ms a mask)."""
+    schema = {"type": "array", "items": {"type": "string", "pattern": "^[0-9]+$"}, "uniqueItems": True}
+    tok = cl100k()
+    grammar = compile_json_schema(schema, tok)
+    ids = [str(1234567890 + i) for i in range(40)]
+    matcher = grammar.matcher()
+    for t in tok.encode("[" + ", ".join(json.dumps(i) for i in ids) + ", ", add_special_tokens=False):
+        matcher.advance(t)
+    added = []
+    pop = StackArena.pop
+    monkeypatch.setattr(StackArena, "pop", lambda self, stack, text=None: added.append(text) or pop(self, stack, text))
+    quote, one = tok.encode('"', add_special_tokens=False)[0], tok.encode("1", add_special_tokens=False)[0]
+    for item, closes in (("1234567999", True), ("1234567890", False)):   # a new id, then one written already
+        for t in tok.encode('"' + item, add_special_tokens=False):
+            assert t in set(matcher.allowed_token_ids().tolist())
+            matcher.advance(t)
+        added.clear()
+        allowed = set(matcher.allowed_token_ids().tolist())
+        assert not added
+        assert (quote in allowed) == closes and one in allowed
+        if closes:
+            for t in tok.encode('", ', add_special_tokens=False):
+                matcher.advance(t)
