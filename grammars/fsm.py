@@ -78,6 +78,8 @@ class DFA:
     like: DFA | None = field(default=None, init=False, repr=False)
     like_states: np.ndarray | None = field(default=None, init=False, repr=False)    # int32 [n]
     like_depths: np.ndarray | None = field(default=None, init=False, repr=False)    # int32 [n]
+    # The bytes it reads from its start state, where it is a chain of them (`chain_dfa`): state i reads byte i
+    chain: np.ndarray | None = field(default=None, init=False, repr=False)    # uint8 [n - 1]
 
     @property
     def num_states(self) -> int:
@@ -209,6 +211,7 @@ def chain_dfa(data: bytes) -> DFA:
     ends = np.arange(n + 1) == n
     dfa = DFA(trans, ends)
     dfa._has_out, dfa._matches_nothing = ~ends, False
+    dfa.chain = np.frombuffer(data, np.uint8)
     return dfa
 
 

@@ -440,6 +440,53 @@ def _child(t_byte, t_end, node, byte):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _spelled(t_byte, t_end, t_tok_ptr, t_tok_ids, nodes, text):  # pragma: no cover - compiled
+    """`_walk_skipping`'s result for a DFA that reads `text` alone and then accepts: below each of `nodes`, the
+    tokens spelling a start of `text`, and the node spelling all of it where tokens go on below it (a pop point);
+    (words, values, pops), the words sorted and the pops a sorted set."""
+    n = len(text)
+    ends = np.empty(len(nodes), np.int32)     # per node, the node below it spelling all of text (-1: none)
+    path = np.empty(len(nodes) * n, np.int64)     # the nodes below them spelling a start of text
+    steps = count = 0
+    for k in range(len(nodes)):
+        below = nodes[k]
+        for i in range(n):
+            below = _child(t_byte, t_end, below, text[i])
+            if below < 0:
+                break
+            path[steps] = below
+            steps += 1
+            count += t_tok_ptr[below + 1] - t_tok_ptr[below]
+        ends[k] = below if below >= 0 and t_end[below] > below + 1 else -1
+    tids = np.empty(count, np.int64)
+    count = 0
+    for node in path[:steps]:
+        for j in range(t_tok_ptr[node], t_tok_ptr[node + 1]):
+            tids[count] = t_tok_ids[j]
+            count += 1
+    tids.sort()
+    distinct = 0
+    for i in range(count):
+        if i == 0 or tids[i] >> 5 != tids[i - 1] >> 5:
+            distinct += 1
+    words = np.empty(distinct, np.int64)
+    values = np.zeros(distinct, np.uint32)
+    w = -1
+    for i in range(count):
+        if i == 0 or tids[i] >> 5 != tids[i - 1] >> 5:
+            w += 1
+            words[w] = tids[i] >> 5
+        values[w] |= np.uint32(1) << np.uint32(tids[i] & 31)
+    ends.sort()
+    kept = 0
+    for k in range(len(ends)):
+        if ends[k] >= 0 and (kept == 0 or ends[k] != ends[kept - 1]):
+            ends[kept] = ends[k]
+            kept += 1
+    return words, values, ends[:kept]
+
+
+@numba.njit(cache=True, nogil=True)
 def _writes_again(t_byte, t_depth, t_end, node, height, text):  # pragma: no cover - compiled
     """Whether some token below trie `node` (`height` bytes deep at most) holds `text` after the node: a search of the
     subtree in preorder, each node's match of `text` so far going on from its parent's."""
@@ -696,6 +743,14 @@ def _run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray, s
     """The walk from `state` below `nodes`; `skipping`: leaving out the subtrees of the state's main paths, which
     pays only on walks over much of the trie (`DFA.byte_runs` takes a pass over each DFA's table, the checks a
     little on every node)."""
+    if dfa.chain is not None:   # an object key, new in nearly every grammar: a path down the trie, not a walk of it
+        t = vocabulary.trie
+        words, values, found = _spelled(t.byte, t.end, t.tok_ptr, t.tok_ids, nodes, dfa.chain[state:])
+        if len(words) * 4 < vocabulary.mask_words:
+            return words, values, found, found.tobytes()
+        dense = np.zeros(vocabulary.mask_words, np.uint32)
+        dense[words] = values
+        return None, dense, found, found.tobytes()
     bits, touched, pops = _SCRATCH.of(vocabulary)
     if skipping:
         dense, words, values, found = _walk_skipping(*_skipping_args(dfa, vocabulary), state, nodes, bits, touched,

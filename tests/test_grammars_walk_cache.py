@@ -6,6 +6,7 @@ import numpy as np
 import tokenizers_util as tu
 
 from leapgen.grammars import compile_json_schema, token_masks
+from leapgen.grammars.fsm import DFA, chain_dfa
 from leapgen.grammars.regex import regex_dfa
 from leapgen.grammars.vocab import as_vocabulary
 from leapgen.grammars.walk_cache import SharedWalks, walk_bytes
@@ -112,3 +113,26 @@ def test_a_mask_needing_several_wide_walks_takes_them_in_one_pass(monkeypatch):
     alone.advance(vocabulary.encode('"', add_special_tokens=False)[0])
     assert alone.allowed_token_ids().tolist() == batched and calls == [3]
     assert vocabulary.encode("customer", add_special_tokens=False)[0] in batched
+
+
+def test_a_chain_of_bytes_is_walked_down_its_path_as_the_trie_walk_would():
+    """An object key's DFA reads one text: its walk follows the text down the trie (`_spelled`) and equals the
+    trie walk of the same DFA, tokens, pop points and storage, from every state, below the root or below nodes
+    that nest (a pop point below another)."""
+    rng = np.random.default_rng(7)
+    for vocabulary in (tu.cl100k(), tu.byte_level_bpe()):
+        vocabulary = as_vocabulary(vocabulary)
+        t = vocabulary.trie
+        tokens = [b for b in vocabulary.token_bytes if b]
+        below_quote = token_masks._run_walk(chain_dfa(b'"'), vocabulary, 0, token_masks._ROOT)[2]
+        for trial in range(300):
+            text = b"".join(tokens[i] for i in rng.integers(len(tokens), size=3))[:int(rng.integers(1, 20))]
+            text = b'"' + text + b'"' if trial % 3 == 0 else text
+            dfa = chain_dfa(text)
+            nodes = token_masks._ROOT if trial % 2 else np.unique(np.concatenate(
+                [below_quote, rng.integers(len(t.end), size=3).astype(np.int32)])).astype(np.int32)
+            for state in range(dfa.num_states):
+                spelled = token_masks._run_walk(dfa, vocabulary, state, nodes)
+                walked = token_masks._run_walk(DFA(dfa.trans, dfa.accept), vocabulary, state, nodes)  # (no chain)
+                assert (_bits_of(spelled, vocabulary.mask_words) == _bits_of(walked, vocabulary.mask_words)).all()
+                assert spelled[2].tolist() == walked[2].tolist() and (spelled[0] is None) == (walked[0] is None)
