@@ -34,7 +34,6 @@ import numba
 import numpy as np
 
 from .automaton import CAPTURE_FRAME, Automaton, ObjectFrame
-from .completion import terminal_distances
 from .fsm import DFA, PLAIN_WORDS, packed_bytes
 from .object_members import CLAIM, MemberSet
 from .stacks import Edge, FrameTag, StackArena
@@ -1337,8 +1336,7 @@ class TokenMasks:
             # again (another text written already is cut all the same without it), or may reach a dead end that the
             # text added might make
             tall = []
-            for pop in pops[(heights[pops] > 0) & (heights[pops] > np.minimum(len(text) - depth + t.depth[pops],
-                                                                               dead_reach))].tolist():
+            for pop in pops[heights[pops] > np.minimum(len(text) - depth + t.depth[pops], dead_reach)].tolist():
                 whole = text + self._path(pop)[depth:]
                 if heights[pop] > dead_reach or _writes_again(t.byte, t.depth, t.end, pop, int(heights[pop]),
                                                               np.frombuffer(whole, np.uint8)):
