@@ -12,7 +12,8 @@ import jsonschema
 import pytest
 
 from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
-from leapgen.grammars import automaton, json_schema_combinators, json_schema_objects, json_schema_scalars, regex
+from leapgen.grammars import (automaton, json_schema_combinators, json_schema_compiler, json_schema_objects,
+                               json_schema_scalars, regex)
 from leapgen.grammars.automaton import _Compiler, compile_automaton
 from leapgen.grammars.fsm import MEMO_SIZE, NFA, BudgetExceeded, determinize_calls, product
 from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq, Terminal
@@ -630,6 +631,30 @@ def test_a_negated_objects_declared_keys_share_one_compile_of_the_rest(monkeypat
         wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != (validator.is_valid(v) and (
             order == "any" or not isinstance(v, dict) or list(v) == sorted(v)))]
         assert not wrong, (order, wrong)
+
+
+def test_the_enum_of_a_condition_is_checked_against_an_object_holding_one_of_the_failing_keys(monkeypatch):
+    # the negation's object (ONE_KEY_OF) reaches jsonschema where an `if` enum's values are checked against the rest
+    # of the conjunction: each value kept must hold one of the keys failing, as the grammar's instances do
+    held = []
+    holds_one_key = json_schema_compiler._holds_one_key
+    monkeypatch.setattr(json_schema_compiler, "_holds_one_key",
+                        lambda *args: held.append(args[2]) or holds_one_key(*args))
+    json_schema_compiler._reading_derived.cache_clear()     # (the validator classes take the keyword at creation)
+    schema = {"type": "object", "properties": {k: {"type": ["integer", "string"]} for k in "ab"},
+              "not": {"properties": {k: {"type": "integer"} for k in "ab"}},
+              "if": {"enum": [{"a": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": 2}, {"b": 3}]}, "then": {"required": ["a"]},
+              "else": {"maxProperties": 1}}
+    try:
+        grammar = json_schema_to_grammar(schema, property_order="any")
+    finally:
+        json_schema_compiler._reading_derived.cache_clear()
+    assert {"a": "x"} in held     # (a value the other keywords let through, which the keyword then checks)
+    validator = jsonschema.Draft202012Validator(schema)
+    values = [{"a": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": 2}, {"b": 3}, {"a": "z"}, {"a": 1}, {"b": "q"},
+              {"a": "x", "b": 1}, {}]
+    wrong = [v for v in values if ir_accepts(grammar, json.dumps(v)) != validator.is_valid(v)]
+    assert not wrong, wrong
 
 
 def test_a_conjunction_through_a_ref_compiles_once_also_where_it_needs_no_rule(monkeypatch):
