@@ -189,17 +189,22 @@ def _set_tokens(bits, tok_ids, lo, hi, value):  # pragma: no cover - compiled
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `_patch_walk`, `_narrow_walk`, `_walk_many`, `_or_chosen`, the captured texts' kernels and the trie's
-    subtree tables now: only a patched, narrowed or shared whole-vocabulary walk (inside a key beside declared ones, a
-    length-bounded string, branches of a `oneOf` of patterns), a large object and captured texts call them, so they
-    would otherwise load, from numba's disk cache, inside the first mask that needs one."""
+    """Load `_patch_walk`, `_narrow_walk`, `_walk_many`, `_or_chosen`, `_spelled`, the captured texts' kernels and
+    the trie's subtree tables now: only a patched, narrowed or shared whole-vocabulary walk (inside a key beside
+    declared ones, a length-bounded string, branches of a `oneOf` of patterns), a key's walk, a large object and
+    captured texts call them, so they would otherwise load, from numba's disk cache, inside the first mask that
+    needs one."""
     t = vocabulary.trie
     bits = np.zeros(vocabulary.mask_words, np.uint32)
     nowhere = np.full((1, 256), -1, np.int32)
     no = np.zeros(1, bool)
     data, ends = packed_bytes([b"a"])
+    text = np.frombuffer(b"a", np.uint8)    # read-only, as the texts they are called with
     _goes_on(nowhere, no, 0, data, ends)
     _clear_below(bits, t.end, t.tok_ptr, t.tok_ids, _descend_texts(t.byte, t.end, 0, 1, data, ends, no))
+    _writes_again(t.byte, t.depth, t.end, 0, 1, text)
+    _reading_nodes(t.byte, t.end, nowhere[0], _ROOT)
+    _spelled(t.byte, t.end, t.tok_ptr, t.tok_ids, _ROOT, text)
     nowhere_dfa = DFA(nowhere, no)
     _patch_walk(*_skipping_args(nowhere_dfa, vocabulary), 0, 0, _MAX_PATCHED_BYTES, bits, _NO_POPS)
     _narrow_walk(nowhere, no, np.zeros(1, np.int32), t.byte, t.end, t.tok_ptr, t.tok_ids, _heights(vocabulary), 0,

@@ -21,7 +21,8 @@ warm_up(tokenizer)
 kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm._product_pairs,
            fsm._sparse_product, fsm._byte_runs, fsm._plain_runs, token_masks._walk, token_masks._walk_skipping,
            token_masks._patch_walk, token_masks._narrow_walk, token_masks._goes_on, token_masks._descend_texts,
-           token_masks._clear_below, token_masks._subtrees,
+           token_masks._clear_below, token_masks._subtrees, token_masks._spelled, token_masks._writes_again,
+           token_masks._reading_nodes,
            vocab._build_trie]
 print(sorted(kernel.__name__ for kernel in kernels if not kernel.signatures))
 # nor does a compile import a module (jsonschema filtering an enum): it would land outside a server's frozen heap
