@@ -69,6 +69,7 @@ _MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls 
 # `_Claims`); below it, the edges one by one cost about as much as the index (Kubernetes' instances: 8 members took
 # 1% longer, 16 and 32 the same)
 _CLAIMS_TOGETHER = 16
+_NO_DEAD_END = 1 << 30     # `_dead_reach` where no text written can leave a captured terminal without completions
 
 
 @numba.njit(cache=True, nogil=True)
@@ -202,7 +203,7 @@ def load_kernels(vocabulary: Vocabulary) -> None:
     text = np.frombuffer(b"a", np.uint8)    # read-only, as the texts they are called with
     _goes_on(nowhere, no, 0, data, ends)
     _clear_below(bits, t.end, t.tok_ptr, t.tok_ids, _descend_texts(t.byte, t.end, 0, 1, data, ends, no))
-    _writes_again(t.byte, t.depth, t.end, 0, 1, text)
+    _writes_again(t.byte, t.depth, t.end, _heights(vocabulary), 0, text)
     _reading_nodes(t.byte, t.end, nowhere[0], _ROOT)
     _spelled(t.byte, t.end, t.tok_ptr, t.tok_ids, _ROOT, text)
     nowhere_dfa = DFA(nowhere, no)
@@ -491,9 +492,10 @@ def _spelled(t_byte, t_end, t_tok_ptr, t_tok_ids, nodes, text):  # pragma: no co
 
 
 @numba.njit(cache=True, nogil=True)
-def _writes_again(t_byte, t_depth, t_end, node, height, text):  # pragma: no cover - compiled
-    """Whether some token below trie `node` (`height` bytes deep at most) holds `text` after the node: a search of the
-    subtree in preorder, each node's match of `text` so far going on from its parent's."""
+def _writes_again(t_byte, t_depth, t_end, t_height, node, text):  # pragma: no cover - compiled
+    """Whether some token below trie `node` holds `text` after the node: a search of the subtree in preorder, each
+    node's match of `text` so far going on from its parent's (kept per depth below the node, `t_height[node]` at
+    most)."""
     n = len(text)
     if n == 0:
         return True
@@ -506,7 +508,7 @@ def _writes_again(t_byte, t_depth, t_end, node, height, text):  # pragma: no cov
             k += 1
         fail[i] = k
     base = t_depth[node]
-    matched = np.zeros(height + 1, np.int64)
+    matched = np.zeros(t_height[node] + 1, np.int64)
     for i in range(node + 1, t_end[node]):
         d = t_depth[i] - base
         k = matched[d - 1]
@@ -1343,7 +1345,7 @@ class TokenMasks:
             tall = []
             for pop in pops[heights[pops] > np.minimum(len(text) - depth + t.depth[pops], dead_reach)].tolist():
                 whole = text + self._path(pop)[depth:]
-                if heights[pop] > dead_reach or _writes_again(t.byte, t.depth, t.end, pop, int(heights[pop]),
+                if heights[pop] > dead_reach or _writes_again(t.byte, t.depth, t.end, heights, pop,
                                                               np.frombuffer(whole, np.uint8)):
                     tall.append((pop, whole))
             short = pops[heights[pops] > 0]
@@ -1369,7 +1371,7 @@ class TokenMasks:
         to its object, might make: a state with no more strings than the texts the stack's objects hold and this
         one (a large number where no captured terminal runs out)."""
         if not self._dead_depths:
-            return 1 << 30
+            return _NO_DEAD_END
         texts = stacks.texts_held(s)
         reach = self._dead_reaches.get(texts)
         if reach is None:
@@ -1403,7 +1405,7 @@ def _dead_depth(depths: tuple[np.ndarray, np.ndarray], texts: int) -> int:
     written could leave no completion (a large number where there is none)."""
     counts, reach = depths
     i = int(np.searchsorted(counts, texts, side="right"))
-    return int(reach[i - 1]) if i else 1 << 30
+    return int(reach[i - 1]) if i else _NO_DEAD_END
 
 
 def _dead_ends(dfa: DFA, state: int, rests: list[bytes]) -> list[bytes]:

@@ -136,3 +136,21 @@ def test_a_chain_of_bytes_is_walked_down_its_path_as_the_trie_walk_would():
                 walked = token_masks._run_walk(DFA(dfa.trans, dfa.accept), vocabulary, state, nodes)  # (no chain)
                 assert (_bits_of(spelled, vocabulary.mask_words) == _bits_of(walked, vocabulary.mask_words)).all()
                 assert spelled[2].tolist() == walked[2].tolist() and (spelled[0] is None) == (walked[0] is None)
+
+
+def test_a_subtree_search_finds_a_text_exactly_where_a_token_below_holds_it():
+    """`_writes_again` (whether a token below a trie node holds a text after the node), against every token below:
+    from the root, whose subtree is the whole trie, and from nodes below it, texts found, at any depth, or absent."""
+    vocabulary = as_vocabulary(tu.cl100k())
+    t = vocabulary.trie
+    heights = token_masks._heights(vocabulary)
+    rng = np.random.default_rng(11)
+    nodes = [0] + [int(n) for n in rng.integers(len(t.end), size=40)]
+    for node in nodes:
+        depth = int(t.depth[node])
+        below = [vocabulary.token_bytes[i][depth:] for i in t.tok_ids[t.tok_ptr[node + 1]:t.tok_ptr[t.end[node]]]]
+        texts = [b"ing", b'", "', b"\n\n", b"zzqx", b"a"]
+        texts += [tok[1:4] for tok in below[:3] if len(tok) > 3]
+        for text in texts:
+            found = token_masks._writes_again(t.byte, t.depth, t.end, heights, node, np.frombuffer(text, np.uint8))
+            assert found == any(text in tok for tok in below), (node, text)
