@@ -268,7 +268,11 @@ class _ObjectBuilder:
         # each way of choosing a witness of every ONE_KEY_OF list joins them (the lists hold witnesses by name, which
         # leave `distinct_keys` as it is)
         alternatives = list(product(*(p.get(ONE_KEY_OF) for p in self.parts if p.has(ONE_KEY_OF))))
-        fixed = [self._fixed_keys(names, w) if listed is None else [] for w in witnesses]
+
+        def fixed_keys(chosen: tuple[dict, ...] | list[dict]) -> list[list[str] | None]:
+            return [self._fixed_keys(names, w) if listed is None else [] for w in chosen]
+
+        fixed = fixed_keys(witnesses)
         # an extra held for its value must keep it: no other extra may write its key again, unless it leaves
         # no room for another extra
         self.distinct_keys = any(keys is None and w.get("values") for w, keys in zip(witnesses, fixed)) and (
@@ -292,8 +296,7 @@ class _ObjectBuilder:
                                           held)
                             for chosen in alternatives
                             for needed, changed, keys, held in self._witness_layouts(
-                                names, members, witnesses + list(chosen),
-                                fixed + [self._fixed_keys(names, w) if listed is None else [] for w in chosen],
+                                names, members, witnesses + list(chosen), fixed + fixed_keys(chosen),
                                 listed is None))
         else:
             result = self._members(names, members, *extra_without(()), self.required)
