@@ -464,13 +464,13 @@ def test_shared_walks_evict_the_least_recently_used(monkeypatch):
     string, which every grammar needs) outlives walks asked for once since."""
     import weakref
 
-    from leapgen.grammars import compile_regex, token_masks
+    from leapgen.grammars import compile_regex, token_masks, trie_walks
 
     monkeypatch.setattr(token_masks, "_SHARED_WALKS", weakref.WeakKeyDictionary())
     monkeypatch.setattr(token_masks, "_SHARED_WALKS_LIMIT", 3)
     masks = compile_regex("[a-z]+", tu.byte_level_bpe()).masks
     dfas = [regex_dfa(p) for p in ("a[bc]*", "b[cd]*", "c[de]*", "d[ef]*")]
-    root, key = token_masks._ROOT, token_masks._ROOT_KEY
+    root, key = trie_walks.ROOT, trie_walks.ROOT_KEY
     first = masks._shared_walk(dfas[0], 0, root, key)
     for dfa in dfas[1:3]:
         masks._shared_walk(dfa, 0, root, key)
@@ -487,15 +487,15 @@ def test_dense_walks_below_other_nodes_outlive_narrow_ones(monkeypatch):
     it) costs as much as a wide state's: kept with those, walks of narrow states do not push it out."""
     import weakref
 
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import token_masks, trie_tables, trie_walks
 
     monkeypatch.setattr(token_masks, "_SHARED_WALKS", weakref.WeakKeyDictionary())
     monkeypatch.setattr(token_masks, "_SHARED_WALKS_LIMIT", 2)
     masks = compile_regex("[a-z]+", tu.byte_level_bpe()).masks
-    nodes = token_masks._root_children(masks.vocabulary)
+    nodes = trie_tables.root_children(masks.vocabulary)
     dense = masks._shared_walk(regex_dfa("(?s:.*)"), 0, nodes, nodes.tobytes())
     assert dense[0] is None     # (words: none where the bitmask is whole)
-    root, key = token_masks._ROOT, token_masks._ROOT_KEY
+    root, key = trie_walks.ROOT, trie_walks.ROOT_KEY
     narrow = [masks._shared_walk(regex_dfa(p), 0, root, key) for p in ("ab", "cd", "ef", "gh")]
     assert all(walk[0] is not None for walk in narrow)
     assert masks._shared_walk(regex_dfa("(?s:.*)"), 0, nodes, nodes.tobytes()) is dense
@@ -505,7 +505,7 @@ def test_dense_walks_below_other_nodes_outlive_narrow_ones(monkeypatch):
 def test_large_automata_skip_main_paths_once_their_walks_pay_for_it(monkeypatch):
     """A wide walk of a DFA with many states reads the trie plainly until its walks have cost about what the
     byte runs cost to compute; then it skips.  Both walks find what reading each token through the DFA finds."""
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import token_masks, trie_walks
     from leapgen.grammars.json_strings import Length
 
     rng = random.Random(7)
@@ -519,7 +519,7 @@ def test_large_automata_skip_main_paths_once_their_walks_pay_for_it(monkeypatch)
     states = [1, int(dfa.trans[1, ord("a")])]
     walks = []
     for skipped, state in enumerate(states):
-        walks.append(masks._shared_walk(dfa, state, token_masks._ROOT, token_masks._ROOT_KEY))
+        walks.append(masks._shared_walk(dfa, state, trie_walks.ROOT, trie_walks.ROOT_KEY))
         assert dfa.has_byte_runs == bool(skipped)
     for state, walk in zip(states, walks):
         allowed, pops, _, _ = _walk_by_tokens(dfa, vocabulary, state)
@@ -608,7 +608,7 @@ def _key_vocabulary(keys: list[str]):
 
 
 def _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) -> int:
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import trie_walks
 
     patched = 0
     for dfa in dfas:
@@ -617,10 +617,10 @@ def _assert_patched_walks_are_whole_walks(masks, vocabulary, dfas) -> int:
             if walk is None:
                 continue
             patched += 1
-            plain = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT)
+            plain = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT)
             expected, found = np.zeros(vocabulary.mask_words, np.uint32), np.zeros(vocabulary.mask_words, np.uint32)
-            token_masks.add_walk(plain, expected)
-            token_masks.add_walk(walk, found)
+            trie_walks.add_walk(plain, expected)
+            trie_walks.add_walk(walk, found)
             assert np.array_equal(found, expected), state
             assert walk[2].tolist() == plain[2].tolist(), state
     return patched
@@ -670,7 +670,7 @@ def test_patched_walks_below_pattern_keys():
 def test_pop_points_merged_by_sorting_and_by_marks_agree():
     from numba.typed import List
 
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import trie_walks
 
     rng = random.Random(3)
     vocabulary = _vocabulary_of(sorted({bytes(rng.choices(b"abcxyz", k=rng.randint(1, 8))) for _ in range(3000)}))
@@ -685,16 +685,16 @@ def test_pop_points_merged_by_sorting_and_by_marks_agree():
         added = List([0])
         for node in rng.sample(range(len(t_end)), rng.randint(0, 40)):
             added.append(node)
-        sorted_pops = token_masks._merge_pops(base, dropped, added, t_end)
-        assert sorted_pops.tolist() == token_masks._marked_pops(base, dropped, added, t_end).tolist()
+        sorted_pops = trie_walks._merge_pops(base, dropped, added, t_end)
+        assert sorted_pops.tolist() == trie_walks._marked_pops(base, dropped, added, t_end).tolist()
 
 
 def _walk_tokens(walk, vocabulary) -> set[int]:
     """The ids of the tokens a walk allows."""
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import trie_walks
 
     bits = np.zeros(vocabulary.mask_words, np.uint32)
-    token_masks.add_walk(walk, bits)
+    trie_walks.add_walk(walk, bits)
     return set(np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")).tolist())
 
 
@@ -702,17 +702,17 @@ def _walk_by_tokens(dfa, vocabulary, state: int) -> tuple[set[int], set[int], in
     """What a whole-vocabulary walk from `state` must find, token by token: the tokens the DFA reads to the end
     and the trie nodes (with something below them) where it may stop; and how many of the nodes it reaches are
     roots of subtrees a skipping walk leaves out (`walk_nodes`), and how many of those only a plain run does."""
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import trie_tables
 
     t = vocabulary.trie
-    heights, below = token_masks._subtree_tables(vocabulary)
+    heights, below = trie_tables.subtree_tables(vocabulary)
     runs, run_bytes, plain_runs = dfa.byte_runs
     plain_bytes = fsm.PLAIN_WORDS
     allowed, pops, skipped, plain = set(), {0} if dfa.accept[state] else set(), set(), set()
     for tid, data in enumerate(vocabulary.token_bytes):
         q, node = state, 0
         for byte in data or b"":
-            q, node = int(dfa.trans[q, byte]), int(token_masks._child(t.byte, t.end, node, byte))
+            q, node = int(dfa.trans[q, byte]), int(trie_tables.child(t.byte, t.end, node, byte))
             if q < 0:
                 break
             if dfa.accept[q] and t.end[node] > node + 1:
@@ -746,7 +746,7 @@ def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     within the state's plain run (`DFA.byte_runs`), allow the same tokens and stop at the same trie nodes as
     reading every token through the DFA, from every state, over a vocabulary of quotes, escapes, UTF-8 and long
     runs of letters; where words are searched for, plain runs leave out subtrees main paths do not."""
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import trie_walks
 
     rng = random.Random(3)
     alphabet = 'abcmxy"\\ é中'
@@ -757,7 +757,7 @@ def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     dfa = regex_dfa(pattern)
     skipped = plain = 0
     for state in range(dfa.num_states):
-        walk = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT, skipping=True)
+        walk = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT, skipping=True)
         found = _walk_tokens(walk, vocabulary)
         allowed, pops, skips, plain_skips = _walk_by_tokens(dfa, vocabulary, state)
         assert found == allowed, (state, sorted(found ^ allowed)[:5])
@@ -775,7 +775,7 @@ def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bou
     the same trie nodes as reading every token through the DFA: tokens longer than the characters left, ending on
     the bound, running through a closing quote, mid-character and escaped; from every state the kernel narrows
     (at any depth), and as the masks take them (narrowed only where the two read alike for long enough)."""
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import token_masks, trie_walks
     from leapgen.grammars.json_strings import chars_dfa, length_dfa, string_end_dfa
 
     rng = random.Random(5)
@@ -795,7 +795,7 @@ def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bou
     narrowed = 0
     for state in sorted(states):
         allowed, pops, _, _ = _walk_by_tokens(dfa, vocabulary, state)
-        walks = [masks._shared_walk(dfa, state, token_masks._ROOT, token_masks._ROOT_KEY)]
+        walks = [masks._shared_walk(dfa, state, trie_walks.ROOT, trie_walks.ROOT_KEY)]
         if dfa.like_depths[state] > 0:
             walks.append(masks._narrowed_root_walk(dfa, state))
         narrowed += dfa.like_depths[state] >= token_masks._NARROWED_DEPTH
@@ -809,11 +809,11 @@ def test_narrowed_walks_of_length_bounded_strings_find_what_each_token_reads(bou
 def test_walks_do_not_skip_where_the_main_path_narrows():
     """After `x` any letter, then only a-c: a subtree below `x` of letters as deep as three holds tokens the DFA
     refuses (`xmm`), so a run from after `x` must stop where the next state's bytes no longer hold its own."""
-    from leapgen.grammars import token_masks
+    from leapgen.grammars import trie_walks
 
     token_bytes = sorted({bytes([b]) for b in range(256)} | {b"xab", b"xabc", b"xmm", b"xmab", b"xa"})
     vocabulary = _vocabulary_of(token_bytes)
     dfa = regex_dfa(r"x[a-z][a-c]*y")
-    walk = token_masks._run_walk(dfa, vocabulary, 0, token_masks._ROOT, skipping=True)
+    walk = trie_walks.run_walk(dfa, vocabulary, 0, trie_walks.ROOT, skipping=True)
     found = {token_bytes[t] for t in _walk_tokens(walk, vocabulary)}
     assert found == {b"x", b"xa", b"xab", b"xabc", b"xmab"}

@@ -5,7 +5,7 @@ import weakref
 import numpy as np
 import tokenizers_util as tu
 
-from leapgen.grammars import compile_json_schema, token_masks
+from leapgen.grammars import captured_texts, compile_json_schema, token_masks, trie_tables, trie_walks
 from leapgen.grammars.fsm import DFA, chain_dfa
 from leapgen.grammars.regex import regex_dfa
 from leapgen.grammars.vocab import as_vocabulary
@@ -60,7 +60,7 @@ def test_a_string_walk_outlives_the_walks_of_many_keys(monkeypatch):
     vocabulary = tu.cl100k()
     masks = compile_json_schema({"type": "string"}, vocabulary).masks
     inside = regex_dfa(r'[a-z ]*"')
-    root, key = token_masks._ROOT, token_masks._ROOT_KEY
+    root, key = trie_walks.ROOT, trie_walks.ROOT_KEY
     assert masks._first_bytes(inside, 0)[1]     # wide
     string_walk = masks._shared_walk(inside, 0, root, key)
     for k in range(12):
@@ -72,7 +72,7 @@ def test_a_string_walk_outlives_the_walks_of_many_keys(monkeypatch):
 
 def _bits_of(walk, words: int) -> np.ndarray:
     bits = np.zeros(words, np.uint32)
-    token_masks.add_walk(walk, bits)
+    trie_walks.add_walk(walk, bits)
     return bits
 
 
@@ -84,9 +84,9 @@ def test_walks_taken_together_equal_walks_taken_one_by_one():
         dfas = [regex_dfa(p) for p in (r'[^"\\]*(customer|maker)[^"\\]*"', r'[a-z ]*"', r"(ab|cd)*", r'"[^"]{0,5}"',
                                        r"x?")]
         starts = [(dfa, state) for dfa in dfas for state in range(dfa.num_states)]
-        together = token_masks._run_walks_together(starts, vocabulary)
+        together = trie_walks.run_walks_together(starts, vocabulary)
         for (dfa, state), walk in zip(starts, together):
-            alone = token_masks._run_walk(dfa, vocabulary, state, token_masks._ROOT, True)
+            alone = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT, True)
             assert (_bits_of(walk, vocabulary.mask_words) == _bits_of(alone, vocabulary.mask_words)).all()
             assert walk[2].tolist() == alone[2].tolist() and walk[3] == alone[3]
             assert (walk[0] is None) == (alone[0] is None)
@@ -99,8 +99,8 @@ def test_a_mask_needing_several_wide_walks_takes_them_in_one_pass(monkeypatch):
     vocabulary = tu.cl100k()
     schema = {"type": "string", "oneOf": [{"pattern": "customer"}, {"pattern": "maker"}, {"pattern": "operator"}]}
     calls = []
-    together = token_masks._run_walks_together
-    monkeypatch.setattr(token_masks, "_run_walks_together", lambda starts, v: calls.append(len(starts)) or
+    together = trie_walks.run_walks_together
+    monkeypatch.setattr(token_masks, "run_walks_together", lambda starts, v: calls.append(len(starts)) or
                         together(starts, v))
     compiled = compile_json_schema(schema, vocabulary)
     matcher = compiled.matcher()
@@ -116,7 +116,7 @@ def test_a_mask_needing_several_wide_walks_takes_them_in_one_pass(monkeypatch):
 
 
 def test_a_chain_of_bytes_is_walked_down_its_path_as_the_trie_walk_would():
-    """An object key's DFA reads one text: its walk follows the text down the trie (`_spelled`) and equals the
+    """An object key's DFA reads one text: its walk follows the text down the trie (`trie_walks.spelled`) and equals the
     trie walk of the same DFA, tokens, pop points and storage, from every state, below the root or below nodes
     that nest (a pop point below another)."""
     rng = np.random.default_rng(7)
@@ -124,26 +124,26 @@ def test_a_chain_of_bytes_is_walked_down_its_path_as_the_trie_walk_would():
         vocabulary = as_vocabulary(vocabulary)
         t = vocabulary.trie
         tokens = [b for b in vocabulary.token_bytes if b]
-        below_quote = token_masks._run_walk(chain_dfa(b'"'), vocabulary, 0, token_masks._ROOT)[2]
+        below_quote = trie_walks.run_walk(chain_dfa(b'"'), vocabulary, 0, trie_walks.ROOT)[2]
         for trial in range(300):
             text = b"".join(tokens[i] for i in rng.integers(len(tokens), size=3))[:int(rng.integers(1, 20))]
             text = b'"' + text + b'"' if trial % 3 == 0 else text
             dfa = chain_dfa(text)
-            nodes = token_masks._ROOT if trial % 2 else np.unique(np.concatenate(
+            nodes = trie_walks.ROOT if trial % 2 else np.unique(np.concatenate(
                 [below_quote, rng.integers(len(t.end), size=3).astype(np.int32)])).astype(np.int32)
             for state in range(dfa.num_states):
-                spelled = token_masks._run_walk(dfa, vocabulary, state, nodes)
-                walked = token_masks._run_walk(DFA(dfa.trans, dfa.accept), vocabulary, state, nodes)  # (no chain)
+                spelled = trie_walks.run_walk(dfa, vocabulary, state, nodes)
+                walked = trie_walks.run_walk(DFA(dfa.trans, dfa.accept), vocabulary, state, nodes)  # (no chain)
                 assert (_bits_of(spelled, vocabulary.mask_words) == _bits_of(walked, vocabulary.mask_words)).all()
                 assert spelled[2].tolist() == walked[2].tolist() and (spelled[0] is None) == (walked[0] is None)
 
 
 def test_a_subtree_search_finds_a_text_exactly_where_a_token_below_holds_it():
-    """`_writes_again` (whether a token below a trie node holds a text after the node), against every token below:
+    """`captured_texts.writes_again` (whether a token below a trie node holds a text after the node), against every token below:
     from the root, whose subtree is the whole trie, and from nodes below it, texts found, at any depth, or absent."""
     vocabulary = as_vocabulary(tu.cl100k())
     t = vocabulary.trie
-    heights = token_masks._heights(vocabulary)
+    heights = trie_tables.subtree_heights(vocabulary)
     rng = np.random.default_rng(11)
     nodes = [0] + [int(n) for n in rng.integers(len(t.end), size=40)]
     for node in nodes:
@@ -152,5 +152,5 @@ def test_a_subtree_search_finds_a_text_exactly_where_a_token_below_holds_it():
         texts = [b"ing", b'", "', b"\n\n", b"zzqx", b"a"]
         texts += [tok[1:4] for tok in below[:3] if len(tok) > 3]
         for text in texts:
-            found = token_masks._writes_again(t.byte, t.depth, t.end, heights, node, np.frombuffer(text, np.uint8))
+            found = captured_texts.writes_again(t.byte, t.depth, t.end, heights, node, np.frombuffer(text, np.uint8))
             assert found == any(text in tok for tok in below), (node, text)

@@ -13,17 +13,18 @@ _FRESH_PROCESS = """
 import sys
 sys.path.insert(0, {tests!r})
 from tokenizers_util import byte_level_bpe
-from leapgen.grammars import compile_json_schema, fsm, token_masks, vocab, warm_up
+from leapgen.grammars import captured_texts, compile_json_schema, fsm, token_masks, trie_tables, trie_walks
+from leapgen.grammars import vocab, warm_up
 
 tokenizer = byte_level_bpe()
 warm_up(tokenizer)
 # the kernels called from Python (the others are compiled into these)
 kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm._product_pairs,
-           fsm._sparse_product, fsm._byte_runs, fsm._plain_runs, token_masks._walk, token_masks._walk_skipping,
-           token_masks._patch_walk, token_masks._narrow_walk, token_masks._goes_on, token_masks._descend_texts,
-           token_masks._clear_below, token_masks._subtrees, token_masks._spelled, token_masks._writes_again,
-           token_masks._reading_nodes,
-           vocab._build_trie]
+           fsm._sparse_product, fsm._byte_runs, fsm._plain_runs, trie_walks._walk, trie_walks._walk_skipping,
+           trie_walks.patch_walk, trie_walks.narrow_walk, captured_texts.goes_on, captured_texts.descend_texts,
+           captured_texts.clear_below, trie_tables._subtrees, trie_walks.spelled, captured_texts.writes_again,
+           captured_texts.reading_nodes, trie_walks._walk_many, trie_walks.row_reach, trie_tables._siblings,
+           token_masks._or_chosen, vocab._build_trie]
 print(sorted(kernel.__name__ for kernel in kernels if not kernel.signatures))
 # nor does a compile import a module (jsonschema filtering an enum): it would land outside a server's frozen heap
 loaded = set(sys.modules)
@@ -45,7 +46,7 @@ _CHUNK_WALKS = """
 import sys
 sys.path.insert(0, {tests!r})
 from tokenizers_util import byte_level_bpe
-from leapgen.grammars import compile_json_schema, ir, token_masks, warm_up
+from leapgen.grammars import compile_json_schema, ir, token_masks, trie_walks, warm_up
 from leapgen.grammars.automaton import terminal_for
 from leapgen.grammars.json_schema_scalars import CHUNK
 from leapgen.grammars.json_strings import ANY_CHARS, Chars
@@ -55,8 +56,8 @@ if {warm}:
     warm_up(tokenizer)
 chunk = terminal_for(ir.Terminal(ANY_CHARS, (Chars(CHUNK),)))
 walked = []
-run, narrowed = token_masks._run_walk, token_masks.TokenMasks._narrowed_root_walk
-token_masks._run_walk = lambda dfa, *rest, **kw: walked.append(dfa is chunk) or run(dfa, *rest, **kw)
+run, narrowed = trie_walks.run_walk, token_masks.TokenMasks._narrowed_root_walk
+token_masks.run_walk = lambda dfa, *rest, **kw: walked.append(dfa is chunk) or run(dfa, *rest, **kw)
 token_masks.TokenMasks._narrowed_root_walk = lambda self, dfa, state: walked.append(dfa is chunk) or narrowed(
     self, dfa, state)
 matcher = compile_json_schema({{"type": "string", "maxLength": 7 * CHUNK}}, tokenizer).matcher()
