@@ -10,7 +10,7 @@ cl100k and SmolLM2's tokenizer (when the default model is installed):
 - mutated instances that jsonschema calls invalid are never accepted to completion;
 - random walks over the masks under a token budget finish, and what they write validates.
 
-The CI variants have fixed seeds and are small (about a minute on two cores); the `slow` ones draw
+The CI variants have fixed seeds and are small (about two minutes on two cores); the `slow` ones draw
 LONG_FACTOR times as many schemas.  benchmarks/fuzz_constraints.py runs the long campaign.  The tests at the
 end pin down each bug it found.
 """
@@ -31,9 +31,11 @@ from fuzz_schemas import WHITESPACES, schemas
 from leapgen.grammars import SchemaError, compile_json_schema, compile_regex
 from tokenizers_util import accepts, byte_level_bpe
 
-# Schemas per test: about 50 s of calls on two cores, plus a few seconds loading the tokenizers.
+# Schemas per test: 15-36 s of calls each on two cores, plus a few seconds loading the tokenizers.
 CI_SCHEMAS = {"compile": 600, "valid": 700, "invalid": 700, "walks": 550, "any order": 300}
-LONG_FACTOR = 4      # the slow variants: about 3.5 min (the campaign script runs the long fuzzing)
+# the slow variants: about 4 min on two cores (at 4x they took 7.7 min, nearly half of CI's whole suite; the
+# campaign script runs the long fuzzing)
+LONG_FACTOR = 2
 
 
 @pytest.fixture(scope="module")
