@@ -139,8 +139,9 @@ def test_a_chain_of_bytes_is_walked_down_its_path_as_the_trie_walk_would():
 
 
 def test_a_subtree_search_finds_a_text_exactly_where_a_token_below_holds_it():
-    """`captured_texts.writes_again` (whether a token below a trie node holds a text after the node), against every token below:
-    from the root, whose subtree is the whole trie, and from nodes below it, texts found, at any depth, or absent."""
+    """`captured_texts.writes_again` (whether a token below a trie node holds a text after the node), against every
+    token below: from the root, whose subtree is the whole trie, and from nodes below it, texts found, at any depth,
+    or absent."""
     vocabulary = as_vocabulary(tu.cl100k())
     t = vocabulary.trie
     heights = trie_tables.subtree_heights(vocabulary)
