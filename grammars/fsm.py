@@ -109,13 +109,10 @@ class DFA:
         if cache is None:
             cache = self._signatures = {}
         if state not in cache:
-            old = _reachable_in_order(self.trans, state, limit)
-            if len(old) > limit:
-                cache[state] = None
-                return None
-            remap = np.full(self.num_states + 1, -1, np.int32)
-            remap[old] = np.arange(len(old), dtype=np.int32)
-            cache[state] = remap[self.trans[old]].tobytes() + self.accept[old].tobytes()
+            order = _reachable_in_order(self.trans, state, limit)
+            # as byte ranges, not whole rows: a row of 256 targets per state made each signature tens of KB (29 KB
+            # on average over Github_medium's masks), which every cache lookup hashed and compared whole
+            cache[state] = None if len(order) > limit else _canonical_ranges(self.trans, self.accept, order).tobytes()
         return cache[state]
 
     def after(self, state: int, data: bytes) -> int:
@@ -322,6 +319,36 @@ def _reachable_in_order(trans, start, limit):  # pragma: no cover - compiled
                 order[count] = t
                 count += 1
     return order[:count]
+
+
+@numba.njit(cache=True)
+def _canonical_ranges(trans, accept, order):  # pragma: no cover - compiled
+    """The automaton on the states `order` (every target among them), numbered by their place in it: per state, in
+    that order, whether it accepts, how many maximal byte ranges lead on, and each range as (first byte, last
+    byte, target's number)."""
+    number = np.full(trans.shape[0], -1, np.int32)
+    for k in range(len(order)):
+        number[order[k]] = k
+    runs = 0
+    for s in order:
+        for b in range(trans.shape[1]):
+            if trans[s, b] >= 0 and (b == 0 or trans[s, b] != trans[s, b - 1]):
+                runs += 1
+    out = np.empty(2 * len(order) + 3 * runs, np.int32)
+    at = 0
+    for s in order:
+        out[at] = accept[s]
+        head = at + 1
+        at += 2
+        for b in range(trans.shape[1]):
+            t = trans[s, b]
+            if t >= 0 and (b == 0 or t != trans[s, b - 1]):
+                out[at], out[at + 2] = b, number[t]
+                at += 3
+            if t >= 0 and (b == trans.shape[1] - 1 or trans[s, b + 1] != t):
+                out[at - 2] = b
+        out[head] = (at - head - 1) // 3
+    return out
 
 
 def _edge_table(trans: np.ndarray) -> np.ndarray:
@@ -1095,6 +1122,7 @@ def load_kernels(sample: DFA) -> None:
     _sparse_pairs(sample, sample, False, 1 << 10)
     without_words(sample, [b"a"], 1 << 10)
     _reachable_in_order(sample.trans, 0, 1)
+    sample.signature(0)
     _byte_runs(sample.trans, sample.accept, RUN_CAP)
     _plain_runs(sample.trans, sample.accept, PLAIN_BYTES, RUN_CAP)
 

@@ -9,6 +9,7 @@ from tokenizers_util import accepts
 
 from leapgen.grammars import compile_json_schema, compile_lark, ir
 from leapgen.grammars.automaton import compile_automaton
+from leapgen.grammars.regex import regex_dfa
 
 
 def test_equal_terminals_are_one_dfa_in_every_grammar():
@@ -33,6 +34,21 @@ def test_terminal_states_with_equal_futures_have_equal_signatures():
 
     assert dfa_a.signature(after(dfa_a, b'x"yz')) == dfa_b.signature(after(dfa_b, b'"y'))
     assert dfa_a.signature(after(dfa_a, b"x")) != dfa_b.signature(after(dfa_b, b'"'))
+
+
+def test_signatures_follow_byte_ranges_targets_and_acceptance():
+    # a signature lists each reachable state's byte ranges: equal for equal minimal automata however they were
+    # written, apart where a range's bounds, where it leads or whether a state accepts differ
+    def signature(pattern: str) -> bytes:
+        return regex_dfa(pattern).signature(0)
+
+    assert signature("a[bc]") == signature("ab|ac")
+    assert signature('"[a-y]*"') != signature('"[a-z]*"')
+    assert signature("a[bc]d") != signature("a[bc]e")
+    assert signature("a[bc]") != signature("a[bc]?")
+    # a few bytes per range, not a row of 256 targets per state (whole rows: 11 KB for a JSON string's automaton)
+    string = regex_dfa(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])*"')
+    assert len(string.signature(0)) * 10 < string.num_states * 256 * 4
 
 
 def test_masks_inside_strings_do_not_leak_between_grammars():

@@ -19,12 +19,12 @@ from leapgen.grammars import vocab, warm_up
 tokenizer = byte_level_bpe()
 warm_up(tokenizer)
 # the kernels called from Python (the others are compiled into these)
-kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm._product_pairs,
-           fsm._sparse_product, fsm._byte_runs, fsm._plain_runs, trie_walks._walk, trie_walks._walk_skipping,
-           trie_walks.patch_walk, trie_walks.narrow_walk, captured_texts.goes_on, captured_texts.descend_texts,
-           captured_texts.clear_below, trie_tables._subtrees, trie_walks.spelled, captured_texts.writes_again,
-           captured_texts.reading_nodes, trie_walks._walk_many, trie_walks.row_reach, trie_tables._siblings,
-           token_masks._or_chosen, vocab._build_trie]
+kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm._canonical_ranges,
+           fsm._product_pairs, fsm._sparse_product, fsm._byte_runs, fsm._plain_runs, trie_walks._walk,
+           trie_walks._walk_skipping, trie_walks.patch_walk, trie_walks.narrow_walk, captured_texts.goes_on,
+           captured_texts.descend_texts, captured_texts.clear_below, trie_tables._subtrees, trie_walks.spelled,
+           captured_texts.writes_again, captured_texts.reading_nodes, trie_walks._walk_many, trie_walks.row_reach,
+           trie_tables._siblings, token_masks._or_chosen, vocab._build_trie]
 print(sorted(kernel.__name__ for kernel in kernels if not kernel.signatures))
 # nor does a compile import a module (jsonschema filtering an enum): it would land outside a server's frozen heap
 loaded = set(sys.modules)
