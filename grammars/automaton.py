@@ -153,12 +153,16 @@ class Automaton:
         first, dfa = self.terminals[k]
         return (first, dfa) if state - first < dfa.num_states else None
 
-    def byte_row(self, state: int) -> np.ndarray:
-        """The byte transitions of a terminal state (int32 [256], global targets, -1: none).  Only terminal states
-        consume bytes, and each terminal's rows stay in its shared DFA: a global table would copy them all on
-        every compile."""
+    def terminal_row(self, state: int) -> tuple[int, np.ndarray]:
+        """A terminal state's byte transitions where they are: the first state of its terminal, and its row in the
+        terminal's DFA (int32 [256], targets local to that DFA, -1: none).  Only terminal states consume bytes, and
+        each terminal's rows stay in its shared DFA: a global table would copy them all on every compile."""
         first, dfa = self.terminal_of(state)
-        row = dfa.trans[state - first]
+        return first, dfa.trans[state - first]
+
+    def byte_row(self, state: int) -> np.ndarray:
+        """The byte transitions of a terminal state (int32 [256], global targets, -1: none)."""
+        first, row = self.terminal_row(state)
         return np.where(row >= 0, row + first, -1)
 
 
