@@ -1121,8 +1121,7 @@ def load_kernels(sample: DFA) -> None:
     product(sample, sample, True, 1 << 10)
     _sparse_pairs(sample, sample, False, 1 << 10)
     without_words(sample, [b"a"], 1 << 10)
-    _reachable_in_order(sample.trans, 0, 1)
-    sample.signature(0)
+    _canonical_ranges(sample.trans, sample.accept, _reachable_in_order(sample.trans, 0, 1))
     _byte_runs(sample.trans, sample.accept, RUN_CAP)
     _plain_runs(sample.trans, sample.accept, PLAIN_BYTES, RUN_CAP)
 
