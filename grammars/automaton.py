@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable
 
 import numpy as np
 
@@ -48,9 +49,13 @@ MEMBERS_FRAME, CAPTURE_FRAME = 1, 2
 # rules, a few hundred at most: the bodies kept are objects every full garbage collection visits.
 _RULE_DFAS: dict[ir.Expr, "_BuiltRule"] = {}
 _RULE_DFAS_KEPT = 256
-# the keys of portable rules' groups (see `_portable_rules`), each kept once: equal keys of two grammars are one object
-_PORTABLE_KEYS: dict[tuple, tuple] = {}
+# the numbers of portable rules' groups (see `_portable_rules`) by what names them, a tuple of names and numbers:
+# such tuples drop out of the garbage collector's scans, where keys of frozensets holding the rule automata kept
+# two thirds of the process's tracked objects (25,000 after three MaskBench subsets) for every full collection
+# to visit, a pause of 10-20 ms in some token mask
+_PORTABLE_KEYS: dict[tuple, int] = {}
 _PORTABLE_KEYS_KEPT = 4096
+_PORTABLE_IDS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ class Automaton:
     frames: tuple[ObjectFrame, ...] = ()
     # (first global state, end, key) of each rule that reads the same in every grammar holding it (see
     # `_portable_rules`): equal keys, equal rules
-    portable: tuple[tuple[int, int, Hashable], ...] = ()
+    portable: tuple[tuple[int, int, tuple[str, int]], ...] = ()
     # the first states of `terminals`, a tuple: once it survives a collection the collector stops walking it
     _terminal_starts: tuple[int, ...] = field(init=False, repr=False)
     # every state from here on is a terminal's (structural states come first, then the terminals end to end)
@@ -911,27 +916,28 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     )
 
 
-def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, Hashable]:
+def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, tuple[str, int]]:
     """Per rule kept across grammars that calls only such rules, in turn (`CallDFA.shared`; the value of an object's
     extras, any JSON value, is one), a key naming it with every rule it reaches: two grammars with equal keys hold
     the same automata under the same names, and call the same terminal DFAs (labels name them), so what a token can
-    do inside the rule is the same in both.  A key is built per group of rules that reach each other, from the keys
-    of the groups it calls (one frozenset per rule's reach took quadratic time and memory on long recursions), and
-    interned, so that another grammar's equal key is the same object."""
+    do inside the rule is the same in both.  A key is the rule's name and the number of its group of rules that
+    reach each other, which its members (names and automata) and the numbers of the groups it calls name (one set
+    per rule's reach took quadratic time and memory on long recursions): another grammar's equal group gets the same
+    number."""
     # a rule that reaches one not kept is not portable
     excluded = _least_set(rules, {name for name, rule in rules.items() if not rule.shared},
                           lambda name, found: any(label in found for calls in rules[name].calls for label, _ in calls))
-    keys: dict[str, Hashable] = {}
+    keys: dict[str, int] = {}
     portable = {name: [label for calls in rule.calls for label, _ in calls if label in rules]
                 for name, rule in rules.items() if name not in excluded}
     for group in _components(portable):
-        members = frozenset((name, rules[name]) for name in group)
-        called = frozenset(keys[label] for name in group for label in portable[name] if label in keys)
-        group_key = _PORTABLE_KEYS.get((members, called))
+        named = (tuple(sorted((name, rules[name].uid) for name in group)),
+                 tuple(sorted({keys[label] for name in group for label in portable[name] if label in keys})))
+        group_key = _PORTABLE_KEYS.get(named)
         if group_key is None:
             if len(_PORTABLE_KEYS) >= _PORTABLE_KEYS_KEPT:
                 _PORTABLE_KEYS.clear()
-            group_key = _PORTABLE_KEYS[(members, called)] = (members, called)
+            group_key = _PORTABLE_KEYS[named] = next(_PORTABLE_IDS)
         for name in group:
             keys[name] = group_key
     return {name: (name, key) for name, key in keys.items()}

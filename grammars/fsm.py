@@ -223,6 +223,9 @@ class CallDFA:
     trimmed: bool = False
     # kept across grammars (`automaton._RULE_DFAS`): every grammar with the rule's body holds this very object
     shared: bool = False
+    # never reused, as DFA.uid: keys naming this very automaton hold the number, not the object (see
+    # `automaton._portable_rules`)
+    uid: int = field(default_factory=lambda: next(_DFA_UIDS), init=False, repr=False)
 
     @property
     def num_states(self) -> int:
