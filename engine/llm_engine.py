@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Sequence as Seq, TypeVar
 
@@ -41,6 +42,10 @@ from leapgen.grammars.vocab import vocabulary_for
 from leapgen.kernels.dispatch import compiled_row_logsumexp
 
 CPU_KV_CACHE_CAP = 512 * 2**20
+# Compiled constraints kept for the requests after, the most recently used: a server meeting a new schema in every
+# request kept each grammar, with its caches of masks (up to hundreds of MB each), for the life of the process.
+# A request holds its own grammar while it runs, so one dropped here only compiles again for a later request.
+CONSTRAINTS_KEPT = 64
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 
@@ -125,8 +130,8 @@ class LLMEngine:
         self._to_propose: list[tuple[EngineRequest, SequenceState]] = []   # accepted a token this step
         self.requests: dict[int, EngineRequest] = {}
         self._owner: dict[int, tuple[EngineRequest, SequenceState]] = {}      # seq_id -> its request and state
-        self._compiled: dict[tuple, TokenConstraint] = {}
-        self._shortest: dict[tuple, int | None] = {}     # tokens of the shortest output, per constraint
+        self._compiled: OrderedDict[tuple, TokenConstraint] = OrderedDict()
+        self._shortest: OrderedDict[tuple, int | None] = OrderedDict()   # tokens of its shortest output, per constraint
         self._advanced: dict[int, EngineRequest] = {}    # requests whose outputs the current step returns
         self._masks_ahead = MasksAhead()
         self._step_masks: dict[int, np.ndarray] = {}     # seq_id -> its mask for this step, computed during the pass
@@ -170,24 +175,28 @@ class LLMEngine:
         return checked
 
     def _shortest_output(self, spec: ConstraintSpec) -> int | None:
-        """Tokens in the shortest output `spec` allows (None when the vocabulary cannot tell), once per spec."""
+        """Tokens in the shortest output `spec` allows (None when the vocabulary cannot tell), worked out once per
+        spec while it stays among the `CONSTRAINTS_KEPT` used last."""
         key = spec.key()
-        if key not in self._shortest:
-            closing = self.compile(spec).matcher().completion_tokens()
-            self._shortest[key] = None if closing is None else len(closing)
-        return self._shortest[key]
+        if key in self._shortest:
+            self._shortest.move_to_end(key)
+            return self._shortest[key]
+        closing = self.compile(spec).matcher().completion_tokens()
+        return _kept(self._shortest, key, None if closing is None else len(closing))
 
     def compile(self, spec: ConstraintSpec) -> TokenConstraint:
-        """`spec` compiled for this model's vocabulary, once per spec; RequestError when no token of the
-        vocabulary can even start an output inside it."""
+        """`spec` compiled for this model's vocabulary, once per spec while it stays among the `CONSTRAINTS_KEPT`
+        used last; RequestError when no token of the vocabulary can even start an output inside it."""
         key = spec.key()
-        if key not in self._compiled:
-            compiled = spec.compile(self.vocabulary)
-            if not len(compiled.matcher().allowed_token_ids()):
-                raise RequestError("constraint: no token of this model's vocabulary can start an output that "
-                                   "matches it (the vocabulary cannot spell it)")
-            self._compiled[key] = compiled
-        return self._compiled[key]
+        compiled = self._compiled.get(key)
+        if compiled is not None:
+            self._compiled.move_to_end(key)
+            return compiled
+        compiled = spec.compile(self.vocabulary)
+        if not len(compiled.matcher().allowed_token_ids()):
+            raise RequestError("constraint: no token of this model's vocabulary can start an output that "
+                               "matches it (the vocabulary cannot spell it)")
+        return _kept(self._compiled, key, compiled)
 
     def add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> int:
         """Queue a prompt (or an already checked request); returns its request id."""
@@ -624,3 +633,12 @@ def _token_logprob(sampled: SamplerOutput, row: int, token: int, top_n: int | No
     if top_n:
         top = dict(zip(sampled.top_logprob_ids[row, :top_n].tolist(), sampled.top_logprobs[row, :top_n].tolist()))
     return TokenLogprob(token, float(sampled.logprobs[row]), top)
+
+
+def _kept(cache: OrderedDict[tuple, T], key: tuple, value: T) -> T:
+    """`value` kept under `key` as the most recently used entry of `cache`, the least recently used dropped past
+    CONSTRAINTS_KEPT entries."""
+    while len(cache) >= CONSTRAINTS_KEPT:
+        cache.popitem(last=False)
+    cache[key] = value
+    return value

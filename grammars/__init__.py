@@ -14,7 +14,10 @@ from .regex import regex_dfa
 from .vocab import Vocabulary, as_vocabulary, vocabulary_for
 from .warm_up import warm_up
 
+# the grammars of the regexes compiled last, per vocabulary, the most recently used last: each holds its caches of
+# masks, so a process compiling a new regex for every request must not keep them all
 _REGEX_CACHE: "weakref.WeakKeyDictionary[object, dict[str, CompiledGrammar]]" = weakref.WeakKeyDictionary()
+_REGEXES_KEPT = 64
 
 
 def compile_regex(pattern: str, tokenizer: Any) -> CompiledGrammar:
@@ -22,10 +25,12 @@ def compile_regex(pattern: str, tokenizer: Any) -> CompiledGrammar:
     regex_dfa(pattern)  # validate first so errors name the regex, not a grammar
     vocabulary = as_vocabulary(tokenizer)
     per_vocabulary = _REGEX_CACHE.setdefault(vocabulary, {})
-    hit = per_vocabulary.get(pattern)
+    hit = per_vocabulary.pop(pattern, None)
     if hit is None:
-        grammar = ir.Grammar({"start": ir.Terminal(pattern)}, "start")
-        hit = per_vocabulary[pattern] = CompiledGrammar.from_ir(grammar, vocabulary)
+        hit = CompiledGrammar.from_ir(ir.Grammar({"start": ir.Terminal(pattern)}, "start"), vocabulary)
+    while len(per_vocabulary) >= _REGEXES_KEPT:
+        del per_vocabulary[next(iter(per_vocabulary))]
+    per_vocabulary[pattern] = hit
     return hit
 
 

@@ -105,6 +105,35 @@ def test_regex_and_lark_constraints(engine):
         parser.parse(completion.text)
 
 
+def test_the_engine_keeps_only_the_most_recently_used_compiled_constraints(engine, monkeypatch):
+    """A server meeting a new schema in every request keeps only the last `CONSTRAINTS_KEPT` grammars, each with its
+    caches of masks: a constraint used again becomes the most recent, one dropped compiles again for a later
+    request, and a queued request keeps its own grammar though the engine dropped it."""
+    from leapgen.engine import llm_engine
+
+    monkeypatch.setattr(llm_engine, "CONSTRAINTS_KEPT", 2)
+    monkeypatch.setattr(engine, "_compiled", type(engine._compiled)())
+    monkeypatch.setattr(engine, "_shortest", type(engine._shortest)())
+    one, two, three = Regex("a"), Regex("aa"), Regex("aaa")
+    first = engine.compile(one)
+    engine.compile(two)
+    assert engine.compile(one) is first                 # kept, and now the most recently used
+    engine.compile(three)                               # drops `two`, the least recently used
+    assert list(engine._compiled) == [one.key(), three.key()]
+    params = SamplingParams(max_tokens=8)
+    queued = engine.add_request("x", dataclasses.replace(params, constraint=two))   # compiled again
+    engine.compile(Regex("b"))
+    engine.compile(Regex("bb"))
+    assert two.key() not in engine._compiled
+    finished = {}
+    while engine.has_unfinished:
+        finished.update((out.request_id, out) for out in engine.step() if out.finished)
+    assert finished[queued].outputs[0].text == "aa"
+    outputs, _, _ = run(engine, three, params)
+    assert [o.outputs[0].text for o in outputs] == ["aaa"] * 3
+    assert len(engine._compiled) == 2 and len(engine._shortest) <= 2
+
+
 def test_constraint_errors_are_clear(engine):
     with pytest.raises(ValueError, match="ignore_eos"):
         engine.add_request("x", SamplingParams(ignore_eos=True, constraint=Regex("a+")))
