@@ -43,7 +43,7 @@ def _all_text() -> tuple[str, str]:
     return "".join(map(chr, range(_SURROGATES[0]))), "".join(map(chr, range(_SURROGATES[1] + 1, _MAX_UNICODE + 1)))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)   # bounded as its caller's memo is: the classes come from users' patterns
 def _scan_class(class_regex: str, flags: int) -> tuple[tuple[int, int], ...]:
     """Code point ranges matched by a one-character regex, found by running `re` over every code point."""
     low, high = _all_text()
