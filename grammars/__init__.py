@@ -28,8 +28,11 @@ def compile_regex(pattern: str, tokenizer: Any) -> CompiledGrammar:
     hit = per_vocabulary.pop(pattern, None)
     if hit is None:
         hit = CompiledGrammar.from_ir(ir.Grammar({"start": ir.Terminal(pattern)}, "start"), vocabulary)
-    while len(per_vocabulary) >= _REGEXES_KEPT:
-        del per_vocabulary[next(iter(per_vocabulary))]
+    while len(per_vocabulary) >= _REGEXES_KEPT:     # the least recently used out
+        try:
+            del per_vocabulary[next(iter(per_vocabulary))]
+        except (KeyError, RuntimeError, StopIteration):   # another thread's compile changed it meanwhile
+            break
     per_vocabulary[pattern] = hit
     return hit
 

@@ -47,8 +47,8 @@ MEMBERS_FRAME, CAPTURE_FRAME = 1, 2
 # value, an array of strings): a body whose references are all calls reads the same in any grammar, and so do its
 # terminal calls while the terminal memo keeps their DFAs, whose labels name them (`_Compiler._label`).  Only small
 # rules, and few: the bodies kept are objects every full garbage collection visits.  256 of them were 4,400 of a long
-# run's 7,300 tracked objects (a full collection 3-5.5 ms) for no more hits than 64 (time to first mask and mask time
-# within 1% in an interleaved A/B over five MaskBench subsets)
+# run's 7,300 tracked objects (a full collection 3-5.5 ms) for no more hits than 64 (time to first mask within 1% and
+# mask time within 1.5% of 256 in interleaved A/Bs over five and six MaskBench subsets)
 _RULE_DFAS: dict[ir.Expr, "_BuiltRule"] = {}
 _RULE_DFAS_KEPT = 64
 # the numbers of portable rules' groups (see `_portable_rules`) by what names them, a tuple of names and numbers:
