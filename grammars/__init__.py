@@ -12,6 +12,7 @@ from .lark_grammar import lark_to_ir
 from .matcher import CompiledGrammar, Matcher
 from .regex import regex_dfa
 from .vocab import Vocabulary, as_vocabulary, vocabulary_for
+from .walk_cache import make_room
 from .warm_up import warm_up
 
 # the grammars of the regexes compiled last, per vocabulary, the most recently used last: each holds its caches of
@@ -28,11 +29,7 @@ def compile_regex(pattern: str, tokenizer: Any) -> CompiledGrammar:
     hit = per_vocabulary.pop(pattern, None)
     if hit is None:
         hit = CompiledGrammar.from_ir(ir.Grammar({"start": ir.Terminal(pattern)}, "start"), vocabulary)
-    while len(per_vocabulary) >= _REGEXES_KEPT:     # the least recently used out
-        try:
-            del per_vocabulary[next(iter(per_vocabulary))]
-        except (KeyError, RuntimeError, StopIteration):   # another thread's compile changed it meanwhile
-            break
+    make_room(per_vocabulary, _REGEXES_KEPT)     # (a hit was popped above: it goes back as the most recent)
     per_vocabulary[pattern] = hit
     return hit
 

@@ -33,6 +33,7 @@ from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, Un
 from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .object_members import CLAIM, CLOSE, EMPTY_TAG, EXTRA, FIRST, SEPARATOR, MemberSet
 from .regex import literal_dfa, literals_dfa, terminal_dfa
+from .walk_cache import make_room
 
 MAX_RULE_STATES = 200_000
 MEMOISED_RULE_NODES = 200  # rule automata built from NFAs of at most this many nodes are kept (_RULE_DFAS)
@@ -610,11 +611,7 @@ class _Compiler:
         for captured, expr, label in labelled:
             terminals.setdefault(label, (captured, expr, label))
         refs = frozenset(label for row in dfa.calls for label, _ in row if label not in terminals)
-        while len(_RULE_DFAS) >= _RULE_DFAS_KEPT:     # the oldest out
-            try:
-                del _RULE_DFAS[next(iter(_RULE_DFAS))]
-            except (KeyError, RuntimeError, StopIteration):   # another thread's compile changed it meanwhile
-                break
+        make_room(_RULE_DFAS, _RULE_DFAS_KEPT)
         dfa.shared = True
         _RULE_DFAS[body] = _BuiltRule(dfa, tuple(terminals.values()), refs)
 

@@ -21,6 +21,16 @@ from collections import OrderedDict
 Walk = tuple
 
 
+def make_room(cache: dict, kept: int) -> None:
+    """Drop the oldest entries of `cache` (in insertion order) until one more fits within `kept`.  Safe beside
+    another thread's compile doing the same: where it changed the dict meanwhile, this stops early."""
+    while len(cache) >= kept:
+        try:
+            del cache[next(iter(cache))]
+        except (KeyError, RuntimeError, StopIteration):
+            break
+
+
 def walk_bytes(walk: Walk) -> int:
     """The memory a walk holds (its arrays and pop points' bytes)."""
     words, values, pops, pops_key = walk
