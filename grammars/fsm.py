@@ -232,6 +232,18 @@ class CallDFA:
         return len(self.accept)
 
 
+@dataclass(frozen=True)
+class Fragment:
+    """A piece of NFA between two of its nodes, as `NFA.splice` copies it: its node count, byte edges (rows src, lo,
+    hi, dst) and epsilons ([2, E]), numbered from 0."""
+
+    nodes: int
+    start: int
+    final: int
+    edges: np.ndarray
+    epsilons: np.ndarray
+
+
 class NFA:
     """A Thompson-style NFA under construction: byte-range, epsilon and call edges, kept as flat lists
     (one `extend` per edge) that the compiled subset construction reads as arrays."""
@@ -271,6 +283,23 @@ class NFA:
         finals = np.flatnonzero(dfa.accept).astype(np.int32) + first
         self._embedded_eps.append(np.stack([finals, np.full_like(finals, dst)]))
         self.epsilon(src, first)
+
+    def splice(self, part: "Fragment", src: int, dst: int) -> None:
+        """Splice a copy of fragment `part` (built in an NFA of its own) between nodes src and dst."""
+        first = self.count
+        if first + part.nodes > self.budget:
+            raise BudgetExceeded(self.budget, "automaton nodes")
+        self.count += part.nodes
+        self._embedded.append(part.edges + np.array([first, 0, 0, first], np.int32))
+        self._embedded_eps.append(part.epsilons + np.int32(first))
+        self.epsilon(src, first + part.start)
+        self.epsilon(first + part.final, dst)
+
+    def fragment(self, start: int, final: int) -> Fragment:
+        """This NFA (byte and epsilon edges only) as a fragment from `start` to `final`, to splice elsewhere."""
+        if self._calls:
+            raise ValueError("a fragment holds byte and epsilon edges only")
+        return Fragment(self.count, start, final, self.byte_edges(), self.epsilons())
 
     def byte_edges(self) -> np.ndarray:
         """All byte edges as int32 [E, 4] rows (src, lo, hi, dst)."""

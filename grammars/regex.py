@@ -20,7 +20,8 @@ from re import _parser as sre_parse
 import numpy as np
 
 from .errors import AutomatonTooLargeError, RegexError
-from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, chain_dfa, determinize, minimize, product, union, without_words
+from .fsm import (DFA, MEMO_SIZE, NFA, BudgetExceeded, Fragment, chain_dfa, determinize, minimize, product, union,
+                  without_words)
 from .ir import Language
 
 MAX_DFA_STATES = 20_000
@@ -266,25 +267,46 @@ class _Builder:
     def repeat(self, av, src: int, dst: int, flags: int) -> None:
         lo, hi, sub = av
         nfa, cur = self.nfa, src
+        copies = lo + (1 if hi is C.MAXREPEAT else hi - lo)
+        body = self._body(sub.data, flags) if copies >= _SPLICED_COPIES else None
+
+        def place(a: int, b: int) -> None:
+            if body is None:
+                self.seq(sub.data, a, b, flags, False, False)
+            else:
+                nfa.splice(body, a, b)
+
         for _ in range(lo):
             nxt = nfa.node()
-            self.seq(sub.data, cur, nxt, flags, False, False)
+            place(cur, nxt)
             cur = nxt
         if hi is C.MAXREPEAT:
             # A loop node of its own: looping back to `src` let `a*b|c` match "ac" (the loop re-entered
             # the other branches that leave src).
             loop, loop_end = nfa.node(), nfa.node()
             nfa.epsilon(cur, loop)
-            self.seq(sub.data, loop, loop_end, flags, False, False)
+            place(loop, loop_end)
             nfa.epsilon(loop_end, loop)
             nfa.epsilon(loop, dst)
             return
         for _ in range(hi - lo):
             nfa.epsilon(cur, dst)
             nxt = nfa.node()
-            self.seq(sub.data, cur, nxt, flags, False, False)
+            place(cur, nxt)
             cur = nxt
         nfa.epsilon(cur, dst)
+
+    def _body(self, items, flags: int) -> Fragment | None:
+        """A repeated group's NFA built once, for copies spliced in by numpy: built again per copy, the parse
+        tree was walked in Python each time (`(?:\\S+\\s+){0,199}`, 85 ms of its 128).  None for a single
+        character or class (already one cached automaton, embedded per copy) and for a group holding an anchor
+        (refused inside a repeat, with its position, by the plain build)."""
+        if len(items) == 1 and items[0][0] in _ONE_CHARACTER or _has_anchor(items):
+            return None
+        part = _Builder(self.pattern, [])
+        start, final = part.nfa.node(), part.nfa.node()
+        part.seq(items, start, final, flags, False, False)
+        return part.nfa.fragment(start, final)
 
     def anchor(self, code, src: int, dst: int, lead: bool, trail: bool) -> None:
         pos = self.anchors[self.anchor_index] if self.anchor_index < len(self.anchors) else None
@@ -295,6 +317,26 @@ class _Builder:
             self.nfa.epsilon(src, dst)
         else:
             raise RegexError("anchors are only supported at the start or end of the regex", self.pattern, pos)
+
+
+# a repeated group is built once and spliced in from this many copies on (`_Builder._body`): below, building it
+# afresh per copy costs less than the separate NFA
+_SPLICED_COPIES = 3
+_ONE_CHARACTER = (C.LITERAL, C.NOT_LITERAL, C.ANY, C.IN)
+
+
+def _has_anchor(items) -> bool:
+    """Whether parsed regex `items` hold an anchor (`^`, `$`, `\\A`, `\\Z`) at any depth."""
+    for op, av in items:
+        if op is C.AT:
+            return True
+        if op is C.BRANCH and any(_has_anchor(branch.data) for branch in av[1]):
+            return True
+        if op is C.SUBPATTERN and _has_anchor(av[3].data):
+            return True
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT) and _has_anchor(av[2].data):
+            return True
+    return False
 
 
 # what can hold a parenthesis that opens no group: an escape, a character class

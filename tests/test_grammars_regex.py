@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+from leapgen.grammars import regex as regex_module
 from leapgen.grammars.errors import RegexError
 from leapgen.grammars.fsm import DFA, minimize
 from leapgen.grammars.json_strings import regex_escape
@@ -33,6 +34,10 @@ PATTERNS = [
     r"[\d\-_.]{1,3}[^\s\d]?",
     r"(?i:[a-cé]+)-[A-C]",
     r"",
+    r"(?:ab|c\d){3,5}x",          # repeated groups: built once, copies spliced in (`_Builder._body`)
+    r"((?:x|yz)+-){2,4}",
+    r"(?i:aé|b){3,}",
+    r"(?:ab){2,4}?(?:c[0-9]){0,3}",
 ]
 ALPHABET = "abcdexyzABCDEXYZ019_-.@ \t\n\"\\éÉÊ中文😀😎٣ǅ" + "\u0301\u00a0\u2028"
 
@@ -111,6 +116,22 @@ def test_unsupported_or_invalid_regex_names_the_position(pattern, message, posit
         regex_dfa(pattern)
     assert info.value.position == position
     assert f"position {position}" in str(info.value)
+
+
+def test_a_repeated_group_is_built_once_with_the_language_written_out(monkeypatch):
+    group = r"(?:ab|c\d|é+)"
+    assert np.array_equal(regex_dfa(group + "{3}").trans, regex_dfa(group * 3).trans)
+    assert np.array_equal(regex_dfa(group + "{1,3}").trans, regex_dfa(f"{group}(?:{group}{group}?)?").trans)
+    walked = []
+    seq = regex_module._Builder.seq
+    monkeypatch.setattr(regex_module._Builder, "seq", lambda self, items, *a: walked.append(items) or seq(
+        self, items, *a))
+    regex_dfa(r"(?:x[yz]+){2,40}")    # (a pattern no other test compiles: not memoised yet)
+    # the whole pattern, then the group's items once (not 40 times), with the two copies of `[yz]+` built in place
+    assert len(walked) == 4
+    with pytest.raises(RegexError, match="anchors") as info:
+        regex_dfa(r"x(?:a$){3}")
+    assert info.value.position == 5
 
 
 def test_catastrophic_regex_hits_the_state_budget():
