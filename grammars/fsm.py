@@ -284,7 +284,7 @@ class NFA:
         self._embedded_eps.append(np.stack([finals, np.full_like(finals, dst)]))
         self.epsilon(src, first)
 
-    def splice(self, part: "Fragment", src: int, dst: int) -> None:
+    def splice(self, part: Fragment, src: int, dst: int) -> None:
         """Splice a copy of fragment `part` (built in an NFA of its own) between nodes src and dst."""
         first = self.count
         if first + part.nodes > self.budget:
