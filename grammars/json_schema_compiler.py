@@ -106,7 +106,6 @@ class SchemaCompiler:
         # every name handed out, and the fixed ones: a hint's name may be another's numbered one (`a_1` after `a`)
         self._issued = {"start", "any_value"}
         self.sizes: dict[str, int] = {}  # inlined_size of each rule
-        self.signatures: dict[tuple, Any] = {}
         self._shared: dict[Hashable, tuple[str, Expr]] = {}
         self._validator = None
         self.why_never: list[tuple[str, str]] = []     # (reason, pointer) of each NEVER met

@@ -169,7 +169,6 @@ class SchemaContext(Protocol):
     legacy: bool  # draft-07 or older: a $ref replaces the keywords beside it
     rules: dict[str, Expr]
     sizes: dict[str, int]  # inlined_size of each rule
-    signatures: dict[tuple, Any]  # what the combinators read cheaply of a conjunction, by its parts' keys
 
     def compile(self, parts: list[Part]) -> Expr:
         """The IR for instances valid against every part."""

@@ -633,31 +633,6 @@ def test_a_negated_objects_declared_keys_share_one_compile_of_the_rest(monkeypat
         assert not wrong, (order, wrong)
 
 
-def test_what_a_conjunction_pins_down_is_read_once_per_compile(monkeypatch):
-    # a oneOf whose branches negate one another reads the signature of each conjunction several times (each
-    # negation's rest against every branch it is set against): read once, kept for the compile
-    schema = {"type": "array", "items": {"$ref": "#/$defs/aspect"}, "$defs": {
-        "aspect": {"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}, {"$ref": "#/$defs/c"}]},
-        "a": {"type": "object", "properties": {"class": {"const": "a"}, "id": {"type": "string"}},
-              "required": ["class", "id"], "additionalProperties": False},
-        "b": {"type": "object", "properties": {"class": {"const": "b"}, "n": {"type": "integer"}},
-              "required": ["class"], "additionalProperties": False},
-        "c": {"allOf": [{"type": "object", "properties": {"class": {"type": "string"}, "id": {"type": "string"}},
-                         "required": ["class", "id"]}], "not": {"$ref": "#/$defs/a"}}}}
-    asked, read = [], []
-    signature, read_signature = json_schema_combinators._signature, json_schema_combinators._read_signature
-    monkeypatch.setattr(json_schema_combinators, "_signature", lambda ctx, parts: asked.append(
-        tuple(p.key for p in parts)) or signature(ctx, parts))
-    monkeypatch.setattr(json_schema_combinators, "_read_signature", lambda ctx, parts: read.append(
-        tuple(p.key for p in parts)) or read_signature(ctx, parts))
-    grammar = json_schema_to_grammar(schema)
-    assert len(asked) > len(set(asked)) and sorted(read) == sorted(set(asked))
-    validator = jsonschema.Draft202012Validator(schema)
-    for value in [[], [{"class": "a", "id": "x"}], [{"class": "b"}], [{"class": "c", "id": "y"}],
-                  [{"class": "a"}], [{"class": "b", "id": "x"}], [{"class": "a", "id": "x", "n": 1}]]:
-        assert ir_accepts(grammar, json.dumps(value)) == validator.is_valid(value), value
-
-
 def test_the_enum_of_a_condition_is_checked_against_an_object_holding_one_of_the_failing_keys(monkeypatch):
     # the negation's object (ONE_KEY_OF) reaches jsonschema where an `if` enum's values are checked against the rest
     # of the conjunction: each value kept must hold one of the keys failing, as the grammar's instances do
