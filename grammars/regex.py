@@ -398,13 +398,9 @@ def regex_dfa(pattern: str) -> DFA:
 def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
                  excluding: tuple[str | Language, ...] = ()) -> DFA:
     """DFA of strings matching `pattern` and every regex (or Language) in `also` and none in `excluding`."""
-    dfa = regex_dfa(pattern)
-    built = dfa.num_states
+    dfa = met = _meet(pattern, also)
+    built = dfa.built_states or dfa.num_states
     try:
-        for other in also:
-            dfa = (product(dfa, regex_dfa(other), True, MAX_DFA_STATES) if isinstance(other, str) else
-                   other.intersect(dfa, MAX_DFA_STATES))
-            built += dfa.num_states
         # Languages one at a time: the union of residue automata multiplies their states, while the running
         # difference stays within what the other keywords allow (a bounded range)
         for other in excluding:
@@ -424,6 +420,25 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
                 fewer = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
                                 MAX_DFA_STATES)
             dfa = fewer
+            built += dfa.num_states
+    except BudgetExceeded as e:
+        raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern, e.budget) from None
+    if dfa is not met:      # a fresh difference (the shared intersection keeps its own count)
+        dfa.built_states = built
+    return dfa
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
+    """DFA of strings matching `pattern` and every regex (or Language) in `also` (memoised apart from
+    `terminal_dfa`: the branches of a union under one `allOf` share their intersection and differ in what
+    they exclude)."""
+    dfa = regex_dfa(pattern)
+    built = dfa.num_states
+    try:
+        for other in also:
+            dfa = (product(dfa, regex_dfa(other), True, MAX_DFA_STATES) if isinstance(other, str) else
+                   other.intersect(dfa, MAX_DFA_STATES))
             built += dfa.num_states
     except BudgetExceeded as e:
         raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern, e.budget) from None

@@ -95,6 +95,20 @@ def test_intersection_and_difference():
         assert dfa_fullmatch(both, text.encode()) == expected, text
 
 
+
+def test_branches_that_differ_in_what_they_exclude_share_their_intersection(monkeypatch):
+    """A union under one allOf: each branch intersects the same patterns, then takes out its own."""
+    built = []
+    product = regex_module.product
+    monkeypatch.setattr(regex_module, "product", lambda a, b, keep_b, limit: built.append(keep_b) or product(
+        a, b, keep_b, limit))
+    for left_out in (r"q.*", r".*9"):
+        dfa = terminal_dfa(r"[a-z0-9]{3,6}", also=(r"[^x]*",), excluding=(left_out,))
+        for text in ["abc", "qab", "ab9", "xab", "ab", "abcdefg"]:
+            expected = bool(re.fullmatch(r"[a-wyz0-9]{3,6}", text)) and not re.fullmatch(left_out, text)
+            assert dfa_fullmatch(dfa, text.encode()) == expected, (left_out, text)
+    assert built == [True, False, False]    # the intersection once, a difference per branch
+
 @pytest.mark.parametrize(
     "pattern, message, position",
     [
