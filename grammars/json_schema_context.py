@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import SchemaError
+from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr
 from .json_schema_ir import Punctuation, json_key, json_text
 from .json_schema_refs import escape_token
@@ -52,7 +52,11 @@ MAX_LENGTH_CAP = 1000
 
 def key_matches(pattern: str, name: str, pointer: str) -> bool:
     """Whether the JSON key `name` matches an ECMA `pattern` (as the grammar will judge it)."""
-    return pattern_regexes(pattern, pointer).matches(json_text(name))
+    try:
+        return pattern_regexes(pattern, pointer).matches(json_text(name))
+    except AutomatonTooLargeError as exc:
+        raise UnsupportedSchemaError(f"pattern {pattern!r} cannot be enforced exactly within {exc.budget}",
+                                     pointer) from None
 
 
 def witness_admits(witness: dict, name: str) -> bool:

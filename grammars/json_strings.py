@@ -23,8 +23,8 @@ except ImportError:  # pragma: no cover
 
 from .errors import RegexError, UnsupportedSchemaError
 from .fsm import DFA, MEMO_SIZE, RUN_CAP, BudgetExceeded, counted_product, minimize, product
-from .regex import (REGEX_META, check_group_depth, complement_ranges, normalize_ranges, parse_quietly, regex_dfa,
-                    terminal_dfa)
+from .regex import (REGEX_META, check_group_depth, complement_ranges, dfa_fullmatch, normalize_ranges, parse_quietly,
+                    regex_dfa, terminal_dfa)
 
 MAX_CODE_POINT = 0x10FFFF
 
@@ -508,9 +508,12 @@ class PatternRegexes:
     searched: bool = True   # some alternative may match after the text's start (not all open with `^`)
 
     def matches(self, encoded: str) -> bool:
-        """Whether the quoted JSON string `encoded` is one of these strings."""
-        return all(re.fullmatch(r, encoded) for r in (self.regex, *self.also)) and not any(
-            re.fullmatch(r, encoded) for r in self.excluding)
+        """Whether the quoted JSON string `encoded` is one of these strings, judged by the automata the terminals
+        are built from (Python's `re` would read the same regexes alike, but compiles their wide character classes
+        slowly: milliseconds each)."""
+        data = encoded.encode()
+        return all(dfa_fullmatch(regex_dfa(r), data) for r in (self.regex, *self.also)) and not any(
+            dfa_fullmatch(regex_dfa(r), data) for r in self.excluding)
 
     def single(self, pattern: str, pointer: str) -> str:
         """The one regex these strings are, for where a terminal takes no more (their complement under `not`):

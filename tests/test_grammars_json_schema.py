@@ -178,6 +178,18 @@ def test_pattern_properties_with_leading_lookaheads_key_their_class():
     assert info.value.pointer == "/patternProperties/^(?!.*z)[a-z]+$"
 
 
+
+def test_declared_keys_are_matched_against_patterns_by_their_automata():
+    """A declared key takes the values of the patternProperties it matches, judged as the key terminal judges
+    it; a pattern too large for an automaton is refused where it stands."""
+    check({"type": "object", "properties": {"ab": {}, "é1": {}},
+           "patternProperties": {"^[a-z]+$": {"type": "integer"}, r"\d$": {"type": "string"}}},
+          valid=[{"ab": 1, "é1": "x", "cd": 2, "z9": "y"}], invalid=[{"ab": "x"}, {"é1": 1}, {"cd": "x"}])
+    with pytest.raises(UnsupportedSchemaError, match="cannot be enforced exactly") as info:
+        json_schema_to_grammar({"type": "object", "properties": {"ab": {}},
+                                "patternProperties": {"^(a|b)*a(a|b){16}$": {"type": "integer"}}})
+    assert info.value.pointer == "/patternProperties/^(a|b)*a(a|b){16}$"
+
 @pytest.mark.parametrize("schema,where", [
     ({"type": "string", "pattern": "a(?=b)c"}, "/pattern"),                      # inside the pattern
     ({"type": "string", "pattern": "a(?!b)"}, "/pattern"),                       # a negative one at the end
