@@ -821,11 +821,13 @@ def _hopcroft(trans, accept):  # pragma: no cover - compiled
     work_b = np.empty((n + 1) * k, np.int32)
     work_c = np.empty((n + 1) * k, np.int32)
     top = 0
-    for b in range(blocks):
-        for c in range(k):
-            work_b[top], work_c[top] = b, c
-            in_work[b, c] = True
-            top += 1
+    # splitting by one block of a partition in two splits as by the other: the smaller suffices (the accepting
+    # states, mostly; the other block holds the sink, whose predecessors are most of the table)
+    first = 0 if blocks == 1 or nacc <= n - nacc else 1
+    for c in range(k):
+        work_b[top], work_c[top] = first, c
+        in_work[first, c] = True
+        top += 1
     marked = np.zeros(n, np.bool_)
     mcount = np.zeros(n + 1, np.int64)
     touched = np.empty(n + 1, np.int32)
