@@ -414,11 +414,9 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
             fewer = None if None in texts else without_words(dfa, sorted({t.encode() for t in texts}), MAX_DFA_STATES)
             if fewer is None:
                 # one difference with the union (the literal texts as one trie) instead of one per regex
-                parts = [regex_dfa(other) for other, text in zip(excluding, texts) if text is None]
-                if any(text is not None for text in texts):
-                    parts.append(literals_dfa(tuple(sorted({text for text in texts if text is not None}))))
-                fewer = product(dfa, parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES), False,
-                                MAX_DFA_STATES)
+                regexes = tuple(sorted({other for other, text in zip(excluding, texts) if text is None}))
+                fewer = product(dfa, _excluded(regexes, tuple(sorted({text for text in texts if text is not None}))),
+                                False, MAX_DFA_STATES)
             dfa = fewer
             built += dfa.num_states
     except BudgetExceeded as e:
@@ -426,6 +424,14 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
     if dfa is not met:      # a fresh difference (the shared intersection keeps its own count)
         dfa.built_states = built
     return dfa
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _excluded(regexes: tuple[str, ...], texts: tuple[str, ...]) -> DFA:
+    """DFA of the strings matching one of `regexes` (at least one) or equal to one of `texts` (memoised: the key
+    terminals of an object's classes of extra keys take out the same patterns, each from its own intersection)."""
+    parts = [regex_dfa(other) for other in regexes] + ([literals_dfa(texts)] if texts else [])
+    return parts[0] if len(parts) == 1 else union(parts, MAX_DFA_STATES)
 
 
 @functools.lru_cache(maxsize=MEMO_SIZE)

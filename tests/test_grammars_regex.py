@@ -109,6 +109,19 @@ def test_branches_that_differ_in_what_they_exclude_share_their_intersection(monk
             assert dfa_fullmatch(dfa, text.encode()) == expected, (left_out, text)
     assert built == [True, False, False]    # the intersection once, a difference per branch
 
+
+def test_the_patterns_several_terminals_leave_out_are_joined_once(monkeypatch):
+    """An object's classes of extra keys: each class's key terminal takes the other classes' patterns out."""
+    joined = []
+    union = regex_module.union
+    monkeypatch.setattr(regex_module, "union", lambda dfas, limit: joined.append(len(dfas)) or union(dfas, limit))
+    for pattern, left_out in ((r"[a-z]{2,5}", (r"q.*", r".*9", "ab")), (r"[a-z0-9]+", (r".*9", r"q.*", "ab"))):
+        dfa = terminal_dfa(pattern, excluding=left_out)
+        for text in ["abc", "qab", "ab9", "ab", "xyz", "x9y"]:
+            expected = bool(re.fullmatch(pattern, text)) and not re.fullmatch(r"q.*|.*9|ab", text)
+            assert dfa_fullmatch(dfa, text.encode()) == expected, (pattern, text)
+    assert joined == [3]    # the two regexes and the literal, once for both terminals
+
 @pytest.mark.parametrize(
     "pattern, message, position",
     [
