@@ -255,12 +255,14 @@ def test_chunk_automaton_laid_out_directly_is_the_regex_s(count):
     assert not product(expected, letters, False, 10**5).accept.any()
 
 
-@pytest.mark.parametrize("pattern", [r"^\S+@\S+$", r"^[a-z][-a-z0-9.+]*$", "ab", "^(a|é)+$", "x$", "[\u00e9\n]"])
+@pytest.mark.parametrize("pattern", [r"^\S+@\S+$", r"^[a-z][-a-z0-9.+]*$", "ab", "^(a|é)+$", "x$", "[\u00e9\n]",
+                                     # bounded: past some characters, the rest can no longer pass maxLength
+                                     r"^[a-zé]{1,4}(\.[a-z]{1,4}){1,3}$", r"^(\d{3}-)?\d{4}$"])
 def test_lengths_counted_along_a_pattern_are_the_product_with_the_length_automaton(pattern):
     """Length.intersect unrolls the pattern's automaton over the count; the product with length_dfa is the
     reference: the same language and the same minimal automaton."""
     regex = regex_dfa(pattern_regexes(pattern, "").regex)
-    for lo, hi in [(0, 0), (0, 3), (2, 5), (1, None), (3, None), (0, None), (5, 40)]:
+    for lo, hi in [(0, 0), (0, 3), (2, 5), (1, None), (3, None), (0, None), (5, 40), (0, 8), (4, 12), (8, 8), (0, 19)]:
         counted, reference = Length(lo, hi).intersect(regex, 10**5), product(regex, length_dfa(lo, hi), True, 10**5)
         assert not product(counted, reference, False, 10**5).accept.any(), (lo, hi)
         assert not product(reference, counted, False, 10**5).accept.any(), (lo, hi)
@@ -469,11 +471,21 @@ def test_long_keys_beside_declared_ones_count_in_chunks():
 def test_a_long_length_bound_with_a_format_is_refused_with_its_pointer():
     """The count along the format's automaton stops at the budget (fsm.counted_product), so the refusal costs
     20,000 states, not the whole product."""
-    schema = {"properties": {"site": {"type": "string", "format": "uri-reference", "maxLength": 2000}}}
-    with pytest.raises(UnsupportedSchemaError, match="maxLength 2000 with format 'uri-reference' cannot be enforced "
+    schema = {"properties": {"site": {"type": "string", "format": "uri-reference", "maxLength": 4000}}}
+    with pytest.raises(UnsupportedSchemaError, match="maxLength 4000 with format 'uri-reference' cannot be enforced "
                                                      "exactly within") as error:
         compile_json_schema(schema, byte_level_bpe())
     assert error.value.pointer == "/properties/site"
+
+
+def test_a_length_bound_the_format_keeps_already_adds_no_count():
+    """A hostname here has at most 251 characters (four labels of 62): under maxLength 255 the count stops
+    mattering from the start (unrolled, it passed the budget)."""
+    tok = byte_level_bpe()
+    grammar = compile_json_schema({"type": "string", "format": "hostname", "maxLength": 255}, tok)
+    longest = ".".join(["a" * 62] * 4)
+    assert accepts(grammar, tok, json.dumps(longest)) and accepts(grammar, tok, json.dumps("a.b"))
+    assert not accepts(grammar, tok, json.dumps(longest + "b")) and not accepts(grammar, tok, json.dumps("a" * 63))
 
 
 def test_a_long_length_bound_beside_an_ascii_pattern_counts_along_the_pattern():
