@@ -167,6 +167,23 @@ def test_byte_classes_are_the_equal_columns_even_where_their_hashes_collide():
     assert (firsts.tolist(), class_of.tolist()) == _classes_by_columns(trans) and class_of[0] != class_of[1]
 
 
+
+@pytest.mark.parametrize("pattern", [r'"[^"\\]*"', r'"(?:[^"\\]|\\.){0,40}"', r'"[a-z]+@[a-z]+\.(com|org)"', r'[0-9]+',
+                                     r'"[a-zé中 ]{2,10}"', r'"(?:[^"\\a]|a[^"\\b])*(?:a|ab(?:[^"\\a]|a[^"\\b])*a?)?"'])
+def test_byte_runs_over_the_byte_classes_minimisation_keeps_are_those_over_every_byte(pattern):
+    """`DFA.byte_runs` reads one byte of each class `minimize` found (its columns kept equal); over every byte, with
+    one class per byte, the kernels give the same runs, main bytes and plain runs."""
+    from leapgen.grammars.regex import regex_dfa
+
+    dfa = regex_dfa(pattern)
+    firsts, class_of = dfa.byte_classes
+    assert len(firsts) < 256 and (dfa.trans == dfa.trans[:, firsts[class_of]]).all()
+    runs, bits, plain = dfa.byte_runs
+    each = fsm._byte_runs(dfa.trans, dfa.accept, fsm.RUN_CAP, np.arange(256), np.arange(256))
+    assert np.array_equal(runs, each[0]) and np.array_equal(bits, each[1])
+    assert np.array_equal(plain, fsm._plain_runs(dfa.trans, dfa.accept, fsm.PLAIN_BYTES, fsm.RUN_CAP))
+    assert DFA(dfa.trans, dfa.accept).byte_classes[0].tolist() == list(range(256))    # not minimised: every byte
+
 def test_minimising_an_empty_language_gives_one_dead_state():
     trans = np.full((3, 256), -1, np.int32)
     trans[0, 97], trans[1, 98] = 1, 2          # no state accepts
