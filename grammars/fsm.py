@@ -704,24 +704,38 @@ def _minimal(trans, accept):  # pragma: no cover - compiled
 @numba.njit(cache=True)
 def _live_states(trans, accept):  # pragma: no cover - compiled
     """States from which an accepting state is reachable (backwards from the accepting ones)."""
+    ptr, moves = _moves_into(trans)
+    return _reaching(ptr, moves, trans.shape[1], accept)
+
+
+@numba.njit(cache=True)
+def _moves_into(trans):  # pragma: no cover - compiled
+    """The moves into each state, by target: moves[ptr[t]:ptr[t + 1]] holds s * width + c for each trans[s, c] == t."""
     n, width = trans.shape
-    ptr = np.zeros(n + 1, np.int64)                 # predecessors of t: preds[ptr[t]:ptr[t + 1]]
+    ptr = np.zeros(n + 1, np.int64)
     for s in range(n):
-        for b in range(width):
-            if trans[s, b] >= 0:
-                ptr[trans[s, b] + 1] += 1
+        for c in range(width):
+            if trans[s, c] >= 0:
+                ptr[trans[s, c] + 1] += 1
     for t in range(n):
         ptr[t + 1] += ptr[t]
     fill = ptr[:-1].copy()
-    preds = np.empty(ptr[n], np.int32)
+    moves = np.empty(ptr[n], np.int64)
     for s in range(n):
-        for b in range(width):
-            t = trans[s, b]
+        for c in range(width):
+            t = trans[s, c]
             if t >= 0:
-                preds[fill[t]] = s
+                moves[fill[t]] = s * width + c
                 fill[t] += 1
+    return ptr, moves
+
+
+@numba.njit(cache=True)
+def _reaching(ptr, moves, width, accept):  # pragma: no cover - compiled
+    """The states with a way to an accepting one, backwards along `_moves_into`'s moves."""
+    n = len(accept)
     live = accept.copy()
-    stack = np.empty(n, np.int32)
+    stack = np.empty(n, np.int64)
     top = 0
     for s in range(n):
         if live[s]:
@@ -731,7 +745,7 @@ def _live_states(trans, accept):  # pragma: no cover - compiled
         top -= 1
         t = stack[top]
         for k in range(ptr[t], ptr[t + 1]):
-            p = preds[k]
+            p = moves[k] // width
             if not live[p]:
                 live[p] = True
                 stack[top] = p
@@ -1072,29 +1086,17 @@ def _most_to_accept(trans, marked, accept):  # pragma: no cover - compiled
     bound (a cycle lies on such a way) or there is no way.  Backwards from the states with no way on but to dead
     ones, a state settled once every live successor is (the states left are those a cycle reaches)."""
     n = trans.shape[0]
-    live = _live_states(trans, accept)
+    ptr, moves = _moves_into(trans)                 # a live state's moves come from live states
+    live = _reaching(ptr, moves, 256, accept)
     unbounded = np.iinfo(np.int64).max
     most = np.full(n, unbounded, np.int64)
-    ptr = np.zeros(n + 1, np.int64)                 # live predecessors of t, with the move: preds[ptr[t]:ptr[t + 1]]
     waiting = np.zeros(n, np.int64)                 # live successors (with multiplicity) not settled yet
     for s in range(n):
         if live[s]:
             for c in range(256):
                 t = trans[s, c]
                 if t >= 0 and live[t]:
-                    ptr[t + 1] += 1
                     waiting[s] += 1
-    for t in range(n):
-        ptr[t + 1] += ptr[t]
-    fill = ptr[:-1].copy()
-    preds = np.empty(ptr[n], np.int64)
-    for s in range(n):
-        if live[s]:
-            for c in range(256):
-                t = trans[s, c]
-                if t >= 0 and live[t]:
-                    preds[fill[t]] = s * 256 + c
-                    fill[t] += 1
     best = np.where(accept, 0, -1)
     stack = np.empty(n, np.int64)
     top = 0
@@ -1107,7 +1109,7 @@ def _most_to_accept(trans, marked, accept):  # pragma: no cover - compiled
         t = stack[top]
         most[t] = best[t]
         for k in range(ptr[t], ptr[t + 1]):
-            s, c = preds[k] // 256, preds[k] % 256
+            s, c = moves[k] // 256, moves[k] % 256
             best[s] = max(best[s], most[t] + marked[s, c])
             waiting[s] -= 1
             if waiting[s] == 0:

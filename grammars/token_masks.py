@@ -59,9 +59,9 @@ _PATCHED_MIN_BYTES = 128  # ...from a state taking at least this many first byte
 _NARROWED_DEPTH = 12
 _FRAME_CACHE_LIMIT = 1 << 12  # per grammar; an entry holds up to a whole bitmask (12 KB on cl100k)
 # a wide walk skips main paths (`DFA.byte_runs`: a pass over its table, 0.1-0.6 us per DFA state as minimisation kept
-# its byte classes or not) from the first for a
-# DFA of this many states, and from the k-th for one k times larger: skipping saves about 1 ms a walk on cl100k,
-# and a pattern under a length bound unrolled over the count took 6 ms for its first walk where 1.5 walked plainly
+# its byte classes or not) from the first for a DFA of this many states, and from the k-th for one k times larger:
+# skipping saves about 1 ms a walk on cl100k, and a pattern under a length bound unrolled over the count took 6 ms
+# for its first walk where 1.5 walked plainly
 _SKIPPING_STATES = 2048
 _MAX_FRAME_WALKS = 8  # a frame's answer keeps this many walks as they are, more merged into one bitmask
 _MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls each), well inside the recursion limit
