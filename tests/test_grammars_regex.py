@@ -95,7 +95,6 @@ def test_intersection_and_difference():
         assert dfa_fullmatch(both, text.encode()) == expected, text
 
 
-
 def test_branches_that_differ_in_what_they_exclude_share_their_intersection(monkeypatch):
     """A union under one allOf: each branch intersects the same patterns, then takes out its own."""
     built = []
@@ -121,6 +120,7 @@ def test_the_patterns_several_terminals_leave_out_are_joined_once(monkeypatch):
             expected = bool(re.fullmatch(pattern, text)) and not re.fullmatch(r"q.*|.*9|ab", text)
             assert dfa_fullmatch(dfa, text.encode()) == expected, (pattern, text)
     assert joined == [3]    # the two regexes and the literal, once for both terminals
+
 
 @pytest.mark.parametrize(
     "pattern, message, position",

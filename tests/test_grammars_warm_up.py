@@ -20,7 +20,8 @@ tokenizer = byte_level_bpe()
 warm_up(tokenizer)
 # the kernels called from Python (the others are compiled into these)
 kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm._canonical_ranges,
-           fsm._product_pairs, fsm._most_to_accept, fsm._sparse_product, fsm._byte_runs, fsm._plain_runs, trie_walks._walk,
+           fsm._product_pairs, fsm._most_to_accept, fsm._sparse_product, fsm._byte_runs, fsm._plain_runs,
+           trie_walks._walk,
            trie_walks._walk_skipping, trie_walks.patch_walk, trie_walks.narrow_walk, captured_texts.goes_on,
            captured_texts.descend_texts, captured_texts.clear_below, trie_tables._subtrees, trie_walks.spelled,
            captured_texts.writes_again, captured_texts.reading_nodes, trie_walks._walk_many, trie_walks.row_reach,
