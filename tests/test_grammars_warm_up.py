@@ -21,6 +21,7 @@ warm_up(tokenizer)
 # the kernels called from Python (the others are compiled into these)
 kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm._canonical_ranges,
            fsm._product_pairs, fsm._most_to_accept, fsm._sparse_product, fsm._byte_runs, fsm._plain_runs,
+           fsm._chain_tables,
            trie_walks._walk,
            trie_walks._walk_skipping, trie_walks.patch_walk, trie_walks.narrow_walk, captured_texts.goes_on,
            captured_texts.descend_texts, captured_texts.clear_below, trie_tables._subtrees, trie_walks.spelled,
