@@ -105,11 +105,11 @@ class _MemberLabels:
 @dataclass(frozen=True)
 class _BuiltRule:
     """A rule automaton as `_RULE_DFAS` keeps it: its terminals in the order its build labelled them, each as
-    (flagged where captured, its expression, its label); `refs`, the rules its body refers to, all of them called
-    when it was built."""
+    (flagged where captured, its expression, its label, its DFA); `refs`, the rules its body refers to, all of them
+    called when it was built."""
 
     dfa: CallDFA
-    terminals: tuple[tuple[bool, ir.Expr, str], ...]
+    terminals: tuple[tuple[bool, ir.Expr, str, DFA], ...]
     refs: frozenset[str]
 
 
@@ -607,9 +607,9 @@ class _Compiler:
 
     def _memoise(self, body: ir.Expr, dfa: CallDFA, labelled: list[tuple[bool, ir.Expr, str]]) -> None:
         """Keep `dfa`, the automaton of `body`, in _RULE_DFAS with the terminals it labelled."""
-        terminals: dict[str, tuple[bool, ir.Expr, str]] = {}
+        terminals: dict[str, tuple[bool, ir.Expr, str, DFA]] = {}
         for captured, expr, label in labelled:
-            terminals.setdefault(label, (captured, expr, label))
+            terminals.setdefault(label, (captured, expr, label, self.terminal_rules[label]))
         refs = frozenset(label for row in dfa.calls for label, _ in row if label not in terminals)
         make_room(_RULE_DFAS, _RULE_DFAS_KEPT)
         dfa.shared = True
@@ -617,12 +617,12 @@ class _Compiler:
 
     def _relabelled(self, body: ir.Expr, built: _BuiltRule) -> CallDFA:
         """A kept rule automaton in this grammar: its terminals labelled in the order its build would label them.
-        Labels name DFAs, so it is the kept automaton itself unless the terminal memo has since built one of them
-        again (another DFA, another label); then the relabelled one is kept in its place, so that the grammars
-        after this one share it again (`CallDFA.shared`)."""
+        Labels name DFAs, so it is the kept automaton itself unless this grammar already labelled one of its
+        terminals with another DFA (the terminal memo built it again since); then the relabelled one is kept in its
+        place, so that the grammars after this one share it again (`CallDFA.shared`)."""
         renamed = {}
-        for captured, expr, kept in built.terminals:
-            label = self.capture_label(expr) if captured else self.terminal_label(expr)
+        for captured, expr, kept, dfa in built.terminals:
+            label = self.capture_label(expr) if captured else self._kept_terminal_label(expr, dfa)
             if label != kept:
                 renamed[kept] = label
         if not renamed:
@@ -630,9 +630,22 @@ class _Compiler:
         calls = [tuple((renamed.get(label, label), t) for label, t in row) for row in built.dfa.calls]
         dfa = CallDFA(built.dfa.accept, calls, built.dfa.trimmed, shared=True)
         if _RULE_DFAS.get(body) is built:     # (not where another thread's compile dropped it meanwhile)
-            _RULE_DFAS[body] = _BuiltRule(dfa, tuple((captured, expr, renamed.get(label, label))
-                                                     for captured, expr, label in built.terminals), built.refs)
+            _RULE_DFAS[body] = _BuiltRule(dfa, tuple(
+                (captured, expr, renamed.get(label, label), self.terminal_rules[renamed.get(label, label)])
+                for captured, expr, label, _ in built.terminals), built.refs)
         return dfa
+
+    def _kept_terminal_label(self, expr: ir.Expr, dfa: DFA) -> str:
+        """`terminal_label` of a kept rule automaton's terminal, whose DFA it keeps: the terminal memo is not asked
+        (the terminals of any JSON value, in most grammars, took a third of a small schema's automaton), and the
+        grammar's own memo learns it, so that equal terminals elsewhere in the grammar get the same label."""
+        known = self._label_of.get(id(expr))
+        if known is not None:
+            return known[1]
+        dfa = self._dfas.setdefault(expr, dfa)
+        label = self._label(dfa, expr, self._labels, "terminal")
+        self._label_of[id(expr)] = (expr, label)
+        return label
 
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
         """`labels` and then the labels `expr` calls one after the other, where it is a plain sequence of calls
