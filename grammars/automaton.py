@@ -936,12 +936,16 @@ def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, tuple[str, int]]:
     reach each other, which its members (names and automata) and the numbers of the groups it calls name (one set
     per rule's reach took quadratic time and memory on long recursions): another grammar's equal group gets the same
     number."""
-    # a rule that reaches one not kept is not portable
-    excluded = _least_set(rules, {name for name, rule in rules.items() if not rule.shared},
-                          lambda name, found: any(label in found for calls in rules[name].calls for label, _ in calls))
+    # a kept rule that reaches one not kept is not portable (asked of the kept rules only: most rules are not)
+    kept = {name: rule for name, rule in rules.items() if rule.shared}
+    if not kept:
+        return {}
+    callees = {name: [label for calls in rule.calls for label, _ in calls if label in rules]
+               for name, rule in kept.items()}
+    excluded = _least_set(kept, {name for name, called in callees.items() if any(c not in kept for c in called)},
+                          lambda name, found: any(c in found for c in callees[name]))
     keys: dict[str, int] = {}
-    portable = {name: [label for calls in rule.calls for label, _ in calls if label in rules]
-                for name, rule in rules.items() if name not in excluded}
+    portable = {name: called for name, called in callees.items() if name not in excluded}
     for group in _components(portable):
         named = (tuple(sorted((name, rules[name].uid) for name in group)),
                  tuple(sorted({keys[label] for name in group for label in portable[name] if label in keys})))
