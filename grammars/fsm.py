@@ -225,8 +225,8 @@ def chain_dfa(data: bytes) -> DFA:
 
 @numba.njit(cache=True)
 def _chain_tables(chain):  # pragma: no cover - compiled
-    """The kernel of `chain_dfa`: its transitions, accepting states and states with a way on (compiled: the
-    five array operations of numpy took two thirds of the 7-8 µs a new key cost)."""
+    """The kernel of `chain_dfa`: its transitions, accepting states and states with a way on (compiled: numpy's
+    five array operations were more than half of the 7-9 µs a new key cost)."""
     n = chain.shape[0]
     trans = np.full((n + 1, 256), -1, np.int32)
     for i in range(n):
@@ -1083,7 +1083,8 @@ def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None,
     for step in (0, 1):
         after = count + step if hi is not None else np.minimum(count + step, lo)   # unbounded: past lo, one copy
         counter[:free, step * len(levels):(step + 1) * len(levels)] = np.where(
-            (after >= lo) & (after + levels[None, :] <= top) & (hi is not None), free, np.where(after <= top, after, -1))
+            (after >= lo) & (after + levels[None, :] <= top) & (hi is not None), free,
+            np.where(after <= top, after, -1))
     counter[free] = free
     rows, pairs, tally, n = _product_pairs(trans, counter, symbols, True, max_states, _FIRST_ROWS)
     if n < 0:
@@ -1261,8 +1262,8 @@ def load_kernels(sample: DFA) -> None:
     """Load the compiled product, key-exclusion, signature, byte-run and key-chain kernels, with `sample` (any DFA)
     as their input: numba reads each from its disk cache on first call, and the sparse one only runs for products of
     millions of pairs (signatures only for walks over much of a large vocabulary), so without this it loads inside
-    whichever compile or mask first needs one.  (Counted products go through the plain kernel, with the same argument types,
-    after `_most_to_accept`.)"""
+    whichever compile or mask first needs one.  (Counted products go through the plain kernel, with the same argument
+    types, after `_most_to_accept`.)"""
     product(sample, sample, True, 1 << 10)
     _most_to_accept(sample.trans, np.zeros(sample.trans.shape, np.int32), sample.accept)
     _sparse_pairs(sample, sample, False, 1 << 10)
