@@ -23,6 +23,7 @@ from .errors import AutomatonTooLargeError, RegexError
 from .fsm import (DFA, MEMO_SIZE, NFA, BudgetExceeded, Fragment, chain_dfa, determinize, minimize, product, union,
                   without_words)
 from .ir import Language
+from .walk_cache import make_room
 
 MAX_DFA_STATES = 20_000
 MAX_NFA_NODES = 200_000
@@ -379,9 +380,30 @@ def _parse(pattern: str):
     return parsed, anchors
 
 
+# What the memos below refused past the budget, by what was asked: a memo keeps only what it built, and an email under
+# `maxLength: 1024` took about 10 ms to reach the budget again in every schema that held it
+_REFUSED: dict[tuple, tuple[str, str]] = {}
+_REFUSED_KEPT = 256
+
+
+def _refused_before(key: tuple, pattern: str) -> None:
+    """Raise the refusal of `key` again, where one was met."""
+    known = _REFUSED.get(key)
+    if known is not None:
+        raise AutomatonTooLargeError(known[0], pattern, known[1])
+
+
+def _refusal(key: tuple, message: str, pattern: str, budget: str) -> AutomatonTooLargeError:
+    """The refusal of `key`, remembered."""
+    make_room(_REFUSED, _REFUSED_KEPT)
+    _REFUSED[key] = (message, budget)
+    return AutomatonTooLargeError(message, pattern, budget)
+
+
 @functools.lru_cache(maxsize=MEMO_SIZE)
 def regex_dfa(pattern: str) -> DFA:
     """Minimal byte DFA of the UTF-8 encodings of the strings `pattern` fully matches."""
+    _refused_before(("regex", pattern), pattern)
     parsed, anchors = _parse(pattern)
     builder = _Builder(pattern, anchors)
     try:
@@ -389,7 +411,7 @@ def regex_dfa(pattern: str) -> DFA:
         builder.seq(parsed.data, start, final, parsed.state.flags, True, True)
         return minimize(determinize(builder.nfa, start, final, MAX_DFA_STATES))
     except BudgetExceeded as e:
-        raise AutomatonTooLargeError(f"regex too complex to compile ({e})", pattern, e.budget) from None
+        raise _refusal(("regex", pattern), f"regex too complex to compile ({e})", pattern, e.budget) from None
     except RecursionError:
         raise RegexError("regex nested too deeply", pattern) from None
 
@@ -398,6 +420,7 @@ def regex_dfa(pattern: str) -> DFA:
 def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
                  excluding: tuple[str | Language, ...] = ()) -> DFA:
     """DFA of strings matching `pattern` and every regex (or Language) in `also` and none in `excluding`."""
+    _refused_before(("terminal", pattern, also, excluding), pattern)
     dfa = met = _meet(pattern, also)
     built = dfa.built_states or dfa.num_states
     try:
@@ -420,7 +443,8 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
             dfa = fewer
             built += dfa.num_states
     except BudgetExceeded as e:
-        raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern, e.budget) from None
+        raise _refusal(("terminal", pattern, also, excluding), f"regex combination too complex to compile ({e})",
+                       pattern, e.budget) from None
     if dfa is not met:      # a fresh difference (the shared intersection keeps its own count)
         dfa.built_states = built
     return dfa
@@ -439,6 +463,7 @@ def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
     """DFA of strings matching `pattern` and every regex (or Language) in `also` (memoised apart from
     `terminal_dfa`: the branches of a union under one `allOf` share their intersection and differ in what
     they exclude)."""
+    _refused_before(("meet", pattern, also), pattern)
     dfa = regex_dfa(pattern)
     built = dfa.num_states
     try:
@@ -447,7 +472,8 @@ def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
                    other.intersect(dfa, MAX_DFA_STATES))
             built += dfa.num_states
     except BudgetExceeded as e:
-        raise AutomatonTooLargeError(f"regex combination too complex to compile ({e})", pattern, e.budget) from None
+        raise _refusal(("meet", pattern, also), f"regex combination too complex to compile ({e})", pattern,
+                       e.budget) from None
     if dfa.built_states == 0:   # a fresh product (a shared regex DFA keeps its own count)
         dfa.built_states = built
     return dfa

@@ -2,13 +2,14 @@
 
 import random
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
 from leapgen.grammars import regex as regex_module
-from leapgen.grammars.errors import RegexError
-from leapgen.grammars.fsm import DFA, minimize
+from leapgen.grammars.errors import AutomatonTooLargeError, RegexError
+from leapgen.grammars.fsm import DFA, BudgetExceeded, minimize
 from leapgen.grammars.json_strings import regex_escape
 from leapgen.grammars.regex import (MAX_GROUP_DEPTH, dfa_fullmatch, literal_text, regex_dfa, terminal_dfa,
                                      utf8_sequences)
@@ -120,6 +121,33 @@ def test_the_patterns_several_terminals_leave_out_are_joined_once(monkeypatch):
             expected = bool(re.fullmatch(pattern, text)) and not re.fullmatch(r"q.*|.*9|ab", text)
             assert dfa_fullmatch(dfa, text.encode()) == expected, (pattern, text)
     assert joined == [3]    # the two regexes and the literal, once for both terminals
+
+
+@dataclass(frozen=True)
+class _PastTheBudget:
+    """A Language whose intersection with anything passes the budget, counting how often it is tried."""
+
+    tries: list = field(default_factory=list, compare=False, hash=False)
+
+    def dfa(self) -> DFA:
+        raise AssertionError("only intersected")
+
+    def intersect(self, dfa: DFA, max_states: int) -> DFA:
+        self.tries.append(max_states)
+        raise BudgetExceeded(max_states, "automaton states")
+
+
+def test_a_refusal_past_the_budget_is_remembered():
+    """A refused intersection is not built again: the next schema holding it gets the same error at once."""
+    language = _PastTheBudget()
+    errors = []
+    for _ in range(3):
+        with pytest.raises(AutomatonTooLargeError) as error:
+            terminal_dfa(r"[a-z]+@[a-z]+", also=(language,))
+        errors.append((str(error.value), error.value.pattern, error.value.budget))
+    assert len(language.tries) == 1
+    assert errors[0] == errors[1] == errors[2]
+    assert errors[0][0].startswith("regex combination too complex to compile (more than")
 
 
 @pytest.mark.parametrize(
