@@ -125,8 +125,10 @@ def test_the_patterns_several_terminals_leave_out_are_joined_once(monkeypatch):
 
 @dataclass(frozen=True)
 class _PastTheBudget:
-    """A Language whose intersection with anything passes the budget, counting how often it is tried."""
+    """A Language whose intersection with anything passes the budget, counting how often it is tried (each one
+    equal only to itself, so that no refusal remembered before stands for it)."""
 
+    own: object = field(default_factory=object)
     tries: list = field(default_factory=list, compare=False, hash=False)
 
     def dfa(self) -> DFA:
