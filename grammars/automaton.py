@@ -503,15 +503,18 @@ class _Compiler:
             cur = nxt
         nfa.epsilon(cur, dst)
 
-    def terminal_label(self, expr: ir.Expr) -> str:
-        """The pseudo-rule name under which a terminal is called (one per distinct DFA)."""
+    def terminal_label(self, expr: ir.Expr, dfa: DFA | None = None) -> str:
+        """The pseudo-rule name under which a terminal is called (one per distinct DFA).  `dfa`: its DFA where known
+        (a kept rule automaton keeps its terminals'), so that the terminal memo is not asked; the grammar's own memo
+        learns it, so that equal terminals elsewhere in the grammar get the same label."""
         # by the expression's identity first: rules share their punctuation and strings as objects, and hashing an
         # expression hashes all of it (the entry holds the expression, so that its id is not reused meanwhile)
         known = self._label_of.get(id(expr))
         if known is not None:
             label = known[1]
         else:
-            label = self._label(self._terminal_dfa(expr), expr, self._labels, "terminal")
+            dfa = self._terminal_dfa(expr) if dfa is None else self._dfas.setdefault(expr, dfa)
+            label = self._label(dfa, expr, self._labels, "terminal")
             self._label_of[id(expr)] = (expr, label)
         if self._labelled is not None:
             self._labelled.append((False, expr, label))
@@ -622,7 +625,7 @@ class _Compiler:
         place, so that the grammars after this one share it again (`CallDFA.shared`)."""
         renamed = {}
         for captured, expr, kept, dfa in built.terminals:
-            label = self.capture_label(expr) if captured else self._kept_terminal_label(expr, dfa)
+            label = self.capture_label(expr) if captured else self.terminal_label(expr, dfa)
             if label != kept:
                 renamed[kept] = label
         if not renamed:
@@ -634,18 +637,6 @@ class _Compiler:
                 (captured, expr, renamed.get(label, label), self.terminal_rules[renamed.get(label, label)])
                 for captured, expr, label, _ in built.terminals), built.refs)
         return dfa
-
-    def _kept_terminal_label(self, expr: ir.Expr, dfa: DFA) -> str:
-        """`terminal_label` of a kept rule automaton's terminal, whose DFA it keeps: the terminal memo is not asked
-        (the rule of any JSON value, in most grammars, has some fifteen terminals), and the grammar's own memo learns
-        it, so that equal terminals elsewhere in the grammar get the same label."""
-        known = self._label_of.get(id(expr))
-        if known is not None:
-            return known[1]
-        dfa = self._dfas.setdefault(expr, dfa)
-        label = self._label(dfa, expr, self._labels, "terminal")
-        self._label_of[id(expr)] = (expr, label)
-        return label
 
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
         """`labels` and then the labels `expr` calls one after the other, where it is a plain sequence of calls
