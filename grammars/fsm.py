@@ -1082,9 +1082,9 @@ def counted_product(a: DFA, b: DFA, counts: np.ndarray, lo: int, hi: int | None,
     count = np.arange(free)[:, None]
     for step in (0, 1):
         after = count + step if hi is not None else np.minimum(count + step, lo)   # unbounded: past lo, one copy
+        # (unbounded, the one level is `free`, so no count goes free: past lo it stays at lo)
         counter[:free, step * len(levels):(step + 1) * len(levels)] = np.where(
-            (after >= lo) & (after + levels[None, :] <= top) & (hi is not None), free,
-            np.where(after <= top, after, -1))
+            (after >= lo) & (after + levels[None, :] <= top), free, np.where(after <= top, after, -1))
     counter[free] = free
     rows, pairs, tally, n = _product_pairs(trans, counter, symbols, True, max_states, _FIRST_ROWS)
     if n < 0:

@@ -167,7 +167,6 @@ def test_byte_classes_are_the_equal_columns_even_where_their_hashes_collide():
     assert (firsts.tolist(), class_of.tolist()) == _classes_by_columns(trans) and class_of[0] != class_of[1]
 
 
-
 @pytest.mark.parametrize("pattern", [r'"[^"\\]*"', r'"(?:[^"\\]|\\.){0,40}"', r'"[a-z]+@[a-z]+\.(com|org)"', r'[0-9]+',
                                      r'"[a-zé中 ]{2,10}"', r'"(?:[^"\\a]|a[^"\\b])*(?:a|ab(?:[^"\\a]|a[^"\\b])*a?)?"'])
 def test_byte_runs_over_the_byte_classes_minimisation_keeps_are_those_over_every_byte(pattern):
@@ -183,6 +182,7 @@ def test_byte_runs_over_the_byte_classes_minimisation_keeps_are_those_over_every
     assert np.array_equal(runs, each[0]) and np.array_equal(bits, each[1])
     assert np.array_equal(plain, fsm._plain_runs(dfa.trans, dfa.accept, fsm.PLAIN_BYTES, fsm.RUN_CAP))
     assert DFA(dfa.trans, dfa.accept).byte_classes[0].tolist() == list(range(256))    # not minimised: every byte
+
 
 def test_minimising_an_empty_language_gives_one_dead_state():
     trans = np.full((3, 256), -1, np.int32)
