@@ -14,7 +14,9 @@ Recursion is never unrolled; left recursion is refused.  An object (`ir.Members`
 is a rule of five hand-built states whose member calls are guarded at run time
 by the members its stack frame records (`object_members`, `stacks`).  A captured
 terminal (`ir.Capture`) is a copy of its DFA of its own: the call into it pushes
-a frame where the text it writes is recorded.
+a frame where the text it writes is recorded.  A rule that calls only itself and
+its terminals, whose body a front end keeps as one object across grammars (any
+JSON value), is taken whole from the second grammar holding it on (`_ClosedRule`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ _RULE_DFAS_KEPT = 64
 _PORTABLE_KEYS: dict[tuple, int] = {}
 _PORTABLE_KEYS_KEPT = 4096
 _PORTABLE_IDS = itertools.count()
+# Closed rules (see `_ClosedRule`) by the identity of their body: a front end that keeps a rule's body as one object
+# across its grammars (the JSON-schema compiler's any JSON value, in most of its grammars) gets the rule's automaton
+# and what the passes over it found without building or checking it again
+_CLOSED_RULES: dict[int, "_ClosedRule"] = {}
+_CLOSED_RULES_KEPT = 16
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,22 @@ class _BuiltRule:
     dfa: CallDFA
     terminals: tuple[tuple[bool, ir.Expr, str, DFA], ...]
     refs: frozenset[str]
+    body: ir.Expr   # the body it was built from, this very object (a later grammar holding it may close the rule)
+
+
+@dataclass(frozen=True, slots=True)
+class _ClosedRule:
+    """A rule whose automaton calls nothing but its terminals and itself, taken whole by every grammar holding its
+    body (this very object) under its name.  Its automaton, trimmed, calls the terminals under the labels of their
+    DFAs, which the grammar gives them before any other (`terminals`: (expression, DFA), in that order); `portable`:
+    its key among the portable rules.  It matches some text, is not left-recursive and lies on no cycle with other
+    rules, so the grammar's passes take it as it is."""
+
+    name: str
+    body: ir.Expr
+    dfa: CallDFA
+    terminals: tuple[tuple[ir.Expr, DFA], ...]
+    portable: tuple[str, int]
 
 
 @dataclass(eq=False)
@@ -325,11 +348,17 @@ class _Compiler:
     def __init__(self, grammar: ir.Grammar):
         self.rules = dict(grammar.rules)
         self.start = grammar.start
+        self.closed: dict[str, _ClosedRule] = {}
+        for name, body in self.rules.items():
+            closed = _CLOSED_RULES.get(id(body))
+            if closed is not None and closed.body is body and closed.name == name:
+                self.closed[name] = closed
         refs = self._check()
         # rules lying on a reference cycle: every cycle of calls passes through one (a members part, `owner<k>`,
         # refers to what its owner refers to), so only what they call can be left-recursive
         self.cyclic = frozenset(_cyclic(refs))
         self.called = set(self.cyclic)
+        self.called.update(self.closed)
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
         self._dfas: dict[ir.Expr, DFA] = {}
@@ -337,10 +366,15 @@ class _Compiler:
         self._member_sets: dict[tuple[str, int, bool], MemberSet] = {}
         self.capture_labels: dict[DFA, str] = {}
         self._terminal_states = self._terminal_work = 0
-        self._sizes: dict[str, int] = {}
+        self._sizes: dict[str, int] = dict.fromkeys(self.closed, 1)
+        # kept rule automata this grammar reuses whose rules call only themselves: closed once the grammar compiles
+        self.reused: dict[str, _BuiltRule] = {}
         # while a rule is built for _RULE_DFAS: the terminals it labels, in order, and whether it inlined a rule
         self._labelled: list[tuple[bool, ir.Expr, str]] | None = None
         self._inlined = False
+        for closed in self.closed.values():
+            for expr, dfa in closed.terminals:  # first, so that they get the labels the closed automaton calls
+                self.terminal_label(expr, dfa)
         # members rules: always called, each part called through a label of its own
         self.members_rules: dict[str, _MemberLabels] = {}
         for name, body in list(self.rules.items()):
@@ -421,7 +455,7 @@ class _Compiler:
             raise GrammarError("the grammar has no rules")
         if self.start not in self.rules:
             raise GrammarError(f"the start rule {self.start!r} is not defined")
-        refs = {name: rule_refs(body, set()) for name, body in self.rules.items()}
+        refs = {name: set() if name in self.closed else rule_refs(body, set()) for name, body in self.rules.items()}
         for name, names in refs.items():
             for ref in names:
                 if ref not in self.rules:
@@ -581,6 +615,9 @@ class _Compiler:
         return set()
 
     def rule_dfa(self, name: str) -> CallDFA:
+        closed = self.closed.get(name)
+        if closed is not None:
+            return closed.dfa
         if name in self.members_rules:
             return self.members_dfa(name)
         labels = self._chain(self.rules[name], [])
@@ -592,6 +629,8 @@ class _Compiler:
         body = self.rules[name]
         built = _RULE_DFAS.get(body)
         if built is not None and all(ref in self.called for ref in built.refs):
+            if built.body is body and built.refs <= {name} and not any(t[0] for t in built.terminals):
+                self.reused[name] = built
             return self._relabelled(body, built)
         nfa = NFA()
         src, dst = nfa.node(), nfa.node()
@@ -616,7 +655,7 @@ class _Compiler:
         refs = frozenset(label for row in dfa.calls for label, _ in row if label not in terminals)
         make_room(_RULE_DFAS, _RULE_DFAS_KEPT)
         dfa.shared = True
-        _RULE_DFAS[body] = _BuiltRule(dfa, tuple(terminals.values()), refs)
+        _RULE_DFAS[body] = _BuiltRule(dfa, tuple(terminals.values()), refs, body)
 
     def _relabelled(self, body: ir.Expr, built: _BuiltRule) -> CallDFA:
         """A kept rule automaton in this grammar: its terminals labelled in the order its build would label them.
@@ -635,7 +674,7 @@ class _Compiler:
         if _RULE_DFAS.get(body) is built:     # (not where another thread's compile dropped it meanwhile)
             _RULE_DFAS[body] = _BuiltRule(dfa, tuple(
                 (captured, expr, renamed.get(label, label), self.terminal_rules[renamed.get(label, label)])
-                for captured, expr, label, _ in built.terminals), built.refs)
+                for captured, expr, label, _ in built.terminals), built.refs, built.body)
         return dfa
 
     def _chain(self, expr: ir.Expr, labels: list[str]) -> list[str] | None:
@@ -722,12 +761,12 @@ def _least_set(rules: dict[str, CallDFA], seed: set[str], holds: Callable[[str, 
     return found
 
 
-def _productive(rules: dict[str, CallDFA], terminals: set[str],
+def _productive(rules: dict[str, CallDFA], known: set[str],
                 compiler: _Compiler) -> tuple[set[str], dict[str, int]]:
     """The rules and terminals that match some text, and per members rule the bits of its members that do;
-    `terminals`: those matching something (terminal DFAs are already trimmed).  A members rule matches where
-    its object can be completed with the parts that do (its call DFA alone would let a member whose value
-    admits no text count towards `required` or `min`)."""
+    `known`: those known to match something (the terminals whose DFAs do, trimmed already, and the closed rules).
+    A members rule matches where its object can be completed with the parts that do (its call DFA alone would let
+    a member whose value admits no text count towards `required` or `min`)."""
     live = dict.fromkeys(compiler.members_rules, 0)  # per members rule: bits of its members found to match
     owners: dict[str, list[tuple[str, int]]] = {}
     for name, labels in compiler.members_rules.items():
@@ -746,9 +785,9 @@ def _productive(rules: dict[str, CallDFA], terminals: set[str],
             return False
         return compiler.member_set(name, live[name], found).feasible(EMPTY_TAG, FIRST) and _ends(rules[name], found)
 
-    for label in owners.keys() & terminals:     # members written as one terminal
+    for label in owners.keys() & known:     # members written as one terminal or a closed rule
         joined(label)
-    return _least_set(rules, terminals, ends, joined), live
+    return _least_set(rules, known, ends, joined), live
 
 
 def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[str, CallDFA]:
@@ -851,7 +890,8 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     except RecursionError:
         raise GrammarError("grammar nested too deeply to compile") from None
     terminals = compiler.terminal_rules
-    productive, live = _productive(rules, {lab for lab, dfa in terminals.items() if not dfa.matches_nothing}, compiler)
+    productive, live = _productive(
+        rules, {lab for lab, dfa in terminals.items() if not dfa.matches_nothing}.union(compiler.closed), compiler)
     rules = _trim(rules, productive, grammar.start)
     if compiler.cyclic:
         nullable_terminals = {lab for lab, dfa in terminals.items() if dfa.accept[0]}
@@ -900,8 +940,14 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     calls_out = call_ptr_all[1:first_terminal + 1] - call_ptr_all[:first_terminal]
     tail[:first_terminal] = accept[:first_terminal] & (calls_out == 0)
     # (a grammar with captured terminals searches its masks whole, sharing no frame)
-    portable = () if compiler.capture_labels else tuple(
-        (offsets[name], offsets[name] + rules[name].num_states, key) for name, key in _portable_rules(rules).items())
+    keys = {} if compiler.capture_labels else _portable_rules(
+        rules, {name: closed.portable for name, closed in compiler.closed.items()})
+    portable = tuple((offsets[name], offsets[name] + rules[name].num_states, key) for name, key in keys.items())
+    for name, built in compiler.reused.items():
+        if rules[name] is built.dfa and name in keys:
+            make_room(_CLOSED_RULES, _CLOSED_RULES_KEPT)
+            _CLOSED_RULES[id(built.body)] = _ClosedRule(
+                name, built.body, built.dfa, tuple((expr, dfa) for _, expr, _, dfa in built.terminals), keys[name])
     return Automaton(
         accept=accept,
         call_ptr=call_ptr_all,
@@ -919,25 +965,29 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     )
 
 
-def _portable_rules(rules: dict[str, CallDFA]) -> dict[str, tuple[str, int]]:
+def _portable_rules(rules: dict[str, CallDFA], closed: Mapping[str, tuple[str, int]] | None = None
+                    ) -> dict[str, tuple[str, int]]:
     """Per rule kept across grammars that calls only such rules, in turn (`CallDFA.shared`; the value of an object's
     extras, any JSON value, is one), a key naming it with every rule it reaches: two grammars with equal keys hold
     the same automata under the same names, and call the same terminal DFAs (labels name them), so what a token can
     do inside the rule is the same in both.  A key is the rule's name and the number of its group of rules that
     reach each other, which its members (names and automata) and the numbers of the groups it calls name (one set
     per rule's reach took quadratic time and memory on long recursions): another grammar's equal group gets the same
-    number."""
+    number.  `closed`: the keys of closed rules, known already (`_ClosedRule`)."""
+    closed = closed or {}
     # a kept rule that reaches one not kept is not portable (asked of the kept rules only: most rules are not)
     kept = {name: rule for name, rule in rules.items() if rule.shared}
-    if not kept:
-        return {}
+    if len(kept) == len(closed):    # (closed rules are kept)
+        return dict(closed)
     callees = {name: [label for calls in rule.calls for label, _ in calls if label in rules]
                for name, rule in kept.items()}
     excluded = _least_set(kept, {name for name, called in callees.items() if any(c not in kept for c in called)},
                           lambda name, found: any(c in found for c in callees[name]))
-    keys: dict[str, int] = {}
+    keys = {name: number for name, (_, number) in closed.items()}
     portable = {name: called for name, called in callees.items() if name not in excluded}
     for group in _components(portable):
+        if group[0] in closed:  # (a group of its own)
+            continue
         named = (tuple(sorted((name, rules[name].uid) for name in group)),
                  tuple(sorted({keys[label] for name in group for label in portable[name] if label in keys})))
         group_key = _PORTABLE_KEYS.get(named)

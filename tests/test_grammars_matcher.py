@@ -618,6 +618,46 @@ def test_portable_rules_are_keyed_by_their_group_and_the_groups_they_reach():
     assert not any(gc.is_tracked(name) for name in automaton._PORTABLE_KEYS)
 
 
+def test_a_closed_rule_is_taken_whole_by_the_grammars_holding_its_body(monkeypatch):
+    """Any JSON value calls only itself and its terminals, and the JSON-schema compiler keeps its body as one object:
+    the second grammar holding it closes the rule (`automaton._ClosedRule`), and the grammars after take its automaton
+    whole, its terminals labelled first, instead of building and checking it again.  The masks along an instance are
+    those of the grammar that built it, here where a recursion of the schema's own calls it too."""
+    from leapgen.grammars import automaton, compile_json_schema
+
+    tok = tu.byte_level_bpe()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"$ref": "#"}}}}
+    text = b'{"a": 1, "b": [{"a": 2, "x": {"y": [null, 1.5, "s"]}}, {"b": []}], "z": [true, {}]}'
+
+    def masks_along() -> tuple[list[list[int]], automaton.Automaton]:
+        g = compile_json_schema(schema, tok)
+        m, masks = g.matcher(), []
+        for tid in g.vocabulary.encode(text):
+            masks.append(m.allowed_token_ids().tolist())
+            m.advance(tid)
+        assert m.is_finished()
+        return masks, g.automaton
+
+    monkeypatch.setattr(automaton, "_RULE_DFAS", {})
+    monkeypatch.setattr(automaton, "_CLOSED_RULES", {})
+    built, _ = masks_along()
+    assert not automaton._CLOSED_RULES      # built here, kept in _RULE_DFAS
+    reused, _ = masks_along()
+    (closed,) = automaton._CLOSED_RULES.values()
+    assert closed.name == "any_value" and reused == built
+    relabelled = automaton._Compiler._relabelled
+
+    def not_the_closed_one(compiler, body, built):
+        assert body is not closed.body, "the closed rule was built again"
+        return relabelled(compiler, body, built)
+
+    monkeypatch.setattr(automaton._Compiler, "_relabelled", not_the_closed_one)
+    taken, taken_automaton = masks_along()
+    assert taken == built
+    assert [dfa for _, dfa in taken_automaton.terminals[:len(closed.terminals)]] == [d for _, d in closed.terminals]
+    assert any(key == closed.portable for _, _, key in taken_automaton.portable)
+
+
 def _vocabulary_of(token_bytes: list[bytes]):
     """A vocabulary of `token_bytes` (in this order) and eos after them."""
     from leapgen.grammars.vocab import Vocabulary, build_trie
