@@ -217,6 +217,16 @@ def rule_refs(expr: ir.Expr, out: set[str]) -> set[str]:
     return out
 
 
+def _in_order(graph: dict[str, set[str]]) -> bool:
+    """Whether every node's successors come before it in `graph`'s order (so that it has no cycle)."""
+    before: set[str] = set()
+    for node, successors in graph.items():
+        if not successors <= before:
+            return False
+        before.add(node)
+    return True
+
+
 def _cyclic(graph: dict[str, set[str]]) -> set[str]:
     """Nodes lying on a cycle of `graph`."""
     result: set[str] = set()
@@ -354,9 +364,12 @@ class _Compiler:
             if closed is not None and closed.body is body and closed.name == name:
                 self.closed[name] = closed
         refs = self._check()
+        # where every rule refers only to rules defined before it (front ends mostly define a rule's parts first),
+        # no rule is on a cycle, and the productive rules are found in one pass in that order (`_productive`)
+        self.in_order = _in_order(refs)
         # rules lying on a reference cycle: every cycle of calls passes through one (a members part, `owner<k>`,
         # refers to what its owner refers to), so only what they call can be left-recursive
-        self.cyclic = frozenset(_cyclic(refs))
+        self.cyclic = frozenset() if self.in_order else frozenset(_cyclic(refs))
         self.called = set(self.cyclic)
         self.called.update(self.closed)
         self.terminal_rules: dict[str, DFA] = {}
@@ -787,7 +800,21 @@ def _productive(rules: dict[str, CallDFA], known: set[str],
 
     for label in owners.keys() & known:     # members written as one terminal or a closed rule
         joined(label)
-    return _least_set(rules, known, ends, joined), live
+    if not compiler.in_order:
+        return _least_set(rules, known, ends, joined), live
+    # each rule asked once, after every rule it calls (an object's members rules, `owner<k>`, come after it in the
+    # compiler's rules: they are asked first)
+    found = set(known)
+    for name in compiler.rules:
+        labels = compiler.members_rules.get(name)
+        for part in (labels.members + labels.extras if labels is not None else ()):
+            if part in rules and part not in found and ends(part, found):
+                found.add(part)
+                joined(part)
+        if name in rules and name not in found and ends(name, found):
+            found.add(name)
+            joined(name)
+    return found, live
 
 
 def _trim(rules: dict[str, CallDFA], productive: set[str], start: str) -> dict[str, CallDFA]:

@@ -618,6 +618,37 @@ def test_portable_rules_are_keyed_by_their_group_and_the_groups_they_reach():
     assert not any(gc.is_tracked(name) for name in automaton._PORTABLE_KEYS)
 
 
+def test_rules_in_order_are_found_productive_in_one_pass_as_by_the_work_list():
+    """Where every rule refers only to rules defined before it, the productive rules are found in one pass in that
+    order, an object's own parts (`owner<k>` rules, made after it) first: the same rules, and the same members found
+    writable, as the work list finds in any order; here a member whose value matches nothing, and an extra."""
+    from leapgen.grammars import automaton
+
+    never = ir.Terminal("a", also=("b",))
+    rules = {
+        "value": ir.Choice((ir.Lit("1"), ir.Lit("2"))),
+        "none": ir.Seq((ir.Lit("x"), never)),
+        "obj": ir.Members(ir.Lit("{"), (ir.Seq((ir.Lit('"a":'), ir.Ref("value"))), ir.Seq((ir.Lit('"b":'), ir.Ref("none"))),
+                                       ir.Seq((ir.Lit('"c":'), ir.Ref("value")))),
+                          ir.Lit(","), ir.Lit("}"), extra=ir.Seq((ir.Lit('"d":'), ir.Ref("value"))),
+                          required=frozenset({0})),
+        "start": ir.Choice((ir.Ref("obj"), ir.Ref("none"))),
+    }
+    grammar = ir.Grammar(rules, "start")
+    compiler = automaton._Compiler(grammar)
+    assert compiler.in_order
+    built = {name: compiler.rule_dfa(name) for name in [grammar.start] + sorted(compiler.called - {grammar.start})}
+    known = {label for label, dfa in compiler.terminal_rules.items() if not dfa.matches_nothing}
+    one_pass = automaton._productive(built, known, compiler)
+    compiler.in_order = False
+    assert automaton._productive(built, known, compiler) == one_pass
+    productive, live = one_pass
+    assert {"obj", "obj<1>", "obj<3>", "start"} <= productive and "obj<2>" not in productive and live["obj"] == 0b101
+    g = compile_grammar(grammar, tu.byte_level_bpe())
+    assert _grammar_accepts(g, '{"a":1,"d":2}') and _grammar_accepts(g, '{"c":2,"a":1}')
+    assert g.step(g.initial, b'{"a":1,"b"') is None and not _grammar_accepts(g, '{"d":1}')
+
+
 def test_a_closed_rule_is_taken_whole_by_the_grammars_holding_its_body(monkeypatch):
     """Any JSON value calls only itself and its terminals, and the JSON-schema compiler keeps its body as one object:
     the second grammar holding it closes the rule (`automaton._ClosedRule`), and the grammars after take its automaton
