@@ -936,7 +936,9 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
     for rule in rules.values():
         structural_accept += rule.accept
     accept = np.concatenate([np.array(structural_accept, bool), *(dfa.accept for dfa in terminals.values())])
-    call_ptr, callee, ret, guarded_calls, guards, frames = [0], [], [], [], [], []
+    # per structural state: where its call edges start, whether it only returns (`Automaton.tail`); per call edge:
+    # the global state called, the one returned to, the index of its guard (-1: none)
+    call_ptr, tail, callee, ret, call_guard, guards, frames = [0], [], [], [], [], [], []
     framed = np.zeros(total, np.int8)
     for label in compiler.capture_labels.values():
         framed[offsets[label]] = CAPTURE_FRAME
@@ -952,20 +954,16 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
                 callee.append(offsets[lab])
                 ret.append(t + base)
                 kind = guarded.get((state, lab)) if guarded else None   # guards: members rules only
-                if kind is not None:
-                    guarded_calls.append(len(callee) - 1)
+                if kind is None:
+                    call_guard.append(-1)
+                else:
+                    call_guard.append(len(guards))
                     guards.append((len(frames) - 1, *kind))
             call_ptr.append(len(callee))
-    call_guard = np.full(len(callee), -1, np.int32)    # per call edge: its guard's index
-    call_guard[guarded_calls] = np.arange(len(guards), dtype=np.int32)
+            tail.append(not calls and rule.accept[state])
     call_ptr_all = np.full(total + 1, len(callee), np.int32)     # terminal states call nothing
     call_ptr_all[:len(call_ptr)] = call_ptr
-    has_out = np.zeros(total, bool)
-    if terminals:
-        has_out[first_terminal:] = np.concatenate([dfa.has_out for dfa in terminals.values()])
-    tail = np.zeros(total, bool)
-    calls_out = call_ptr_all[1:first_terminal + 1] - call_ptr_all[:first_terminal]
-    tail[:first_terminal] = accept[:first_terminal] & (calls_out == 0)
+    has_out = np.concatenate([np.zeros(first_terminal, bool), *(dfa.has_out for dfa in terminals.values())])
     # (a grammar with captured terminals searches its masks whole, sharing no frame)
     keys = {} if compiler.capture_labels else _portable_rules(
         rules, {name: closed.portable for name, closed in compiler.closed.items()})
@@ -982,10 +980,10 @@ def compile_automaton(grammar: ir.Grammar) -> Automaton:
         call_ret=np.array(ret, np.int32),
         has_out=has_out,
         start=offsets[grammar.start],
-        tail=tail,
+        tail=np.concatenate([np.array(tail, bool), np.zeros(total - first_terminal, bool)]),
         terminals=tuple((offsets[label], dfa) for label, dfa in terminals.items()),
         framed=framed,
-        call_guard=call_guard,
+        call_guard=np.array(call_guard, np.int32),
         guards=tuple(guards),
         frames=tuple(frames),
         portable=portable,
