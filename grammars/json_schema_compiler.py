@@ -25,14 +25,14 @@ from typing import Any, Callable, Hashable, Iterator
 
 from .automaton import rule_refs
 from .errors import SchemaError, UnsupportedSchemaError
-from .ir import Expr, Grammar, Lit, Ref, Seq, Terminal
+from .ir import Choice, Expr, Grammar, Lit, Ref, Seq, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
 from .json_schema_combinators import (NEGATED_CONJUNCT, conditional, dependent_schemas, distribute, negate,
                                       rewritten_negation)
 from .json_schema_context import (DERIVED_KEYWORDS, EXCLUSIVE_BOUNDS, ONE_KEY_OF, SOME_KEY, TYPES, UNSUPPORTED,
                                   VALIDATION, Branches, JsonSchemaOptions, NotMatching, Part, expect, narrow_types,
                                   witness_admits)
-from .json_schema_ir import EMPTY, NEVER, choice, punctuation, repeat, seq
+from .json_schema_ir import NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
@@ -79,12 +79,7 @@ class SchemaCompiler:
         self.options = options
         dialect = schema.get("$schema", "") if isinstance(schema, dict) else ""
         dialect = dialect if isinstance(dialect, str) else ""
-        self.legacy = any(f"draft-0{n}" in dialect for n in (3, 4, 5, 6, 7))  # $ref siblings ignored
-        self.draft4 = "draft-04" in dialect or "draft-03" in dialect
-        # JSON Schema ignores keywords its dialect does not define (a draft-04 document's `if` is an annotation):
-        # they leave the document once, so that no reader of it, `not` and the oneOf proofs included, sees them.
-        undefined = frozenset().union(*(later for drafts, later in _LATER_KEYWORDS
-                                        if any(f"draft-0{n}" in dialect for n in drafts)))
+        self.legacy, self.draft4, undefined = _dialect(dialect)
         self.root = without_keywords(schema, undefined) if undefined else schema
         self.refs = RefResolver(self.root, "id" if self.draft4 else "$id")
         self._id_only = frozenset({self.refs.id_keyword})   # the skip sets of most parts (see expand)
@@ -142,7 +137,8 @@ class SchemaCompiler:
         (walking it as a tree would double the work at every nesting level).  Equal expressions get one rule
         (the variants of an object that negations and if/else build hold mostly the same members: each a rule
         of its own doubled the automaton's rules), unless `own`: the extras of one object must differ."""
-        if isinstance(expr, (Lit, Terminal, Ref)) or expr in (NEVER, EMPTY):
+        kind = type(expr)   # (by exact type: comparing with NEVER and EMPTY ran dataclass comparisons, 1 µs a member)
+        if kind is Lit or kind is Terminal or kind is Ref or (kind is Seq or kind is Choice) and not expr.items:
             return expr
         # keyed by the parts' identities, not the expression's hash, which walks all of it (a member's value): the
         # variants take their members' values from the compile memos, as the same objects (kept alive beside the
@@ -489,6 +485,19 @@ def _holds(validator: Any, witness: dict, instance: dict) -> bool:
     values = [validator.evolve(schema=part.schema) for part in witness.get("values", ())]
     return any(witness_admits(witness, name) and all(v.is_valid(value) for v in values)
                for name, value in instance.items())
+
+
+@functools.lru_cache(maxsize=64)    # (asked by every compile, of a handful of dialects)
+def _dialect(dialect: str) -> tuple[bool, bool, frozenset[str]]:
+    """What a `$schema` URI says: a draft-07 or older document (its `$ref` replaces the keywords beside it), a
+    draft-04 or -03 one, and the keywords later drafts added, which it does not define."""
+    legacy = any(f"draft-0{n}" in dialect for n in (3, 4, 5, 6, 7))
+    draft4 = "draft-04" in dialect or "draft-03" in dialect
+    # JSON Schema ignores keywords its dialect does not define (a draft-04 document's `if` is an annotation): they
+    # leave the document once, so that no reader of it, `not` and the oneOf proofs included, sees them.
+    undefined = frozenset().union(*(later for drafts, later in _LATER_KEYWORDS
+                                    if any(f"draft-0{n}" in dialect for n in drafts)))
+    return legacy, draft4, undefined
 
 
 def _check_document_depth(document: Any) -> None:
