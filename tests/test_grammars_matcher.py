@@ -628,8 +628,8 @@ def test_rules_in_order_are_found_productive_in_one_pass_as_by_the_work_list():
     rules = {
         "value": ir.Choice((ir.Lit("1"), ir.Lit("2"))),
         "none": ir.Seq((ir.Lit("x"), never)),
-        "obj": ir.Members(ir.Lit("{"), (ir.Seq((ir.Lit('"a":'), ir.Ref("value"))), ir.Seq((ir.Lit('"b":'), ir.Ref("none"))),
-                                       ir.Seq((ir.Lit('"c":'), ir.Ref("value")))),
+        "obj": ir.Members(ir.Lit("{"), tuple(ir.Seq((ir.Lit(f'"{key}":'), ir.Ref(value)))
+                                             for key, value in (("a", "value"), ("b", "none"), ("c", "value"))),
                           ir.Lit(","), ir.Lit("}"), extra=ir.Seq((ir.Lit('"d":'), ir.Ref("value"))),
                           required=frozenset({0})),
         "start": ir.Choice((ir.Ref("obj"), ir.Ref("none"))),
@@ -657,7 +657,8 @@ def test_a_closed_rule_is_taken_whole_by_the_grammars_holding_its_body(monkeypat
     from leapgen.grammars import automaton, compile_json_schema
 
     tok = tu.byte_level_bpe()
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"$ref": "#"}}}}
+    schema = {"type": "object",
+              "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"$ref": "#"}}}}
     text = b'{"a": 1, "b": [{"a": 2, "x": {"y": [null, 1.5, "s"]}}, {"b": []}], "z": [true, {}]}'
 
     def masks_along() -> tuple[list[list[int]], automaton.Automaton]:
@@ -685,7 +686,8 @@ def test_a_closed_rule_is_taken_whole_by_the_grammars_holding_its_body(monkeypat
     monkeypatch.setattr(automaton._Compiler, "_relabelled", not_the_closed_one)
     taken, taken_automaton = masks_along()
     assert taken == built
-    assert [dfa for _, dfa in taken_automaton.terminals[:len(closed.terminals)]] == [d for _, d in closed.terminals]
+    first_terminals = [dfa for _, dfa in taken_automaton.terminals[:len(closed.terminals)]]
+    assert first_terminals == [dfa for _, dfa in closed.terminals]
     assert any(key == closed.portable for _, _, key in taken_automaton.portable)
 
 
