@@ -358,10 +358,22 @@ class _Compiler:
     def __init__(self, grammar: ir.Grammar):
         self.rules = dict(grammar.rules)
         self.start = grammar.start
+        self.terminal_rules: dict[str, DFA] = {}
+        self._labels: dict[DFA, str] = {}
+        self._dfas: dict[ir.Expr, DFA] = {}
+        self._label_of: dict[int, tuple[ir.Expr, str]] = {}    # terminal_label by id (see there)
+        self._member_sets: dict[tuple[str, int, bool], MemberSet] = {}
+        self.capture_labels: dict[DFA, str] = {}
+        self._terminal_states = self._terminal_work = 0
+        # kept rule automata this grammar reuses whose rules call only themselves: closed once the grammar compiles
+        self.reused: dict[str, _BuiltRule] = {}
+        # while a rule is built for _RULE_DFAS: the terminals it labels, in order, and whether it inlined a rule
+        self._labelled: list[tuple[bool, ir.Expr, str]] | None = None
+        self._inlined = False
         self.closed: dict[str, _ClosedRule] = {}
         for name, body in self.rules.items():
             closed = _CLOSED_RULES.get(id(body))
-            if closed is not None and closed.body is body and closed.name == name:
+            if closed is not None and closed.body is body and closed.name == name and self._labels_closed(closed):
                 self.closed[name] = closed
         refs = self._check()
         # where every rule refers only to rules defined before it (front ends mostly define a rule's parts first),
@@ -372,22 +384,7 @@ class _Compiler:
         self.cyclic = frozenset() if self.in_order else frozenset(_cyclic(refs))
         self.called = set(self.cyclic)
         self.called.update(self.closed)
-        self.terminal_rules: dict[str, DFA] = {}
-        self._labels: dict[DFA, str] = {}
-        self._dfas: dict[ir.Expr, DFA] = {}
-        self._label_of: dict[int, tuple[ir.Expr, str]] = {}    # terminal_label by id (see there)
-        self._member_sets: dict[tuple[str, int, bool], MemberSet] = {}
-        self.capture_labels: dict[DFA, str] = {}
-        self._terminal_states = self._terminal_work = 0
         self._sizes: dict[str, int] = dict.fromkeys(self.closed, 1)
-        # kept rule automata this grammar reuses whose rules call only themselves: closed once the grammar compiles
-        self.reused: dict[str, _BuiltRule] = {}
-        # while a rule is built for _RULE_DFAS: the terminals it labels, in order, and whether it inlined a rule
-        self._labelled: list[tuple[bool, ir.Expr, str]] | None = None
-        self._inlined = False
-        for closed in self.closed.values():
-            for expr, dfa in closed.terminals:  # first, so that they get the labels the closed automaton calls
-                self.terminal_label(expr, dfa)
         # members rules: always called, each part called through a label of its own
         self.members_rules: dict[str, _MemberLabels] = {}
         for name, body in list(self.rules.items()):
@@ -399,6 +396,12 @@ class _Compiler:
                 self.members_rules[name] = _MemberLabels.of(body, labels)
         for name in self.rules:
             self._rule_size(name)
+
+    def _labels_closed(self, closed: _ClosedRule) -> bool:
+        """Label a closed rule's terminals, before any other of the grammar's, so that they get the labels its
+        automaton calls; False where one already has another DFA's label (a closed rule before it in this grammar was
+        closed while the terminal memo held another DFA for that terminal): then the rule is built as the others."""
+        return all(self.terminal_label(expr, dfa) == self._labels.get(dfa) for expr, dfa in closed.terminals)
 
     def _part_label(self, owner: str, index: int, part: ir.Expr) -> str:
         if _is_terminal(part):

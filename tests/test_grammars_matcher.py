@@ -691,6 +691,37 @@ def test_a_closed_rule_is_taken_whole_by_the_grammars_holding_its_body(monkeypat
     assert any(key == closed.portable for _, _, key in taken_automaton.portable)
 
 
+def test_closed_rules_closed_over_another_dfa_of_a_shared_terminal_are_built_again(monkeypatch):
+    """Two closed rules share a terminal, the second closed after the terminal memo built that terminal again: a
+    grammar holding both gives the terminal the first one's label, so the second, whose automaton calls the other
+    DFA's label, is built as any rule (taken whole, the call would be trimmed away as calling nothing, and its rule
+    would match nothing); its next grammar closes it again over the grammar's own DFA."""
+    from leapgen.grammars import automaton, regex
+
+    monkeypatch.setattr(automaton, "_RULE_DFAS", {})
+    monkeypatch.setattr(automaton, "_CLOSED_RULES", {})
+    first = ir.Choice((ir.Seq((ir.Lit("a"), ir.Ref("r1"))), ir.Lit(";")))
+    second = ir.Choice((ir.Seq((ir.Lit("b"), ir.Ref("r2"))), ir.Lit(";")))
+    both = ir.Grammar({"r1": first, "r2": second, "start": ir.Seq((ir.Ref("r1"), ir.Ref("r2")))}, "start")
+    alone = ir.Grammar({"r2": second, "start": ir.Seq((ir.Lit("x"), ir.Ref("r2")))}, "start")
+    for _ in range(2):
+        automaton.compile_automaton(both)
+    del automaton._CLOSED_RULES[id(second)], automaton._RULE_DFAS[second]
+    for memo in (regex.literal_dfa, regex.literals_dfa):
+        memo.cache_clear()
+    for _ in range(2):
+        automaton.compile_automaton(alone)
+
+    def semicolon(body: ir.Expr) -> fsm.DFA:
+        return next(dfa for expr, dfa in automaton._CLOSED_RULES[id(body)].terminals if expr == ir.Lit(";"))
+
+    assert semicolon(first) is not semicolon(second)
+    for _ in range(2):
+        g = compile_grammar(both, tu.byte_level_bpe())
+        assert _grammar_accepts(g, "aa;b;") and _grammar_accepts(g, ";;") and not _grammar_accepts(g, "a;")
+    assert semicolon(first) is semicolon(second)
+
+
 def _vocabulary_of(token_bytes: list[bytes]):
     """A vocabulary of `token_bytes` (in this order) and eos after them."""
     from leapgen.grammars.vocab import Vocabulary, build_trie
