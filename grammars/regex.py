@@ -403,7 +403,8 @@ def _refusal(key: tuple, message: str, pattern: str, budget: str) -> AutomatonTo
 @functools.lru_cache(maxsize=MEMO_SIZE)
 def regex_dfa(pattern: str) -> DFA:
     """Minimal byte DFA of the UTF-8 encodings of the strings `pattern` fully matches."""
-    _refused_before(("regex", pattern), pattern)
+    key = ("regex", pattern)
+    _refused_before(key, pattern)
     parsed, anchors = _parse(pattern)
     builder = _Builder(pattern, anchors)
     try:
@@ -411,7 +412,7 @@ def regex_dfa(pattern: str) -> DFA:
         builder.seq(parsed.data, start, final, parsed.state.flags, True, True)
         return minimize(determinize(builder.nfa, start, final, MAX_DFA_STATES))
     except BudgetExceeded as e:
-        raise _refusal(("regex", pattern), f"regex too complex to compile ({e})", pattern, e.budget) from None
+        raise _refusal(key, f"regex too complex to compile ({e})", pattern, e.budget) from None
     except RecursionError:
         raise RegexError("regex nested too deeply", pattern) from None
 
@@ -420,7 +421,8 @@ def regex_dfa(pattern: str) -> DFA:
 def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
                  excluding: tuple[str | Language, ...] = ()) -> DFA:
     """DFA of strings matching `pattern` and every regex (or Language) in `also` and none in `excluding`."""
-    _refused_before(("terminal", pattern, also, excluding), pattern)
+    key = ("terminal", pattern, also, excluding)
+    _refused_before(key, pattern)
     dfa = met = _meet(pattern, also)
     built = dfa.built_states or dfa.num_states
     try:
@@ -443,8 +445,7 @@ def terminal_dfa(pattern: str, also: tuple[str | Language, ...] = (),
             dfa = fewer
             built += dfa.num_states
     except BudgetExceeded as e:
-        raise _refusal(("terminal", pattern, also, excluding), f"regex combination too complex to compile ({e})",
-                       pattern, e.budget) from None
+        raise _refusal(key, f"regex combination too complex to compile ({e})", pattern, e.budget) from None
     if dfa is not met:      # a fresh difference (the shared intersection keeps its own count)
         dfa.built_states = built
     return dfa
@@ -463,7 +464,8 @@ def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
     """DFA of strings matching `pattern` and every regex (or Language) in `also` (memoised apart from
     `terminal_dfa`: the branches of a union under one `allOf` share their intersection and differ in what
     they exclude)."""
-    _refused_before(("meet", pattern, also), pattern)
+    key = ("meet", pattern, also)
+    _refused_before(key, pattern)
     dfa = regex_dfa(pattern)
     built = dfa.num_states
     try:
@@ -472,8 +474,7 @@ def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
                    other.intersect(dfa, MAX_DFA_STATES))
             built += dfa.num_states
     except BudgetExceeded as e:
-        raise _refusal(("meet", pattern, also), f"regex combination too complex to compile ({e})", pattern,
-                       e.budget) from None
+        raise _refusal(key, f"regex combination too complex to compile ({e})", pattern, e.budget) from None
     if dfa.built_states == 0:   # a fresh product (a shared regex DFA keeps its own count)
         dfa.built_states = built
     return dfa

@@ -152,6 +152,34 @@ def test_a_refusal_past_the_budget_is_remembered():
     assert errors[0][0].startswith("regex combination too complex to compile (more than")
 
 
+def test_a_refusal_past_the_budget_is_remembered_under_the_terminal_asked(monkeypatch):
+    """The terminal's languages to leave out are taken one at a time before its literal keys: a refusal met among the
+    keys is remembered under the terminal as asked, languages included, so the next ask finds it."""
+    tries = []
+
+    def past_the_budget(base, words, max_states):
+        tries.append(words)
+        raise BudgetExceeded(max_states, "automaton states")
+
+    monkeypatch.setattr(regex_module, "without_words", past_the_budget)
+
+    @dataclass(frozen=True)
+    class Digits:
+        own: object = field(default_factory=object)     # equal only to itself (see _PastTheBudget)
+
+        def dfa(self) -> DFA:
+            return regex_dfa("[0-9]+")
+
+        def intersect(self, dfa: DFA, max_states: int) -> DFA:
+            raise AssertionError("only left out")
+
+    excluding = (Digits(), '"k0"')
+    for _ in range(3):
+        with pytest.raises(AutomatonTooLargeError, match="regex combination too complex"):
+            terminal_dfa(r"[a-z0-9]+", excluding=excluding)
+    assert len(tries) == 1
+
+
 @pytest.mark.parametrize(
     "pattern, message, position",
     [
