@@ -805,18 +805,21 @@ def _productive(rules: dict[str, CallDFA], known: set[str],
         joined(label)
     if not compiler.in_order:
         return _least_set(rules, known, ends, joined), live
-    # each rule asked once, after every rule it calls (an object's members rules, `owner<k>`, come after it in the
+    # each rule asked once, after every rule it calls (an object's part rules, `owner<k>`, come after it in the
     # compiler's rules: they are asked first)
     found = set(known)
-    for name in compiler.rules:
-        labels = compiler.members_rules.get(name)
-        for part in (labels.members + labels.extras if labels is not None else ()):
-            if part in rules and part not in found and ends(part, found):
-                found.add(part)
-                joined(part)
+
+    def ask(name: str) -> None:
         if name in rules and name not in found and ends(name, found):
             found.add(name)
             joined(name)
+
+    for name in compiler.rules:
+        labels = compiler.members_rules.get(name)
+        if labels is not None:
+            for part in labels.members + labels.extras:
+                ask(part)
+        ask(name)
     return found, live
 
 
