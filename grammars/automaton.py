@@ -136,6 +136,16 @@ class _ClosedRule:
     portable: tuple[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class Walked:
+    """What a walk over a grammar found (`automaton_shapes.grammar_shape`), for its compile to take: the terminal
+    expressions' DFAs (the compile takes them for equal expressions too, and adds to the dict), and the rules each
+    rule refers to, every one defined."""
+
+    dfas: dict[ir.Expr, DFA]
+    refs: dict[str, set[str]]
+
+
 @dataclass(eq=False)
 class Automaton:
     """Global tables of all rule DFAs: start state `start`, stack returns via call edges."""
@@ -285,13 +295,13 @@ def _unwrap(expr: ir.Expr) -> ir.Expr:
     return expr
 
 
-def _separated_tail(tail: ir.Expr, item: ir.Expr) -> bool:
+def separated_tail(tail: ir.Expr, item: ir.Expr) -> bool:
     """Whether `tail` is `(separator item)*`, so that `item tail` is a separated list."""
     return (isinstance(tail, ir.Repeat) and tail.min == 0 and tail.max is None and isinstance(tail.item, ir.Seq)
             and len(tail.item.items) > 1 and tail.item.items[-1] == item)
 
 
-def _is_terminal(expr: ir.Expr) -> bool:
+def is_terminal(expr: ir.Expr) -> bool:
     """Expressions compiled to one shared terminal DFA: terminals, literals, choices of literals,
     and short repetitions of those (a repeated terminal as a call loop could end after any of its
     repetitions, and token walks would follow every split of the text)."""
@@ -302,19 +312,19 @@ def _is_terminal(expr: ir.Expr) -> bool:
         return len(expr.items) > 1 and all(type(i) is ir.Lit for i in expr.items)
     if kind is ir.Repeat:
         item = _unwrap(expr.item)
-        return _is_terminal(item) and type(item) is not ir.Repeat and (expr.max or expr.min) <= 16
+        return is_terminal(item) and type(item) is not ir.Repeat and (expr.max or expr.min) <= 16
     return False
 
 
 def _origin(expr: ir.Expr) -> tuple[str, str] | None:
-    """What the front end called the terminal inside a terminal expression (see `_is_terminal`), if it said."""
+    """What the front end called the terminal inside a terminal expression (see `is_terminal`), if it said."""
     while isinstance(expr, ir.Repeat):
         expr = _unwrap(expr.item)
     return expr.origin if isinstance(expr, ir.Terminal) else None
 
 
 def terminal_for(expr: ir.Expr) -> DFA:
-    """The shared, memoised DFA of a terminal expression (see `_is_terminal`): equal expressions
+    """The shared, memoised DFA of a terminal expression (see `is_terminal`): equal expressions
     get the same DFA object in every grammar, so token walks inside it are reused."""
     # All but repetitions go to memos keyed by their texts, which the garbage collector stops scanning; a memo
     # keyed by the expressions would keep every literal object and its key tracked.
@@ -355,12 +365,12 @@ class _Compiler:
     """Rule DFAs over call labels: every terminal is a call into its shared terminal DFA, so
     subset construction here only sees the grammar's structure, never bytes."""
 
-    def __init__(self, grammar: ir.Grammar):
+    def __init__(self, grammar: ir.Grammar, walked: Walked | None = None):
         self.rules = dict(grammar.rules)
         self.start = grammar.start
         self.terminal_rules: dict[str, DFA] = {}
         self._labels: dict[DFA, str] = {}
-        self._dfas: dict[ir.Expr, DFA] = {}
+        self._dfas: dict[ir.Expr, DFA] = {} if walked is None else walked.dfas
         self._label_of: dict[int, tuple[ir.Expr, str]] = {}    # terminal_label by id (see there)
         self._member_sets: dict[tuple[str, int, bool], MemberSet] = {}
         self.capture_labels: dict[DFA, str] = {}
@@ -375,7 +385,7 @@ class _Compiler:
             closed = _CLOSED_RULES.get(id(body))
             if closed is not None and closed.body is body and closed.name == name and self._labels_closed(closed):
                 self.closed[name] = closed
-        refs = self._check()
+        refs = self._check(None if walked is None else walked.refs)
         # where every rule refers only to rules defined before it (front ends mostly define a rule's parts first),
         # no rule is on a cycle, and the productive rules are found in one pass in that order (`_productive`)
         self.in_order = _in_order(refs)
@@ -404,7 +414,7 @@ class _Compiler:
         return all(self.terminal_label(expr, dfa) == self._labels.get(dfa) for expr, dfa in closed.terminals)
 
     def _part_label(self, owner: str, index: int, part: ir.Expr) -> str:
-        if _is_terminal(part):
+        if is_terminal(part):
             return self.terminal_label(part)
         if isinstance(part, ir.Ref):
             self.called.add(part.name)
@@ -426,14 +436,14 @@ class _Compiler:
                 self.called.add(expr.name)
             return self._rule_size(expr.name)
         if kind is ir.Seq or kind is ir.Choice:
-            if kind is ir.Choice and _is_terminal(expr):
+            if kind is ir.Choice and is_terminal(expr):
                 return 1
             size = 0
             for item in expr.items:
                 size += self._size(item)
             return max(size, 1)
         if kind is ir.Repeat:
-            if _is_terminal(expr):
+            if is_terminal(expr):
                 return 1
             count = max(expr.max if expr.max is not None else expr.min + 1, 1)
             size = self._size(expr.item)
@@ -465,12 +475,15 @@ class _Compiler:
             for item in expr.items:
                 self._call_refs(item)
 
-    def _check(self) -> dict[str, set[str]]:
-        """The rules each rule refers to, all of them defined (GrammarError otherwise)."""
+    def _check(self, known: Mapping[str, set[str]] | None) -> dict[str, set[str]]:
+        """The rules each rule refers to, all of them defined (GrammarError otherwise); `known`: as a walk over the
+        grammar found them, every one defined."""
         if not self.rules:
             raise GrammarError("the grammar has no rules")
         if self.start not in self.rules:
             raise GrammarError(f"the start rule {self.start!r} is not defined")
+        if known is not None:
+            return {name: set() if name in self.closed else known[name] for name in self.rules}
         refs = {name: set() if name in self.closed else rule_refs(body, set()) for name, body in self.rules.items()}
         for name, names in refs.items():
             for ref in names:
@@ -482,7 +495,7 @@ class _Compiler:
         """NFA fragment for `expr` between src and dst: terminals and recursive references become
         calls, other references are inlined."""
         kind = type(expr)
-        if kind is ir.Terminal or (kind is ir.Lit and expr.text) or (kind is ir.Choice and _is_terminal(expr)):
+        if kind is ir.Terminal or (kind is ir.Lit and expr.text) or (kind is ir.Choice and is_terminal(expr)):
             nfa.call(src, self.terminal_label(expr), dst)
         elif kind is ir.Lit:
             nfa.epsilon(src, dst)
@@ -495,7 +508,7 @@ class _Compiler:
         elif kind is ir.Seq:
             items, cur, k = expr.items, src, 0
             while k < len(items):
-                looped = k + 1 < len(items) and _separated_tail(items[k + 1], items[k])
+                looped = k + 1 < len(items) and separated_tail(items[k + 1], items[k])
                 span = 2 if looped else 1
                 nxt = dst if k + span == len(items) else nfa.node()
                 if looped:
@@ -511,7 +524,7 @@ class _Compiler:
         elif kind is ir.Repeat:
             if expr.min < 0 or (expr.max is not None and expr.max < expr.min):
                 raise GrammarError(f"bad repetition bounds {expr.min}..{expr.max}")
-            if _is_terminal(expr):
+            if is_terminal(expr):
                 nfa.call(src, self.terminal_label(expr), dst)
             else:
                 self.repeat(nfa, expr, src, dst)
@@ -573,7 +586,7 @@ class _Compiler:
     def capture_label(self, expr: ir.Capture) -> str:
         """The pseudo-rule name of a captured terminal: a copy of the terminal's DFA, under a label of its own, so
         that only the calls into the copy record their text."""
-        if not _is_terminal(expr.item):
+        if not is_terminal(expr.item):
             raise GrammarError(f"only a terminal can be captured, not {expr.item!r}")
         label = self._label(self._terminal_dfa(expr.item), expr.item, self.capture_labels, "capture")
         if self._labelled is not None:
@@ -713,7 +726,7 @@ class _Compiler:
                     todo.append(self.rules[expr.name])   # inlined refs are never cyclic: those are called
             elif kind is ir.Capture:
                 labels.append(self.capture_label(expr))
-            elif kind is ir.Choice and _is_terminal(expr):
+            elif kind is ir.Choice and is_terminal(expr):
                 labels.append(self.terminal_label(expr))
             else:
                 return None
@@ -912,9 +925,10 @@ def _ends(rule: CallDFA, callable_rules: set[str]) -> bool:
     return False
 
 
-def compile_automaton(grammar: ir.Grammar) -> Automaton:
-    """The recursive transition network of `grammar` (raises GrammarError / RegexError)."""
-    compiler = _Compiler(grammar)
+def compile_automaton(grammar: ir.Grammar, walked: Walked | None = None) -> Automaton:
+    """The recursive transition network of `grammar` (raises GrammarError / RegexError); `walked`: what a walk over
+    it found already."""
+    compiler = _Compiler(grammar, walked)
     names = [grammar.start] + sorted(compiler.called - {grammar.start})
     try:
         rules = {name: compiler.rule_dfa(name) for name in names}

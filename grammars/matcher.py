@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from . import ir
-from .automaton import Automaton, compile_automaton
+from .automaton import Automaton
+from .automaton_shapes import shaped_automaton
 from .collector import collector_paused
 from .completion import UNREACHABLE, Completions
 from .errors import GrammarError
@@ -58,7 +59,7 @@ class CompiledGrammar:
     def from_ir(cls, grammar: ir.Grammar, tokenizer: Any) -> "CompiledGrammar":
         """Compile an IR grammar for an HF tokenizer or a Vocabulary."""
         with collector_paused():
-            return cls(compile_automaton(grammar), as_vocabulary(tokenizer))
+            return cls(shaped_automaton(grammar), as_vocabulary(tokenizer))
 
     def matcher(self, max_tokens: int | None = None) -> "Matcher":
         """A fresh per-sequence matcher at the start of the text; with `max_tokens`, its output always

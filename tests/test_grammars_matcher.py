@@ -654,11 +654,12 @@ def test_a_closed_rule_is_taken_whole_by_the_grammars_holding_its_body(monkeypat
     the second grammar holding it closes the rule (`automaton._ClosedRule`), and the grammars after take its automaton
     whole, its terminals labelled first, instead of building and checking it again.  The masks along an instance are
     those of the grammar that built it, here where a recursion of the schema's own calls it too."""
-    from leapgen.grammars import automaton, compile_json_schema
+    from leapgen.grammars import automaton, automaton_shapes, compile_json_schema
 
     tok = tu.byte_level_bpe()
     schema = {"type": "object",
               "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"$ref": "#"}}}}
+    monkeypatch.setattr(automaton_shapes, "MAX_SHAPED_RULES", 0)    # compiled whole each time, not taken by shape
     text = b'{"a": 1, "b": [{"a": 2, "x": {"y": [null, 1.5, "s"]}}, {"b": []}], "z": [true, {}]}'
 
     def masks_along() -> tuple[list[list[int]], automaton.Automaton]:
@@ -696,10 +697,11 @@ def test_closed_rules_closed_over_another_dfa_of_a_shared_terminal_are_built_aga
     grammar holding both gives the terminal the first one's label, so the second, whose automaton calls the other
     DFA's label, is built as any rule (taken whole, the call would be trimmed away as calling nothing, and its rule
     would match nothing); its next grammar closes it again over the grammar's own DFA."""
-    from leapgen.grammars import automaton, regex
+    from leapgen.grammars import automaton, automaton_shapes, regex
 
     monkeypatch.setattr(automaton, "_RULE_DFAS", {})
     monkeypatch.setattr(automaton, "_CLOSED_RULES", {})
+    monkeypatch.setattr(automaton_shapes, "MAX_SHAPED_RULES", 0)    # compiled whole each time, not taken by shape
     first = ir.Choice((ir.Seq((ir.Lit("a"), ir.Ref("r1"))), ir.Lit(";")))
     second = ir.Choice((ir.Seq((ir.Lit("b"), ir.Ref("r2"))), ir.Lit(";")))
     both = ir.Grammar({"r1": first, "r2": second, "start": ir.Seq((ir.Ref("r1"), ir.Ref("r2")))}, "start")
