@@ -147,8 +147,8 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
 
 def outline(grammar: ir.Grammar) -> bytes:
     """What grammars of one shape have alike and most of other shapes do not, found at a glance: the start rule's
-    place and each rule's kind, with a sequence's or choice's length and the kinds of its items, an object's counts
-    of members and required members and whether it takes extras."""
+    place and each rule's kind, with a sequence's or choice's length and the kinds of its first items, an object's
+    counts of members and required members and whether it takes extras."""
     kinds = _KINDS
     out = [list(grammar.rules).index(grammar.start)]
     for body in grammar.rules.values():
@@ -156,7 +156,7 @@ def outline(grammar: ir.Grammar) -> bytes:
         out.append(kinds.get(kind, 0))
         if kind is ir.Seq or kind is ir.Choice:
             out.append(len(body.items))
-            out += [kinds.get(type(item), 0) for item in body.items]
+            out += [kinds.get(type(item), 0) for item in body.items[:8]]     # (not a long enum's every value)
         elif kind is ir.Members:
             out += (len(body.members), len(body.required), body.extra is not None)
     return array("q", out).tobytes()
