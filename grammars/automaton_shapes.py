@@ -199,8 +199,8 @@ class _Shape:
     """What an automaton of one shape holds besides its terminals: its structural states' tables (views of the
     automaton's: states before `first_terminal`), all its call edges, its frames, guards and portable rules; and
     the terminal DFAs it lays out (`kept`, from `starts` on) with the slot DFAs of its grammar (`slots`).  Not the
-    automaton itself: a memo of a few hundred shapes would hold tens of thousands of objects for every full garbage
-    collection to visit (each terminal's (start, DFA) pair among them).  Which slot each terminal is, and what moves
+    automaton itself: that is some 30 objects a shape for every full garbage collection to visit (each terminal's
+    (start, DFA) pair among them), this about 9.  Which slot each terminal is, and what moves
     where another grammar's terminals are laid out, is found when a second grammar of the shape comes (most shapes
     come once): `_Layout`."""
 
