@@ -23,7 +23,7 @@ from . import ir
 from .automaton import (MAX_TERMINAL_STATES, MAX_TERMINAL_WORK, Automaton, ObjectFrame,
                         Walked, compile_automaton, is_terminal, separated_tail, terminal_for)
 from .errors import GrammarError
-from .fsm import DFA
+from .fsm import DFA, BudgetExceeded
 from .walk_cache import make_room
 
 # Grammars of more rules than this are compiled whole: their shapes seldom repeat (a large schema is its own), and
@@ -41,20 +41,15 @@ _KINDS = {ir.Lit: 1, ir.Terminal: 2, ir.Ref: 3, ir.Seq: 4, ir.Choice: 5, ir.Repe
 
 @dataclass(frozen=True, slots=True)
 class GrammarShape:
-    """A grammar's shape (`key`), the DFAs in its slots, the slot of each terminal expression met (by id, the
-    expressions kept beside: their ids are not reused meanwhile) and the rules each rule refers to."""
+    """A grammar's shape (`key`), the DFAs in its slots, and what the walk found for a compile of the grammar to
+    take (`walked`): each terminal expression's DFA, taken for every equal expression as the compile takes them, so
+    that the compile calls the very DFAs of the slots at the places the walk met them (the terminal memo may make a
+    DFA again between two equal expressions, and a rule automaton kept from an earlier grammar may hold an older
+    one), and the rules each rule refers to."""
 
     key: bytes
     slots: tuple[DFA, ...]
-    terminals: dict[int, int]
-    expressions: list[ir.Expr]
-    refs: dict[str, set[str]]
-
-    def walked(self) -> Walked:
-        """What the walk found, for a compile of the grammar to take: it calls the very DFAs of the slots (a rule
-        automaton kept from an earlier grammar may hold a DFA the memo has made again since)."""
-        slots, terminals = self.slots, self.terminals
-        return Walked({expr: slots[terminals[id(expr)]] for expr in self.expressions}, self.refs)
+    walked: Walked
 
 
 def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
@@ -65,7 +60,7 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
         return None
     index = {name: k for k, name in enumerate(rules)}
     slot_by_id: dict[int, int] = {}
-    expressions: list[ir.Expr] = []
+    dfas: dict[ir.Expr, DFA] = {}
     slot_of: dict[DFA, int] = {}
     refs: dict[str, set[str]] = {}
     # what the compile asks of a terminal's language besides its DFA (productive rules, left recursion through
@@ -83,22 +78,22 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
             while todo:
                 expr = todo.pop()
                 kind = type(expr)
+                if kind is ir.Repeat and (expr.min < 0 or (expr.max is not None and expr.max < expr.min)):
+                    return None     # (the compile refuses the bounds, a terminal's too)
                 # (inline, by exact type: every node of the grammar comes here on every compile)
                 if kind is ir.Terminal or (kind is ir.Lit and expr.text) or (
                         (kind is ir.Choice or kind is ir.Repeat) and is_terminal(expr)):
                     number = slot_by_id.get(id(expr))
                     if number is None:
-                        # equal expressions are one DFA, as the compile takes them: the memos behind
-                        # `terminal_for` keep every DFA this walk asked for (they drop the least recently used, and
-                        # a walk asks fewer)
-                        dfa = terminal_for(expr)
+                        dfa = dfas.get(expr)
+                        if dfa is None:
+                            dfa = dfas[expr] = terminal_for(expr)
                         number = slot_of.get(dfa)
                         if number is None:
                             number = slot_of[dfa] = len(slot_of)
                             if dfa.matches_nothing or dfa.accept[0]:
                                 unusual += (number, dfa.matches_nothing, bool(dfa.accept[0]))
-                        slot_by_id[id(expr)] = number
-                        expressions.append(expr)
+                        slot_by_id[id(expr)] = number     # (the grammar holds the expression: ids stay its own)
                     add(number)
                 elif kind is ir.Lit:
                     add(_EMPTY)     # (the empty text calls nothing in a sequence)
@@ -123,6 +118,8 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
                     extend((_REPEAT, expr.min, -1 if expr.max is None else expr.max))
                     todo.append(expr.item)
                 elif kind is ir.Members:
+                    if any(type(part) is ir.Lit and not part.text for part in expr.parts()):
+                        return None     # (an empty text is a terminal the compile labels there, not nothing)
                     extend((_MEMBERS, len(expr.members), expr.extra is not None, _bits(expr.required), expr.min,
                             -1 if expr.max is None else expr.max, expr.ordered,
                             -1 if expr.max_extras is None else expr.max_extras, expr.held, len(expr.dependents)))
@@ -133,7 +130,7 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
                     return None
                 if len(key) > MAX_SHAPE_LENGTH:
                     return None
-    except GrammarError:
+    except (GrammarError, BudgetExceeded):     # (the compile says why, where it meets the terminal at all)
         return None
     add(_UNUSUAL)
     extend(unusual)
@@ -142,7 +139,7 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
         packed = array("q", key).tobytes()
     except OverflowError:   # (a sequence of over 62 items looping, an object of over 62 members)
         return None
-    return GrammarShape(packed, tuple(slot_of), slot_by_id, expressions, refs)
+    return GrammarShape(packed, tuple(slot_of), Walked(dfas, refs))
 
 
 def outline(grammar: ir.Grammar) -> bytes:
@@ -189,7 +186,7 @@ def shaped_automaton(grammar: ir.Grammar) -> Automaton:
         automaton = known.automaton(shape.slots)
         if automaton is not None:
             return automaton
-    automaton = compile_automaton(grammar, shape.walked())
+    automaton = compile_automaton(grammar, shape.walked)
     make_room(_SHAPES, _SHAPES_KEPT)
     _SHAPES[shape.key] = _Shape(automaton, shape.slots)
     return automaton

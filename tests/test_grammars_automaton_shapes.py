@@ -185,3 +185,63 @@ def test_a_grammar_of_a_new_outline_is_compiled_without_a_look_at_its_shape(comp
     assert automaton_shapes.outline(other) != automaton_shapes.outline(grammars[0])
     shaped_automaton(other)
     assert walked == grammars[1:] and compiles == [*grammars[:2], other]
+
+
+def _accepts(compiled: automaton.Automaton, text: str) -> bool:
+    grammar = CompiledGrammar(compiled, as_vocabulary(tu.byte_level_bpe()))
+    state = grammar.step(grammar.initial, text.encode())
+    return state is not None and grammar.closure(state)[1]
+
+
+def test_an_empty_text_between_an_objects_members_is_not_a_slot_of_another_terminal(compiles):
+    """An empty literal as an object's separator is a terminal the compile lays out, while in a sequence it calls
+    nothing: its DFA is also a choice's of empty texts, which has a slot, so a second grammar would have laid its own
+    terminal of that slot out as the separator.  Such grammars are compiled whole."""
+
+    def grammar(texts: tuple[str, ...]) -> ir.Grammar:
+        return ir.Grammar({"start": ir.Seq((ir.Lit("s"), ir.Ref("obj"), ir.Choice(tuple(map(ir.Lit, texts))))),
+                           "obj": ir.Members(ir.Lit("{"), (ir.Lit("a"), ir.Lit("b")), ir.Lit(""), ir.Lit("}"))},
+                          "start")
+
+    _kept(grammar(("", "")))
+    second = grammar(("", "q"))
+    assert grammar_shape(second) is None
+    taken = shaped_automaton(second)
+    assert not _accepts(taken, "s{aqb}") and _accepts(taken, "s{ab}q")
+
+
+def test_equal_terminals_are_one_slot_though_the_memo_made_their_dfa_again_between_them(compiles):
+    """Two equal literals with 600 other terminals between them: the terminal memo (512 kept) makes the first one's
+    DFA again by the time the walk meets the second, while the compile takes one DFA for equal terminals.  The walk
+    takes them as the compile does, so a grammar with two different literals there is another shape."""
+
+    def grammar(first: str, last: str, tag: str) -> ir.Grammar:
+        many = ir.Choice(tuple(ir.Lit(f"{tag}{i}_") for i in range(600)) + (ir.Terminal("[0-9]"),))
+        return ir.Grammar({"e": ir.Lit("e"), "start": ir.Seq((ir.Lit(first), many, ir.Ref("e"), ir.Lit(last)))},
+                          "start")
+
+    shape = grammar_shape(grammar("k", "k", "x"))
+    assert len(shape.slots) == 603      # "k" once, the 600 literals, the digit, "e"
+    _kept(grammar("k", "k", "y"))
+    other = grammar("a", "b", "z")
+    assert grammar_shape(other).key != shape.key
+    taken = shaped_automaton(other)
+    assert _accepts(taken, "a3eb") and not _accepts(taken, "b3eb")
+
+
+def test_what_the_compile_refuses_the_walk_leaves_to_it(compiles):
+    """Bad bounds on a terminal's repetition are refused as the compile refuses them, not taken by shape; a terminal
+    past the automaton budget in a rule nothing calls is the compile's to judge (it never builds it)."""
+
+    def grammar(inner: ir.Expr) -> ir.Grammar:
+        return ir.Grammar({"start": ir.Seq((ir.Lit("x"), ir.Seq((inner,))))}, "start")
+
+    _kept(grammar(ir.Lit("b")))
+    with pytest.raises(GrammarError, match="bad repetition bounds 2..1"):
+        shaped_automaton(grammar(ir.Repeat(ir.Lit("a"), 2, 1)))
+    big = ir.Repeat(ir.Terminal("a{0,13000}"), 16, 16)
+    unused = ir.Grammar({"unused": ir.Seq((ir.Lit("u"), big)), "start": ir.Lit("x")}, "start")
+    for _ in range(2):
+        assert _accepts(shaped_automaton(unused), "x")
+    with pytest.raises(GrammarError, match="grammar too large to compile"):
+        _kept(ir.Grammar({"start": ir.Seq((ir.Lit("u"), big))}, "start"))
