@@ -54,7 +54,8 @@ class GrammarShape:
 
 def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
     """The shape of `grammar`; None where it is not memoised: too large, with captured terminals (their frames
-    record texts), or not compilable (the compile says why)."""
+    record texts) or an empty text among an object's parts, or where the compile is to refuse or judge it (bad
+    repetition bounds, a terminal past its budget: the compile says why, where it meets the terminal at all)."""
     rules = grammar.rules
     if len(rules) > MAX_SHAPED_RULES or grammar.start not in rules:
         return None
