@@ -301,6 +301,11 @@ def separated_tail(tail: ir.Expr, item: ir.Expr) -> bool:
             and len(tail.item.items) > 1 and tail.item.items[-1] == item)
 
 
+def bad_bounds(expr: ir.Repeat) -> bool:
+    """Whether a repetition's bounds are out of order or negative (the compile refuses them)."""
+    return expr.min < 0 or (expr.max is not None and expr.max < expr.min)
+
+
 def is_terminal(expr: ir.Expr) -> bool:
     """Expressions compiled to one shared terminal DFA: terminals, literals, choices of literals,
     and short repetitions of those (a repeated terminal as a call loop could end after any of its
@@ -522,7 +527,7 @@ class _Compiler:
             for item in expr.items:
                 self.build(nfa, item, src, dst)
         elif kind is ir.Repeat:
-            if expr.min < 0 or (expr.max is not None and expr.max < expr.min):
+            if bad_bounds(expr):
                 raise GrammarError(f"bad repetition bounds {expr.min}..{expr.max}")
             if is_terminal(expr):
                 nfa.call(src, self.terminal_label(expr), dst)

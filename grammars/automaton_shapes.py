@@ -21,7 +21,7 @@ import numpy as np
 
 from . import ir
 from .automaton import (MAX_TERMINAL_STATES, MAX_TERMINAL_WORK, Automaton, ObjectFrame,
-                        Walked, compile_automaton, is_terminal, separated_tail, terminal_for)
+                        Walked, bad_bounds, compile_automaton, is_terminal, separated_tail, terminal_for)
 from .errors import GrammarError
 from .fsm import DFA, BudgetExceeded
 from .walk_cache import make_room
@@ -56,9 +56,9 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
     """The shape of `grammar`; None where it is not memoised: too large, with captured terminals (their frames
     record texts) or an empty text among an object's parts, or where the compile is to refuse or judge it (bad
     repetition bounds, a terminal past its budget: the compile says why, where it meets the terminal at all)."""
-    rules = grammar.rules
-    if len(rules) > MAX_SHAPED_RULES or grammar.start not in rules:
+    if not _shapeable(grammar):
         return None
+    rules = grammar.rules
     index = {name: k for k, name in enumerate(rules)}
     slot_by_id: dict[int, int] = {}
     dfas: dict[ir.Expr, DFA] = {}
@@ -79,8 +79,8 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
             while todo:
                 expr = todo.pop()
                 kind = type(expr)
-                if kind is ir.Repeat and (expr.min < 0 or (expr.max is not None and expr.max < expr.min)):
-                    return None     # (the compile refuses the bounds, a terminal's too)
+                if kind is ir.Repeat and bad_bounds(expr):
+                    return None     # (the compile refuses them, a terminal's too)
                 # (inline, by exact type: every node of the grammar comes here on every compile)
                 if kind is ir.Terminal or (kind is ir.Lit and expr.text) or (
                         (kind is ir.Choice or kind is ir.Repeat) and is_terminal(expr)):
@@ -143,6 +143,10 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
     return GrammarShape(packed, tuple(slot_of), Walked(dfas, refs))
 
 
+def _shapeable(grammar: ir.Grammar) -> bool:
+    return len(grammar.rules) <= MAX_SHAPED_RULES and grammar.start in grammar.rules
+
+
 def outline(grammar: ir.Grammar) -> bytes:
     """What grammars of one shape have alike and most of other shapes do not, found at a glance: the start rule's
     place and each rule's kind, with a sequence's or choice's length and the kinds of its first items, an object's
@@ -171,8 +175,7 @@ def shaped_automaton(grammar: ir.Grammar) -> Automaton:
     """`compile_automaton(grammar)`, taken from the automaton of an earlier grammar of its shape where one was
     compiled (the grammar's terminals laid out in it).  A grammar whose outline no grammar had lately is compiled
     whole without a walk for its shape: its shape is new too."""
-    rules = grammar.rules
-    if len(rules) > MAX_SHAPED_RULES or grammar.start not in rules:
+    if not _shapeable(grammar):
         return compile_automaton(grammar)
     seen = outline(grammar)
     if seen not in _OUTLINES:

@@ -14,6 +14,7 @@ from leapgen.grammars.errors import GrammarError
 from leapgen.grammars.json_schema import json_schema_to_grammar
 from leapgen.grammars.matcher import CompiledGrammar
 from leapgen.grammars.vocab import as_vocabulary
+from test_grammars_matcher import _grammar_accepts
 
 BFCL = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench" / "BFCL_simple"
 
@@ -188,9 +189,7 @@ def test_a_grammar_of_a_new_outline_is_compiled_without_a_look_at_its_shape(comp
 
 
 def _accepts(compiled: automaton.Automaton, text: str) -> bool:
-    grammar = CompiledGrammar(compiled, as_vocabulary(tu.byte_level_bpe()))
-    state = grammar.step(grammar.initial, text.encode())
-    return state is not None and grammar.closure(state)[1]
+    return _grammar_accepts(CompiledGrammar(compiled, as_vocabulary(tu.byte_level_bpe())), text)
 
 
 def test_an_empty_text_between_an_objects_members_is_not_a_slot_of_another_terminal(compiles):
