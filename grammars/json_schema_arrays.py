@@ -118,12 +118,13 @@ def _tail_items(ctx: SchemaContext, tail_item: Expr, lo: int, hi: int | None, po
     names: list[str] = []
 
     def unit(level: int) -> Expr:
-        if level == 0:
-            return item
+        # a loop, not a recursive call: a function calling itself by name holds itself in its closure, a cycle that
+        # kept the compiler and all its IR alive until the next full collection
         while len(names) < level:   # each level a rule calling the one below _ITEM_BASE times
+            below = Ref(names[-1], call=True) if names else item
             names.append(ctx.rule_name(f"{pointer}_{_ITEM_BASE ** (len(names) + 1)}_items"))
-            ctx.rules[names[-1]] = repeat(unit(len(names) - 1), _ITEM_BASE, _ITEM_BASE)
-        return Ref(names[level - 1], call=True)
+            ctx.rules[names[-1]] = repeat(below, _ITEM_BASE, _ITEM_BASE)
+        return Ref(names[level - 1], call=True) if level else item
 
     counting = Counting(unit, _ITEM_BASE, _FLAT_ITEMS)
     return seq(counting.exactly(lo), counting.at_most(hi - lo))

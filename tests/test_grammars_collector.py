@@ -96,7 +96,7 @@ def test_a_child_forked_during_another_threads_compile_runs_its_collector(collec
 
 
 def _featureful_schemas(tag: str) -> list[dict]:
-    """Schemas through the paths that once left reference cycles (`contains` counting, string formulas), and
+    """Schemas through the paths that once left reference cycles (`contains` counting, string formulas, counted items), and
     others; `tag` makes their patterns new, so no memo hands back what an earlier compile built."""
     return [
         {"type": "array", "contains": {"type": "string", "pattern": f"^{tag}"}, "minContains": 1, "maxContains": 2},
@@ -108,6 +108,8 @@ def _featureful_schemas(tag: str) -> list[dict]:
         {"type": "object", "properties": {"a": {"oneOf": [{"type": "string", "pattern": f"^{tag}"}, {"type": "integer"}]},
                                           "b": {"$ref": "#"}}, "patternProperties": {f"^{tag}_": {"type": "boolean"}}},
         {"type": "array", "items": {"enum": [f"{tag}1", f"{tag}2", 3]}, "uniqueItems": True},
+        # items counted in base 8 (json_schema_arrays._tail_items): a closure calling itself by name was a cycle
+        {"type": "array", "items": {"type": "string", "pattern": f"^{tag}"}, "minItems": 40, "maxItems": 300},
     ]
 
 
