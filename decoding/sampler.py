@@ -7,6 +7,7 @@ Logprobs (like vLLM's default): by default they come from the raw model distribu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -111,12 +112,12 @@ class Sampler:
         when given, went through the warpers too.
         """
         if batch.all_greedy:
-            return _argmax(logits)
+            return _greedy(logits, range(batch.size))
         uniform = self._uniform(batch, logits.device)
         token_ids = torch.zeros(batch.size, dtype=torch.long, device=logits.device)
         greedy = batch.greedy.nonzero()[:, 0]
         if greedy.numel():
-            token_ids[greedy] = _argmax(logits[greedy])
+            token_ids[greedy] = _greedy(logits[greedy], greedy.tolist())
         full = [i for i, row in enumerate(batch.rows) if not row.params.greedy]
         if window is not None:
             rows = candidate_rows(batch, window)
@@ -168,6 +169,18 @@ def _split_warpers(pipeline: LogitsPipeline) -> tuple[LogitsPipeline, LogitsPipe
 
 
 _ARGMAX_CHUNK = 128
+
+
+def _greedy(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """Each row's argmax (`_argmax`); ValueError naming the batch rows (`rows`: those of `logits`) that have no
+    token to take, as a sampled row has none: argmax took a NaN as the maximum, and the first token of a row of
+    -inf."""
+    takeable = logits.amax(dim=-1) > float("-inf")      # (false for a NaN too)
+    if not bool(takeable.all()):
+        bad = (~takeable).nonzero()[:, 0].tolist()
+        raise ValueError(f"batch rows {[rows[i] for i in bad]}: no token can be taken "
+                         "(every logit is -inf after processing, or the logits hold NaN)")
+    return _argmax(logits)
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from leapgen.decoding.constraint import ConstraintSpec, TokenConstraint
 from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.engine.block_manager import beam_search_blocks
 
 
 class RequestError(ValueError):
@@ -28,6 +29,7 @@ class EngineLimits:
     vocab_size: int          # rows of the embedding / columns of the logits
     max_model_len: int       # the context, in tokens
     kv_capacity_tokens: int  # tokens the whole KV cache holds
+    kv_block_size: int       # tokens a block of it holds
 
 
 @dataclass
@@ -77,6 +79,13 @@ def check_request(prompt: object, params: SamplingParams, tokenizer, limits: Eng
     if len(ids) + params.max_tokens > limits.kv_capacity_tokens:
         raise RequestError(f"the prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the KV cache "
                            f"of {limits.kv_capacity_tokens} tokens; raise kv_cache_memory or lower max_tokens")
+    if params.num_beams > 1:
+        size = limits.kv_block_size
+        blocks = beam_search_blocks(len(ids), params.max_tokens, params.num_beams, size)
+        if blocks * size > limits.kv_capacity_tokens:
+            raise RequestError(f"{params.num_beams} beams of the prompt ({len(ids)} tokens) + max_tokens "
+                               f"({params.max_tokens}) need up to {blocks * size} tokens of the KV cache, which holds "
+                               f"{limits.kv_capacity_tokens}; raise kv_cache_memory or lower num_beams or max_tokens")
     for name, token_ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ())):
         bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:

@@ -18,6 +18,13 @@ from dataclasses import dataclass
 from leapgen.engine.sequence import Sequence
 
 
+def beam_search_blocks(num_prompt_tokens: int, max_tokens: int, num_beams: int, block_size: int) -> int:
+    """Blocks a beam search holds at its widest: the prompt's full blocks shared by every beam, the rest (the
+    prompt's last partial block, copied on write, and the generated tokens) each beam's own."""
+    own = -(-(num_prompt_tokens % block_size + max_tokens) // block_size)
+    return num_prompt_tokens // block_size + num_beams * own
+
+
 class OutOfBlocksError(RuntimeError):
     """An allocation was attempted without checking the matching `can_*` predicate first."""
 

@@ -125,7 +125,8 @@ class LLMEngine:
         self.sampler = Sampler(seed=seed, device=loaded.device,
                                row_logsumexp=compiled_row_logsumexp(loaded.device) or torch_row_logsumexp)
         self.vocabulary = vocabulary_for(loaded.tokenizer, size=loaded.vocab_size, eos_ids=loaded.eos_token_ids)
-        self.limits = EngineLimits(loaded.vocab_size, loaded.max_model_len, self.block_manager.capacity_tokens)
+        self.limits = EngineLimits(loaded.vocab_size, loaded.max_model_len, self.block_manager.capacity_tokens,
+                                   self.block_manager.block_size)
         self.proposer = self._proposer(config.speculative)
         self._to_propose: list[tuple[EngineRequest, SequenceState]] = []   # accepted a token this step
         self.requests: dict[int, EngineRequest] = {}
@@ -254,8 +255,13 @@ class LLMEngine:
             out = self.scheduler.schedule()
         for seq in out.preempted:                # recomputed later without its draft
             self._owner[seq.seq_id][1].drop_draft()
+        if out.unfit:
+            bm = self.block_manager
+            self._fail(self._owner[out.unfit[0].seq_id][0], RequestError(
+                f"the KV cache ({bm.num_blocks} blocks of {bm.block_size} tokens) cannot hold the request's "
+                f"{len(out.unfit)} beams at {out.unfit[0].num_tokens} tokens each, even alone"))
         if out.is_empty:
-            return []
+            return self._outputs()
         prompt_rows = frozenset(seq.seq_id for seq, _ in out.scheduled
                                 if self._owner[seq.seq_id][0].output.prompt_logprobs is not None
                                 and seq.num_computed_tokens < seq.num_prompt_tokens)

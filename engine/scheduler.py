@@ -9,7 +9,12 @@ Policy (one screen; nano-vllm's structure with vLLM-v1-style mixed steps and chu
   leaves one token of budget for each running sequence behind it, so decodes never starve;
 - when a running sequence cannot get a block, the most recently admitted running sequence is
   preempted: its blocks are freed (registered ones stay revivable through the prefix cache) and it
-  goes back to the front of the waiting queue with all its tokens, to be recomputed later.
+  goes back to the front of the waiting queue with all its tokens, to be recomputed later;
+- a request's beams (`Sequence.group_id`) step together, so they run together: a beam preempted
+  sends its running siblings after it at the next step (they would only hold their blocks, waiting),
+  and waiting beams are admitted all at once.  Two requests' beams each part running, part waiting
+  for the blocks the other's held, stalled the engine for good.  Beams that cannot fit the cache
+  even alone are `unfit`: their request fails instead.
 A step whose entries are all single tokens past their prompts is a decode step (`is_decode`),
 which the runner sends down the paged-decode path.
 """
@@ -19,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from leapgen.engine.block_manager import BlockManager
+from leapgen.engine.block_manager import BlockManager, beam_search_blocks
 from leapgen.engine.sequence import Sequence, SequenceStatus
 
 
@@ -31,12 +36,15 @@ class SchedulerOutput:
     `seq.num_computed_tokens .. + num_new_tokens - 1`.  `is_decode`: every entry has one new
     token past its prompt.  `copies`: copy-on-write `(src_block, dst_block)` pairs to apply to
     the KV tensors before the step.  `preempted`: sequences sent back to the waiting queue.
+    `unfit`: waiting sequences that cannot fit the empty cache (a request's beams together); the
+    caller must finish them.
     """
 
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     is_decode: bool = False
     copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    unfit: list[Sequence] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -90,6 +98,12 @@ class Scheduler:
             raise ValueError(f"sequence {seq.seq_id}: prompt ({seq.num_prompt_tokens} tokens) + max_tokens "
                              f"({seq.max_tokens}){lookahead} = {need} tokens exceeds the KV cache capacity of "
                              f"{bm.capacity_tokens} tokens ({bm.num_blocks} blocks x {bm.block_size})")
+        beams = seq.params.num_beams
+        blocks = beam_search_blocks(seq.num_prompt_tokens, seq.max_tokens, beams, bm.block_size) if beams > 1 else 0
+        if blocks > bm.num_blocks:
+            raise ValueError(f"sequence {seq.seq_id}: {beams} beams of prompt ({seq.num_prompt_tokens} tokens) + "
+                             f"max_tokens ({seq.max_tokens}) need up to {blocks} blocks of the KV cache, which holds "
+                             f"{bm.num_blocks} ({bm.block_size} tokens each)")
         self.waiting.append(seq)
         self._seq_ids.add(seq.seq_id)
 
@@ -132,6 +146,7 @@ class Scheduler:
         token) and nothing can be admitted; RuntimeError if a waiting sequence cannot fit an empty cache.
         """
         out = SchedulerOutput()
+        self._regroup(out)
         budget = self.max_num_batched_tokens
         behind = sum(1 for seq in self.running if seq.num_uncomputed)    # running ones still to schedule
         for seq in list(self.running):
@@ -146,18 +161,17 @@ class Scheduler:
                 budget -= n
         # a step that had to preempt has no memory to spare: admitting now would only churn
         while budget > 0 and not out.preempted and self._can_admit():
-            seq = self.waiting.popleft()
-            self.block_manager.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            n = min(seq.num_uncomputed, budget)
-            out.scheduled.append((seq, n))
-            budget -= n
-        if not out.scheduled and self.waiting and not self.running:
-            head = self.waiting[0]
-            raise RuntimeError(f"sequence {head.seq_id} ({head.num_tokens} tokens) needs "
-                               f"{self.block_manager.num_blocks_to_allocate(head)} blocks; the cache has "
-                               f"{self.block_manager.num_free_blocks} free of {self.block_manager.num_blocks}")
+            for seq in self._waiting_group():
+                self.waiting.remove(seq)
+                self.block_manager.allocate(seq)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                n = min(seq.num_uncomputed, budget)
+                if n:
+                    out.scheduled.append((seq, n))
+                    budget -= n
+        if not out.scheduled and self.waiting and not self.running and not out.preempted:
+            out.unfit = self._waiting_group()     # the cache is empty and still too small for them
         out.is_decode = bool(out.scheduled) and all(
             n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens for seq, n in out.scheduled)
         return out
@@ -178,14 +192,32 @@ class Scheduler:
             raise ValueError(f"sequence id {seq_id} is already in use by an unfinished sequence")
 
     def _can_admit(self) -> bool:
-        """True when the head of the waiting queue fits now, keeping the blocks running ones need next."""
+        """True when the head of the waiting queue (with its sibling beams) fits now, keeping the blocks running
+        ones need next."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
         bm = self.block_manager
         # running sequences whose blocks are full need a new block for their next token; admitting
         # into those blocks would only force a preemption right after
         reserve = sum(1 for seq in self.running if seq.num_tokens >= len(seq.block_table) * bm.block_size)
-        return bm.num_blocks_to_allocate(self.waiting[0]) + reserve <= bm.num_free_blocks
+        # (siblings may share prefix blocks, counted once each here: a bound, so that all of them fit)
+        return sum(map(bm.num_blocks_to_allocate, self._waiting_group())) + reserve <= bm.num_free_blocks
+
+    def _waiting_group(self) -> list[Sequence]:
+        """The head of the waiting queue, with the beams of its request that wait too (they run together)."""
+        head = self.waiting[0]
+        if head.params.num_beams == 1:
+            return [head]
+        return [seq for seq in self.waiting if seq.group_id == head.group_id]
+
+    def _regroup(self, out: SchedulerOutput) -> None:
+        """Preempt the running beams whose siblings wait (see the module docstring): to the front of the waiting
+        queue, in their order."""
+        waiting = {seq.group_id for seq in self.waiting if seq.params.num_beams > 1}
+        if waiting:
+            for seq in reversed(self.running):
+                if seq.params.num_beams > 1 and seq.group_id in waiting:
+                    self._preempt(seq, out)
 
     def _reserve(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         """Give `seq` slots for its next `n` tokens, preempting from the back; False if `seq` itself was preempted."""

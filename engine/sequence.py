@@ -58,6 +58,8 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
+        # the sequence it was forked from, first of all (its own id if none): a request's beams share it
+        self.group_id = seq_id
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -136,4 +138,5 @@ class Sequence:
         """A new WAITING sequence with the same tokens and params and no blocks (`BlockManager.fork` shares them)."""
         child = Sequence(seq_id, self.prompt_token_ids, self.params)
         child.token_ids = list(self.token_ids)
+        child.group_id = self.group_id
         return child

@@ -73,15 +73,19 @@ def read_prompts_file(path: str) -> list[str]:
 
 def parse_prompts(where: str, text: str) -> list[str]:
     """The prompts of a prompts file's text (`where` names it in errors): JSONL when every non-blank line is a
-    JSON object, each with a "prompt" string; otherwise one prompt a line."""
+    JSON object, or the first is one with a "prompt" (then a line that is not is an error, not a prompt), each
+    with a "prompt" string; otherwise one prompt a line."""
     # not splitlines(): it also splits at U+2028 and other characters that a prompt may hold
     lines = [(number, line.removesuffix("\r")) for number, line in enumerate(text.split("\n"), 1)]
     lines = [(number, line) for number, line in lines if line.strip()]
     objects = [_json_object(line) for _, line in lines]
-    if not lines or any(obj is None for obj in objects):
+    if not lines or any(obj is None for obj in objects) and (objects[0] is None or "prompt" not in objects[0]):
         return [line for _, line in lines]
     prompts = []
     for (number, _), obj in zip(lines, objects):
+        if obj is None:
+            raise CliError(f"{where}:{number}: not a JSON object (the file reads as JSONL, one object a line: its "
+                           f"first line is one with a \"prompt\")")
         if "prompt" not in obj:
             raise CliError(f"{where}:{number}: the object has no \"prompt\" field (in a JSONL prompts file "
                            f"every line has one)")

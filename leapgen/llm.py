@@ -108,6 +108,10 @@ class LLM:
         A request that fails while running raises RuntimeError with its error after the text so far.
         """
         spec = _one_constraint(constraint, response_format)
+        if params is not None and params.n > 1:
+            # (the other samples' text would be dropped without a word)
+            raise ValueError(f"stream() yields the text of one completion: SamplingParams.n must be 1, got "
+                             f"{params.n} (generate() or generate_iter() return every sample)")
         request_id = self.engine.add_request(prompt, _with_constraint(params, spec))
         try:
             while self.engine.has_unfinished:

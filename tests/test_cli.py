@@ -60,6 +60,8 @@ def test_beam_search_and_unspellable_constraint(cli_model, capsys):
                          "--stream")
     line = error_line(code, err)
     assert "constraint" in line and "cannot spell" in line and out == ""
+    code, out, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--n", "2", "--stream")
+    assert "--stream prints the text of one sample, got --n 2" in error_line(code, err) and out == ""
 
 
 def test_bad_input_is_one_clear_line(cli_model, capsys):
@@ -288,11 +290,12 @@ def test_prompts_file_of_json_lines(cli_model, tmp_path, capsys):
     code, out, err = run(capsys, "--model", cli_model, "--prompts-file", str(path), "--max-tokens", "2", "--json")
     assert code == 0, err
     assert prompts_of(out) == ["w3 w4", "w5"]
-    # one line that is not a JSON object makes the whole file plain lines
-    path.write_text('{"prompt": "w3"}\nw5\n', encoding="utf-8")
+    # a line that is not a JSON object makes the whole file plain lines, unless the first is one with a "prompt"
+    # (then that line is an error: see test_bad_prompts_file_is_one_line)
+    path.write_text('{"text": "w3"}\nw5\n', encoding="utf-8")
     code, out, err = run(capsys, "--model", cli_model, "--prompts-file", str(path), "--max-tokens", "2", "--json")
     assert code == 0, err
-    assert prompts_of(out) == ['{"prompt": "w3"}', "w5"]
+    assert prompts_of(out) == ['{"text": "w3"}', "w5"]
 
 
 @pytest.mark.parametrize("stdin", [lambda text: io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8"),
@@ -306,6 +309,7 @@ def test_prompts_file_dash_reads_stdin(cli_model, capsys, monkeypatch, stdin):
 
 @pytest.mark.parametrize("content,expected", [
     (b'{"prompt": "w3"}\n{"text": "w4"}\n', ':2: the object has no "prompt" field'),
+    (b'{"prompt": "w3"}\nw5\n', ':2: not a JSON object (the file reads as JSONL'),
     (b'{"prompt": 3}\n', ':1: "prompt" must be a string'),
     (b'{"prompt": "\\udcff"}\n', ":1: the text is not valid UTF-8"),
     (b"w3 \xff\n", ": not UTF-8 text (byte offset 3)"),

@@ -18,11 +18,13 @@ import jsonschema
 import lark
 import numpy as np
 import pytest
+import torch
 
 import leapgen
 from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
 from leapgen import JsonSchema, Regex, SamplingParams
 from leapgen.engine.admission import RequestError
+from leapgen.engine.block_manager import beam_search_blocks
 from leapgen.engine.constraint_state import ConstraintState, MasksAhead
 from tokenizers_util import byte_level_bpe
 
@@ -87,6 +89,26 @@ def test_a_raising_logits_processor_fails_its_request_alone(plain_llm):
     assert outputs[0].error is None and outputs[0].finish_reason == "length"
     assert_idle(plain_llm)
     assert plain_llm.generate(prompts, plain)[1].token_ids == expected[1].token_ids     # the next call works
+
+
+@pytest.mark.parametrize("poison", ["one NaN", "all NaN", "all -inf"])
+def test_greedy_rows_with_no_token_to_take_fail_alone_as_sampled_ones_do(plain_llm, poison):
+    # argmax took a NaN for the maximum (the same token every step) and the first token of a row of -inf
+    def processor(input_ids, scores):
+        if poison == "one NaN":
+            scores[:, 5] = float("nan")
+            return scores
+        return torch.full_like(scores, float("nan") if poison == "all NaN" else float("-inf"))
+
+    prompts = [[5, 6, 7], [8, 9]]
+    plain = SamplingParams(max_tokens=6, ignore_eos=True)
+    expected = plain_llm.generate(prompts, plain)
+    for broken in (SamplingParams(max_tokens=6, logits_processors=[processor]),
+                   SamplingParams(max_tokens=6, logits_processors=[processor], temperature=0.8, seed=1)):
+        outputs = plain_llm.generate(prompts, [plain, broken], on_error="return")
+        assert outputs[1].finish_reason == "error" and "no token can be" in outputs[1].error
+        assert outputs[0].token_ids == expected[0].token_ids and outputs[0].error is None
+    assert_idle(plain_llm)
 
 
 def test_bad_requests_are_refused_before_any_work_and_name_the_prompt(plain_llm):
@@ -316,6 +338,56 @@ def test_beam_search_under_a_constraint_returns_valid_instances(text_llm, num_be
     assert_idle(text_llm)
 
 
+def _drive(engine, prompts, params, max_steps: int) -> list:
+    """Run `prompts` through `engine` step by step, at most `max_steps` steps (a stalled scheduler fails the test
+    instead of hanging it); the outputs in prompt order."""
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    done = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished:
+            break
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert not engine.has_unfinished, f"still unfinished after {max_steps} steps"
+    return [done[i] for i in ids]
+
+
+def test_beam_requests_beyond_the_cache_take_turns_and_match_a_roomy_cache(tmp_path):
+    # two requests' beams, each part running and part waiting for the blocks the other's held, stalled the engine
+    build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())
+    roomy = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="16MiB", block_size=16)
+    prompts = [" ".join(str(i * j) for j in range(20)) for i in range(4)]
+    beams = SamplingParams(max_tokens=40, num_beams=3, n=2)
+    params = [beams, beams, SamplingParams(max_tokens=40, num_beams=2, constraint=JsonSchema(SCHEMA)),
+              SamplingParams(max_tokens=40)]
+    expected = _drive(roomy.engine, prompts, params, 500)
+    widest = max(beam_search_blocks(len(o.prompt_token_ids), p.max_tokens, p.num_beams, 16)
+                 for o, p in zip(expected, params))
+    per_block = roomy.engine.runner.kv_cache[:, :, 0].numel() * roomy.engine.runner.kv_cache.element_size()
+    tight = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory=(widest + 2) * per_block, block_size=16)
+    assert tight.engine.block_manager.num_blocks == widest + 2     # room for one request's beams at a time
+    got = _drive(tight.engine, prompts, params, 2000)
+    assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in expected]
+    assert all(o.error is None for o in got) and tight.engine.scheduler.num_preemptions > 0
+    assert_idle(tight)
+
+
+def test_beams_that_cannot_fit_the_cache_even_alone_are_refused_up_front(tmp_path):
+    # each beam alone fits, all of them never do: the search waited for its last beams forever
+    build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())
+    llm = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="16MiB", block_size=8)
+    per_block = llm.engine.runner.kv_cache[:, :, 0].numel() * llm.engine.runner.kv_cache.element_size()
+    small = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory=12 * per_block, block_size=8)    # 96 tokens
+    params = SamplingParams(max_tokens=20, num_beams=3)
+    prompts = ["a", "a much longer prompt with quite a few more tokens in it"]     # alone: fits
+    with pytest.raises(RequestError, match=r"prompts\[1\]: 3 beams of the prompt \(\d+ tokens\) \+ max_tokens \(20\) "
+                                           r"need up to \d+ tokens of the KV cache, which holds 96"):
+        small.generate(prompts, params)
+    assert small.generate(prompts[1], SamplingParams(max_tokens=20))[0].error is None
+    out = small.generate(prompts, params, on_error="return")
+    assert out[0].error is None and out[1].finish_reason == "error"
+    assert_idle(small)
+
+
 def test_one_beam_under_a_constraint_is_constrained_greedy(tmp_path):
     build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())
     llm = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="16MiB", block_size=8, enable_forced_tokens=False)
@@ -333,6 +405,12 @@ def test_stream_pieces_join_to_the_final_text(text_llm):
         pieces = list(text_llm.stream("the story", params))
         assert "".join(pieces) == final.text
         assert all(pieces)
+    assert_idle(text_llm)
+
+
+def test_stream_refuses_several_samples_instead_of_dropping_all_but_one(text_llm):
+    with pytest.raises(ValueError, match=r"stream\(\) yields the text of one completion: SamplingParams.n must be 1"):
+        next(text_llm.stream("the story", SamplingParams(max_tokens=8, n=2, temperature=1.0)))
     assert_idle(text_llm)
 
 
