@@ -44,6 +44,10 @@ _REFUSED = {
     "stop_token_ids": "use --stop with the tokens' text",
     "logits_processors": "they are Python objects; set them in Python (SamplingParams(logits_processors=...))",
     "speculative": "a sweep runs without speculative decoding",
+    # (the logprob column needs logprobs, and beams take none, nor a temperature)
+    "num_beams": "a sweep compares samples; compare beam searches with `leapgen generate --num-beams`",
+    "length_penalty": "it ranks beams, and a sweep samples",
+    "early_stopping": "it ends beam searches, and a sweep samples",
 }
 _FIELDS = {f.name: f for f in dataclasses.fields(SamplingParams) if f.name not in _REFUSED}
 
@@ -61,7 +65,7 @@ def add_sweep_parser(commands: Any) -> None:
     add_prompt_arguments(sweep)
     sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
                        help="a SamplingParams field (temperature, top_p, top_k, min_p, repetition_penalty, "
-                            "max_tokens, num_beams, ...) and the values to try; repeat for more fields, the cells "
+                            "max_tokens, presence_penalty, ...) and the values to try; repeat for more fields, the cells "
                             "being every combination; one value sets the field in every cell")
     sweep.add_argument("--n", type=positive_int, default=8, help="samples per cell and prompt (default 8)")
     sweep.add_argument("--seed", type=int, default=0,

@@ -47,7 +47,8 @@ def no_model_load(monkeypatch):
     (["logprobs=1"], "--grid logprobs=1: logprobs cannot be swept"),
     (["top_p=0.5,1.5"], "--grid top_p=0.5,1.5: SamplingParams.top_p must be in (0, 1], got 1.5"),
     (["temperature=nan"], "--grid temperature=nan: SamplingParams.temperature must be a finite number"),
-    (["num_beams=1,4"], "--grid num_beams=1,4: SamplingParams.n (8) must not exceed num_beams (4)"),
+    (["num_beams=1,4"], "--grid num_beams=1,4: num_beams cannot be swept; a sweep compares samples"),
+    (["length_penalty=0.5"], "--grid length_penalty=0.5: length_penalty cannot be swept; it ranks beams"),
 ])
 def test_bad_grid_is_one_line_before_the_model_loads(cli_model, capsys, no_model_load, grid, expected):
     argv = ["--model", cli_model, "--prompt", "w3"]

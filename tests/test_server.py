@@ -229,6 +229,9 @@ def test_beam_search_as_an_extra(llm, client):
                                          extra_body={"num_beams": 3})
     expected = llm.generate("beams", SamplingParams(max_tokens=6, n=2, num_beams=3))[0]
     assert [c.text for c in response.choices] == [c.text for c in expected.outputs]
+    # without a temperature the search runs (the API's default of 1 would sample)
+    response = client.completions.create(model=MODEL, prompt="beams", max_tokens=6, n=2, extra_body={"num_beams": 3})
+    assert [c.text for c in response.choices] == [c.text for c in expected.outputs]
 
 
 # --- errors ---------------------------------------------------------------------------------------------
@@ -260,6 +263,7 @@ def test_beam_search_as_an_extra(llm, client):
     ({"extra_body": {"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}}},
      "response_format", "response_format.json_schema.schema: required"),
     ({"extra_body": {"num_beams": 2}, "stream": True}, "num_beams", "cannot stream"),
+    ({"extra_body": {"num_beams": 2}, "temperature": 0.7}, "num_beams", "beam search (num_beams > 1) is deterministic"),
 ])
 def test_bad_completion_fields_are_400s_naming_the_field(client, kwargs, param, fragment):
     request = {"model": MODEL, "prompt": "p", "max_tokens": 4, **kwargs}

@@ -72,6 +72,8 @@ class RequestFields:
         if "max_tokens" in message:
             return ApiError(message.replace("max_tokens", self.length), param=self.length)
         lead = re.match(r"(logit_bias|stop_token_ids|logprobs)\b", message)
+        if message.startswith("beam search"):
+            return ApiError(message, param="num_beams")
         return ApiError(message, param=lead.group(1) if lead else self.prompt)
 
 
@@ -172,9 +174,12 @@ def _parsed(fields: dict, prompts: list[Prompt], names: RequestFields, logprobs:
     values["constraint"], constraint_field = _constraint(fields)
     if logprobs is not None:
         values["logprobs"] = logprobs.top
-    if values.get("num_beams", 1) > 1 and stream:
-        raise ApiError("num_beams: beam search ranks whole beams at the end, so it cannot stream; "
-                       "set stream: false", param="num_beams")
+    if values.get("num_beams", 1) > 1:
+        if stream:
+            raise ApiError("num_beams: beam search ranks whole beams at the end, so it cannot stream; "
+                           "set stream: false", param="num_beams")
+        if "temperature" not in fields:     # (the API's default of 1 samples, and a search is deterministic)
+            values["temperature"] = 0.0
     try:
         params = SamplingParams(**values)
     except ValueError as exc:
