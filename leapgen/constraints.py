@@ -33,7 +33,7 @@ class JsonSchema:
         if isinstance(self.schema, str):
             return json.loads(self.schema)
         if _is_pydantic_model(self.schema):
-            return self.schema.model_json_schema()
+            return _with_pydantic_formats(self.schema.model_json_schema())
         if isinstance(self.schema, dict):
             return self.schema
         raise TypeError(f"JsonSchema takes a dict, a JSON string or a pydantic model class, "
@@ -109,6 +109,36 @@ def pydantic_model(spec: Any) -> type | None:
 
 def _is_pydantic_model(value: Any) -> bool:
     return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))
+
+
+def _pydantic_format_patterns() -> dict[str, str]:
+    """Patterns for the `format` names pydantic writes and validates but JSON Schema does not define (unknown
+    formats are annotations, so `pydantic.UUID4` fields got any string and `.parsed` came back None)."""
+    from leapgen.grammars.json_strings import FORMATS
+
+    hexes = "[0-9a-fA-F]"
+    patterns = {f"uuid{v}": f"^{hexes}{{8}}-{hexes}{{4}}-{v}{hexes}{{3}}-[89abAB]{hexes}{{3}}-{hexes}{{12}}$"
+                for v in range(1, 9)}     # (the RFC 4122 variant: Python's UUID has no version without it)
+    patterns["ipvanyaddress"] = f"^(?:{FORMATS['ipv4']}|{FORMATS['ipv6']})$"
+    return patterns
+
+
+def _with_pydantic_formats(schema: Any) -> Any:
+    """`schema` (a pydantic model's) with a `pattern` beside each `format` pydantic alone knows (see
+    `_pydantic_format_patterns`), where the subschema has none of its own."""
+    patterns = _pydantic_format_patterns()
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        out = {key: walk(item) for key, item in value.items()}
+        if out.get("format") in patterns and "pattern" not in out:
+            out["pattern"] = patterns[out["format"]]
+        return out
+
+    return walk(schema)
 
 
 def is_valid(spec: Constraint, text: str) -> bool:

@@ -178,6 +178,19 @@ def test_a_pydantic_model_gives_parsed_instances(llm, how):
             assert completion.parsed == Person.model_validate_json(completion.text)
 
 
+def test_formats_only_pydantic_knows_are_enforced_so_the_output_parses(llm):
+    # unknown to JSON Schema, "uuid4" and "ipvanyaddress" were annotations: any string, then `parsed` None
+    class Host(pydantic.BaseModel):
+        id: pydantic.UUID4
+        address: pydantic.IPvAnyAddress
+
+    for output in llm.generate(["a", "bb"], sampled(llm, n=3), response_format=Host):
+        for completion in output.outputs:    # (closed within max_tokens, some at its end: finish_reason "length")
+            assert isinstance(completion.parsed, Host), completion.text
+    # a dict schema keeps JSON Schema's reading: the format is an annotation
+    assert "pattern" not in JsonSchema(Host.model_json_schema()).as_dict()["properties"]["id"]
+
+
 def test_parsed_in_generate_iter_and_none_where_validation_fails(llm):
     params = sampled(llm, n=1)
     seen = dict(llm.generate_iter(["a", "bb"], params, constraint=Person))
