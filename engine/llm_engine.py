@@ -257,9 +257,11 @@ class LLMEngine:
             self._owner[seq.seq_id][1].drop_draft()
         if out.unfit:
             bm = self.block_manager
+            why = "" if bm.enable_prefix_caching else " (without prefix caching, preempted beams share no block)"
             self._fail(self._owner[out.unfit[0].seq_id][0], RequestError(
                 f"the KV cache ({bm.num_blocks} blocks of {bm.block_size} tokens) cannot hold the request's "
-                f"{len(out.unfit)} beams at {out.unfit[0].num_tokens} tokens each, even alone"))
+                f"{len(out.unfit)} beams of up to {max(seq.num_tokens for seq in out.unfit)} tokens at once, with "
+                f"nothing else running{why}"))
         if out.is_empty:
             return self._outputs()
         prompt_rows = frozenset(seq.seq_id for seq, _ in out.scheduled

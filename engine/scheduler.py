@@ -10,11 +10,13 @@ Policy (one screen; nano-vllm's structure with vLLM-v1-style mixed steps and chu
 - when a running sequence cannot get a block, the most recently admitted running sequence is
   preempted: its blocks are freed (registered ones stay revivable through the prefix cache) and it
   goes back to the front of the waiting queue with all its tokens, to be recomputed later;
-- a request's beams (`Sequence.group_id`) step together, so they run together: a beam preempted
-  sends its running siblings after it at the next step (they would only hold their blocks, waiting),
-  and waiting beams are admitted all at once.  Two requests' beams each part running, part waiting
-  for the blocks the other's held, stalled the engine for good.  Beams that cannot fit the cache
-  even alone are `unfit`: their request fails instead.
+- a request's beams (`Sequence.group_id`) step together, so they come back together: a beam
+  preempted sends its running siblings after it at the next step (they would only hold their blocks,
+  waiting), and a request's waiting beams stand together in the queue, so that the request at its
+  head is back, one beam a step (the later ones sharing the prompt blocks the first computed),
+  before another's start.  Two requests' beams each part running, part waiting for the blocks the
+  other's held, stalled the engine for good.  Beams that cannot all be back with nothing else running
+  are `unfit`: their request fails instead.
 A step whose entries are all single tokens past their prompts is a decode step (`is_decode`),
 which the runner sends down the paged-decode path.
 """
@@ -36,8 +38,8 @@ class SchedulerOutput:
     `seq.num_computed_tokens .. + num_new_tokens - 1`.  `is_decode`: every entry has one new
     token past its prompt.  `copies`: copy-on-write `(src_block, dst_block)` pairs to apply to
     the KV tensors before the step.  `preempted`: sequences sent back to the waiting queue.
-    `unfit`: waiting sequences that cannot fit the empty cache (a request's beams together); the
-    caller must finish them.
+    `unfit`: the sequences of a request that cannot fit the cache with nothing else running (its
+    beams: those back and the next); the caller must finish them.
     """
 
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
@@ -143,7 +145,8 @@ class Scheduler:
         """Pick the next step (see the module docstring).
 
         Empty only when every running sequence is fully computed (the step loop appended no
-        token) and nothing can be admitted; RuntimeError if a waiting sequence cannot fit an empty cache.
+        token) and nothing can be admitted; then, where nothing else runs, the request at the head of
+        the queue is `unfit`.
         """
         out = SchedulerOutput()
         self._regroup(out)
@@ -161,17 +164,15 @@ class Scheduler:
                 budget -= n
         # a step that had to preempt has no memory to spare: admitting now would only churn
         while budget > 0 and not out.preempted and self._can_admit():
-            for seq in self._waiting_group():
-                self.waiting.remove(seq)
-                self.block_manager.allocate(seq)
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
-                n = min(seq.num_uncomputed, budget)
-                if n:
-                    out.scheduled.append((seq, n))
-                    budget -= n
-        if not out.scheduled and self.waiting and not self.running and not out.preempted:
-            out.unfit = self._waiting_group()     # the cache is empty and still too small for them
+            budget = self._admit(out, budget)
+        if not out.scheduled and self.waiting and not out.preempted:
+            head = self.waiting[0].group_id
+            if all(seq.group_id == head for seq in self.running):    # (its beams back so far, waiting for the rest)
+                # nothing else runs to free blocks: the head comes in if its blocks are free at all, else never
+                if self._can_admit(reserve=False):
+                    self._admit(out, budget)
+                else:
+                    out.unfit = [seq for seq in self.running + list(self.waiting) if seq.group_id == head]
         out.is_decode = bool(out.scheduled) and all(
             n == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens for seq, n in out.scheduled)
         return out
@@ -191,33 +192,46 @@ class Scheduler:
         if seq_id in self._seq_ids:
             raise ValueError(f"sequence id {seq_id} is already in use by an unfinished sequence")
 
-    def _can_admit(self) -> bool:
-        """True when the head of the waiting queue (with its sibling beams) fits now, keeping the blocks running
-        ones need next."""
-        if not self.waiting or len(self.running) >= self.max_num_seqs:
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit the head of the waiting queue into `out` within `budget` tokens; the budget left."""
+        seq = self.waiting.popleft()
+        self.block_manager.allocate(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        n = min(seq.num_uncomputed, budget)
+        out.scheduled.append((seq, n))
+        return budget - n
+
+    def _can_admit(self, reserve: bool = True) -> bool:
+        """True when the head of the waiting queue fits now, keeping the blocks running ones need next (with
+        `reserve`)."""
+        if not self.waiting:
             return False
+        head = self.waiting[0]
+        if len(self.running) >= self.max_num_seqs and not (
+                head.params.num_beams > 1 and any(seq.group_id == head.group_id for seq in self.running)):
+            return False    # (a request's beams coming back join their siblings past the limit, as forks do)
         bm = self.block_manager
         # running sequences whose blocks are full need a new block for their next token; admitting
         # into those blocks would only force a preemption right after
-        reserve = sum(1 for seq in self.running if seq.num_tokens >= len(seq.block_table) * bm.block_size)
-        # (siblings may share prefix blocks, counted once each here: a bound, so that all of them fit)
-        return sum(map(bm.num_blocks_to_allocate, self._waiting_group())) + reserve <= bm.num_free_blocks
-
-    def _waiting_group(self) -> list[Sequence]:
-        """The head of the waiting queue, with the beams of its request that wait too (they run together)."""
-        head = self.waiting[0]
-        if head.params.num_beams == 1:
-            return [head]
-        return [seq for seq in self.waiting if seq.group_id == head.group_id]
+        kept = sum(1 for seq in self.running if seq.num_tokens >= len(seq.block_table) * bm.block_size)
+        return bm.num_blocks_to_allocate(head) + (kept if reserve else 0) <= bm.num_free_blocks
 
     def _regroup(self, out: SchedulerOutput) -> None:
-        """Preempt the running beams whose siblings wait (see the module docstring): to the front of the waiting
-        queue, in their order."""
-        waiting = {seq.group_id for seq in self.waiting if seq.params.num_beams > 1}
-        if waiting:
-            for seq in reversed(self.running):
-                if seq.params.num_beams > 1 and seq.group_id in waiting:
-                    self._preempt(seq, out)
+        """Preempt the running beams whose siblings wait, but those of the request at the head of the queue
+        (coming back), and stand each request's waiting beams together (see the module docstring)."""
+        groups = {seq.group_id for seq in self.waiting if seq.params.num_beams > 1}
+        if not groups:
+            return
+        back = self.waiting[0].group_id
+        for seq in reversed(self.running):
+            if seq.params.num_beams > 1 and seq.group_id in groups and seq.group_id != back:
+                self._preempt(seq, out)
+        # (preempted one by one to the front, between other requests' beams); the one coming back stays first
+        first: dict[int, int] = {}
+        for index, seq in enumerate(self.waiting):
+            first.setdefault(seq.group_id, index)
+        self.waiting = deque(sorted(self.waiting, key=lambda seq: (seq.group_id != back, first[seq.group_id])))
 
     def _reserve(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         """Give `seq` slots for its next `n` tokens, preempting from the back; False if `seq` itself was preempted."""

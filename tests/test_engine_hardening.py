@@ -371,6 +371,24 @@ def test_beam_requests_beyond_the_cache_take_turns_and_match_a_roomy_cache(tmp_p
     assert_idle(tight)
 
 
+def test_preempted_beams_come_back_one_by_one_sharing_their_prompt(tmp_path):
+    # admitted all at once, three beams of a 24-token prompt counted its blocks three times over (21 of 14 blocks):
+    # refused as unfit, where coming back one a step the later ones share what the first computed
+    build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())
+    roomy = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="16MiB", block_size=4)
+    per_block = roomy.engine.runner.kv_cache[:, :, 0].numel() * roomy.engine.runner.kv_cache.element_size()
+    tight = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory=14 * per_block, block_size=4, max_num_seqs=3)
+    prompts = [list(range(20, 34)), list(range(50, 74))]
+    params = [SamplingParams(max_tokens=12, n=2, temperature=1.0, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=7, num_beams=3, ignore_eos=True)]
+    assert beam_search_blocks(24, 7, 3, 4) <= 14
+    expected = _drive(roomy.engine, prompts, params, 500)
+    got = _drive(tight.engine, prompts, params, 500)
+    assert [o.error for o in got] == [None, None] and tight.engine.scheduler.num_preemptions > 0
+    assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in expected]
+    assert_idle(tight)
+
+
 def test_beams_that_cannot_fit_the_cache_even_alone_are_refused_up_front(tmp_path):
     # each beam alone fits, all of them never do: the search waited for its last beams forever
     build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())
