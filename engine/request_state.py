@@ -121,6 +121,8 @@ class EngineRequest:
         for completion in self.output.outputs:
             if completion.finish_reason is None:
                 completion.finish_reason = "error"
+        if not self.output.outputs:     # beams: their completions come at the end, which this one never reaches
+            self.output.outputs.append(CompletionOutput(0, "", [], "error"))
         self.finish()
 
     def finish(self) -> None:

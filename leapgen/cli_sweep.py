@@ -65,8 +65,8 @@ def add_sweep_parser(commands: Any) -> None:
     add_prompt_arguments(sweep)
     sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
                        help="a SamplingParams field (temperature, top_p, top_k, min_p, repetition_penalty, "
-                            "max_tokens, presence_penalty, ...) and the values to try; repeat for more fields, the cells "
-                            "being every combination; one value sets the field in every cell")
+                            "max_tokens, presence_penalty, ...) and the values to try; repeat for more fields, the "
+                            "cells being every combination; one value sets the field in every cell")
     sweep.add_argument("--n", type=positive_int, default=8, help="samples per cell and prompt (default 8)")
     sweep.add_argument("--seed", type=int, default=0,
                        help="each cell samples with a seed derived from this and its number, so the same command "

@@ -111,6 +111,7 @@ def _is_pydantic_model(value: Any) -> bool:
     return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))
 
 
+@functools.cache
 def _pydantic_format_patterns() -> dict[str, str]:
     """Patterns for the `format` names pydantic writes and validates but JSON Schema does not define (unknown
     formats are annotations, so `pydantic.UUID4` fields got any string and `.parsed` came back None)."""
@@ -134,8 +135,9 @@ def _with_pydantic_formats(schema: Any) -> Any:
         if not isinstance(value, dict):
             return value
         out = {key: walk(item) for key, item in value.items()}
-        if out.get("format") in patterns and "pattern" not in out:
-            out["pattern"] = patterns[out["format"]]
+        name = out.get("format")    # (not a string where "format" names a property, in a `properties` map)
+        if isinstance(name, str) and name in patterns and "pattern" not in out:
+            out["pattern"] = patterns[name]
         return out
 
     return walk(schema)

@@ -389,6 +389,27 @@ def test_preempted_beams_come_back_one_by_one_sharing_their_prompt(tmp_path):
     assert_idle(tight)
 
 
+def test_beams_that_cannot_come_back_together_fail_alone(tmp_path):
+    # without prefix caching a preempted beam comes back with a copy of every block: three of 25 tokens need 21 of
+    # the 19 blocks, and the request spun waiting for its last beam; it fails, the others finish as with room
+    build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())
+    roomy = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="16MiB", block_size=4)
+    per_block = roomy.engine.runner.kv_cache[:, :, 0].numel() * roomy.engine.runner.kv_cache.element_size()
+    tight = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory=19 * per_block, block_size=4, max_num_seqs=3,
+                        max_num_batched_tokens=16, enable_prefix_caching=False)
+    prompts = [list(range(40, 70)), list(range(100, 117)), list(range(140, 170))]
+    params = [SamplingParams(max_tokens=16, ignore_eos=True),
+              SamplingParams(max_tokens=16, num_beams=3, n=2, ignore_eos=True),
+              SamplingParams(max_tokens=28, ignore_eos=True)]
+    expected = _drive(roomy.engine, prompts, params, 500)
+    got = _drive(tight.engine, prompts, params, 3000)
+    assert got[1].finish_reason == "error" and "cannot hold the request's 3 beams" in got[1].error
+    assert "without prefix caching" in got[1].error
+    assert [o.token_ids for o in (got[0], got[2])] == [o.token_ids for o in (expected[0], expected[2])]
+    assert_idle(tight)
+    assert _drive(tight.engine, prompts[1:2], [SamplingParams(max_tokens=4, num_beams=3)], 500)[0].error is None
+
+
 def test_beams_that_cannot_fit_the_cache_even_alone_are_refused_up_front(tmp_path):
     # each beam alone fits, all of them never do: the search waited for its last beams forever
     build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())

@@ -183,6 +183,7 @@ def test_formats_only_pydantic_knows_are_enforced_so_the_output_parses(llm):
     class Host(pydantic.BaseModel):
         id: pydantic.UUID4
         address: pydantic.IPvAnyAddress
+        format: str = "x"       # a property named like the keyword
 
     for output in llm.generate(["a", "bb"], sampled(llm, n=3), response_format=Host):
         for completion in output.outputs:    # (closed within max_tokens, some at its end: finish_reason "length")
