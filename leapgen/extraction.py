@@ -140,7 +140,9 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
 
 
 def _schema_dict(schema: dict | type | str | Path) -> dict:
+    where = "schema"
     if isinstance(schema, (str, Path)):
+        where = f"schema {schema}"       # (a file's or a module's: the error names it)
         try:
             schema = load_schema(str(schema))
         except ValueError as exc:
@@ -148,7 +150,9 @@ def _schema_dict(schema: dict | type | str | Path) -> dict:
     if isinstance(schema, type):         # a pydantic model class (load_schema has checked that)
         schema = schema.model_json_schema()
     if not isinstance(schema, dict):
-        raise ValueError(f"schema: expected a JSON Schema object, got {type(schema).__name__}")
+        # (a boolean is a schema, but not of the object each record is extracted into)
+        raise ValueError(f"{where}: expected a JSON Schema object (each record is extracted into an object), got "
+                         f"{type(schema).__name__}")
     return schema
 
 

@@ -223,6 +223,10 @@ def test_a_bad_schema_fails_before_any_work(llm, tmp_path):
         extract(data, unsupported, out, model=llm, progress=False)
     with pytest.raises(ValueError, match=r"schema .*missing.json: cannot read it"):
         extract(data, str(tmp_path / "missing.json"), out, model=llm, progress=False)
+    (tmp_path / "true.json").write_text("true", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"schema .*true.json: expected a JSON Schema object \(each record is "
+                                         r"extracted into an object\), got bool"):
+        extract(data, str(tmp_path / "true.json"), out, model=llm, progress=False)
     assert not out.exists()
 
 
