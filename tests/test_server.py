@@ -224,6 +224,23 @@ def test_logprobs_in_both_shapes(client):
     assert bytes(content[0].bytes).decode("utf-8", "replace") == content[0].token
 
 
+def test_streamed_logprobs_equal_the_whole_response(client):
+    """A stream's chunks carry each token's logprobs once, with text offsets going on from chunk to chunk, per
+    choice: joined, they are the whole response's."""
+    ask = dict(model=MODEL, prompt="offsets", max_tokens=12, temperature=0, logprobs=1, n=2)
+    whole = client.completions.create(**ask)
+    joined: dict[int, dict[str, list]] = {}
+    for chunk in client.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                got = joined.setdefault(choice.index, {"tokens": [], "token_logprobs": [], "text_offset": []})
+                for name, values in got.items():
+                    values.extend(getattr(choice.logprobs, name))
+    for choice in whole.choices:
+        assert choice.logprobs.text_offset[-1] > 0
+        assert joined[choice.index] == {name: getattr(choice.logprobs, name) for name in joined[choice.index]}
+
+
 def test_beam_search_as_an_extra(llm, client):
     response = client.completions.create(model=MODEL, prompt="beams", max_tokens=6, temperature=0, n=2,
                                          extra_body={"num_beams": 3})

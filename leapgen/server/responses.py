@@ -25,6 +25,8 @@ class ResponseShape:
     chat: bool
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    # per choice of a stream, the length of its tokens' texts so far: its next chunk's text offsets go on from there
+    _streamed: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -53,9 +55,12 @@ class ResponseShape:
 
     def chunk(self, job: int, piece: Piece, first: bool) -> dict:
         """The chunk for one piece; `first` (chat): the completion's first chunk, which names the role."""
-        choice: dict = {"index": self.choice_index(job, piece.index),
-                        "logprobs": self._logprobs(piece.logprobs) if piece.logprobs else None,
-                        "finish_reason": piece.finish_reason}
+        index = self.choice_index(job, piece.index)
+        at = self._streamed.get(index, 0)
+        logprobs = self._logprobs(piece.logprobs, at) if piece.logprobs else None
+        if logprobs is not None and "tokens" in logprobs:     # as in a whole body, offsets count the tokens' texts
+            self._streamed[index] = at + sum(map(len, logprobs["tokens"]))
+        choice: dict = {"index": index, "logprobs": logprobs, "finish_reason": piece.finish_reason}
         if self.chat:
             delta: dict = {"role": "assistant"} if first else {}
             if piece.text or first:
@@ -78,14 +83,15 @@ class ResponseShape:
 
     # --- logprobs ------------------------------------------------------------------------------------
 
-    def _logprobs(self, logprobs: list[TokenLogprob]) -> dict | None:
+    def _logprobs(self, logprobs: list[TokenLogprob], at: int = 0) -> dict | None:
+        """The logprobs of a choice's tokens (in a stream: of one chunk's, the first at offset `at` of the text)."""
         wanted: LogprobsRequest | None = self.request.logprobs
         if wanted is None:
             return None
         if wanted.chat:
             return {"content": [self._chat_token(lp, wanted.top) for lp in logprobs], "refusal": None}
         tokens = [self._text(lp.token_id) for lp in logprobs]
-        offsets, at = [], 0
+        offsets = []
         for token in tokens:
             offsets.append(at)
             at += len(token)
