@@ -27,6 +27,10 @@ from leapgen.engine.scheduler import SchedulerOutput
 from leapgen.engine.sequence import Sequence
 
 
+class DraftModelError(ValueError):
+    """The draft model cannot serve: it does not load, or it cannot draft for the target."""
+
+
 class DraftModelProposer:
     """Proposes with a draft model that shares the target's tokenizer (see the module docstring)."""
 
@@ -43,13 +47,17 @@ class DraftModelProposer:
     def load(cls, path: str | Path, target: LoadedModel, block_size: int, num_blocks: int,
              pack_weights: bool = False) -> DraftModelProposer:
         """Load the draft at `path` like the target (dtype, device) with room for as many tokens as the target's
-        cache; ValueError when it does not share the target's tokenizer or cannot roll back its cache."""
-        draft = load_model(path, target.dtype, target.device)
+        cache; DraftModelError when it does not load, does not share the target's tokenizer or cannot roll back
+        its cache."""
+        try:
+            draft = load_model(path, target.dtype, target.device)
+        except (OSError, ValueError) as exc:
+            raise DraftModelError(f"speculative.model {path}: {exc}") from exc
         if draft.is_fallback:
-            raise ValueError(f"speculative.model {path}: its architecture runs through the transformers fallback, "
+            raise DraftModelError(f"speculative.model {path}: its architecture runs through the transformers fallback, "
                              "which cannot roll back its cache; use a Llama/Mistral/Qwen-family draft")
         if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-            raise ValueError(f"speculative.model {path}: its tokenizer ({len(draft.tokenizer)} tokens) differs from "
+            raise DraftModelError(f"speculative.model {path}: its tokenizer ({len(draft.tokenizer)} tokens) differs from "
                              f"the target's ({len(target.tokenizer)} tokens); a draft must share the vocabulary")
         return cls(draft, num_blocks, block_size, min(len(target.tokenizer), draft.vocab_size, target.vocab_size),
                    target.vocab_size, pack_weights)

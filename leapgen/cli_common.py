@@ -133,6 +133,7 @@ BUG_TYPES = (AttributeError, NameError, AssertionError)
 def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
     """The LLM the command's --model/--dtype/--device/... flags describe (`options`: other LLM keywords, or
     ones that replace the flags'); a load failure is a CliError."""
+    from leapgen.engine.draft_model import DraftModelError
     from leapgen.llm import LLM
 
     if "speculative" not in options:     # commands without the speculative flags pass their own
@@ -143,6 +144,8 @@ def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
                    cuda_graphs=args.cuda_graphs, **options)
     except BUG_TYPES:
         raise
+    except DraftModelError as exc:
+        raise CliError(f"--speculative: {describe(exc)}") from exc
     except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)
         where = args.model if args.model is not None else "(the embedded default model)"
         raise CliError(f"cannot load model {where}: {describe(exc)}") from exc

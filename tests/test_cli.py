@@ -266,6 +266,14 @@ def test_bad_speculative_flags_are_one_line(cli_model, capsys):
         assert flag in error_line(code, err), err
 
 
+def test_a_draft_model_that_does_not_load_is_named_as_the_draft(cli_model, tmp_path, capsys):
+    """The main model loaded; the error is the draft's, under the flag that named it (not 'cannot load model')."""
+    for path in (tmp_path / "missing", tmp_path):       # tmp_path: a folder with no checkpoint
+        code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--speculative", f"draft:{path}")
+        line = error_line(code, err)
+        assert line.startswith("leapgen: error: --speculative: speculative.model ") and str(path) in line, err
+
+
 # --- issue 12: many prompts from a file or stdin -------------------------------------------------------------
 
 def prompts_of(out: str) -> list[str]:
