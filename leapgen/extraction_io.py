@@ -92,22 +92,25 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
 
 
 def _read_csv(path: Path) -> list[tuple[int, dict]]:
-    """(line the row starts on, its fields) for every row after the header; empty cells are missing fields."""
-    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
+    """(line the row starts on, its fields) for every row after the header; empty cells are missing fields.
+    Strict: a quote left open would otherwise take every row after it into one cell, silently."""
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""), strict=True)
+    start = 1
     try:
         header = next(reader)
-    except StopIteration:
-        raise InputError(f"{path}: empty; expected a header row naming the columns") from None
-    except csv.Error as exc:
-        raise InputError(f"{path}:{reader.line_num}: {exc}") from None
-    rows, start = [], reader.line_num + 1
-    try:
+        rows, start = [], reader.line_num + 1
         for cells in reader:
+            if len(cells) > len(header):
+                raise InputError(f"{path}:{start}: {len(cells)} cells in a row under a header of {len(header)} "
+                                 "columns (a comma in a field that is not quoted?)")
             if any(cells):
                 rows.append((start, {name: cell for name, cell in zip(header, cells) if cell != ""}))
             start = reader.line_num + 1
+    except StopIteration:
+        raise InputError(f"{path}: empty; expected a header row naming the columns") from None
     except csv.Error as exc:
-        raise InputError(f"{path}:{reader.line_num}: {exc}") from None
+        opened = f" (in the row from line {start})" if reader.line_num > start else ""
+        raise InputError(f"{path}:{reader.line_num}: {exc}{opened}") from None
     return rows
 
 

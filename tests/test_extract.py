@@ -111,6 +111,10 @@ def test_jsonl_csv_and_folder_inputs(tmp_path):
 @pytest.mark.parametrize("name,content,id_field,message", [
     ("dup.jsonl", '{"id": "a"}\n{"id": "b"}\n{"id": "a"}\n', None, r"dup.jsonl:3: duplicate id 'a' \(first at .*:1\)"),
     ("dup.csv", "id,text\n1,x\n1,y\n", None, r"dup.csv:3: duplicate id '1'"),
+    ("open_quote.csv", 'id,text\n1,"never closed\n2,x\n3,y\n', None, r"open_quote.csv:4: .* \(in the row from line 2\)"),
+    ("after_quote.csv", 'id,text\n1,"quoted"tail\n', None, r"after_quote.csv:2: .*expected after"),
+    ("ragged.csv", "id,text\n1,one, two\n", None, r"ragged.csv:2: 3 cells in a row under a header of 2 columns"),
+    ("empty.csv", "", None, r"empty.csv: empty; expected a header row"),
     ("bad.jsonl", '{"id": 1}\n{"id": 2,\n', None, r"bad.jsonl:2: not valid JSON"),
     ("array.jsonl", "[1, 2]\n", None, r"array.jsonl:1: expected a JSON object, got an array"),
     ("some_ids.jsonl", '{"id": 1}\n{"text": "x"}\n', None, r"some_ids.jsonl:2: no 'id' field"),
