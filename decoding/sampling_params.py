@@ -8,12 +8,14 @@ from typing import Any
 
 from leapgen.decoding.constraint import ConstraintSpec
 
+_GREEDY_BELOW = 1e-5    # temperatures under this decode greedily
+
 MAX_LOGPROBS = 20   # top alternatives per token; as OpenAI's API, and bounded so a typo cannot sort the vocabulary
 
 
 @dataclass
 class SamplingParams:
-    """How one request is decoded.  `temperature=0` is greedy; every bad value raises ValueError naming the field."""
+    """How one request is decoded.  `temperature=0` (or below 1e-5) is greedy; every bad value raises ValueError naming the field."""
 
     max_tokens: int = 128
     min_tokens: int = 0
@@ -89,8 +91,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when decoding picks the argmax (temperature 0)."""
-        return self.temperature == 0.0
+        """True when decoding picks the argmax: temperature 0, or so close to it (below 1e-5, as in vLLM) that
+        dividing the logits by it would overflow them to infinity (1e-38 left no token to sample)."""
+        return self.temperature < _GREEDY_BELOW
 
     def _check_int(self, name: str, minimum: int) -> None:
         value = getattr(self, name)

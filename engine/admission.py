@@ -30,6 +30,7 @@ class EngineLimits:
     max_model_len: int       # the context, in tokens
     kv_capacity_tokens: int  # tokens the whole KV cache holds
     kv_block_size: int       # tokens a block of it holds
+    max_num_seqs: int        # sequences that run at once
 
 
 @dataclass
@@ -79,6 +80,12 @@ def check_request(prompt: object, params: SamplingParams, tokenizer, limits: Eng
     if len(ids) + params.max_tokens > limits.kv_capacity_tokens:
         raise RequestError(f"the prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the KV cache "
                            f"of {limits.kv_capacity_tokens} tokens; raise kv_cache_memory or lower max_tokens")
+    # a request's samples (or beams) fork together once its prompt is read, each with a row of logits; past what
+    # runs at once they would all be held anyway (n=20000 took the server past 20 GB)
+    rows, what = (params.num_beams, "num_beams") if params.num_beams > 1 else (params.n, "n")
+    if rows > limits.max_num_seqs:
+        raise RequestError(f"{what} ({rows}) exceeds the sequences the engine runs at once (max_num_seqs "
+                           f"{limits.max_num_seqs}); lower {what}, or send the request several times")
     if params.num_beams > 1:
         size = limits.kv_block_size
         blocks = beam_search_blocks(len(ids), params.max_tokens, params.num_beams, size)
@@ -102,6 +109,13 @@ def _check_combination(params: SamplingParams) -> None:
     if constraint is not None and params.ignore_eos:
         raise RequestError("ignore_eos cannot be combined with a constraint: the constraint decides where the "
                            "text ends, and eos is the only token allowed there")
-    if params.num_beams > 1 and (params.stop or params.temperature > 0 or params.logprobs is not None):
+    if constraint is not None and params.min_tokens:
+        raise RequestError("min_tokens cannot be combined with a constraint: the constraint decides where the "
+                           "text ends, and a complete instance may be shorter")
+    if constraint is not None and (params.stop or params.stop_token_ids):
+        name = "stop" if params.stop else "stop_token_ids"
+        raise RequestError(f"{name} cannot be combined with a constraint: stopping there would cut the output "
+                           "short of a complete instance (the constraint ends the text itself)")
+    if params.num_beams > 1 and (params.stop or not params.greedy or params.logprobs is not None):
         raise RequestError("beam search (num_beams > 1) is deterministic: it takes no stop strings, "
                            "temperature or logprobs; use n > 1 with sampling for those")

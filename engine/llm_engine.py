@@ -126,7 +126,7 @@ class LLMEngine:
                                row_logsumexp=compiled_row_logsumexp(loaded.device) or torch_row_logsumexp)
         self.vocabulary = vocabulary_for(loaded.tokenizer, size=loaded.vocab_size, eos_ids=loaded.eos_token_ids)
         self.limits = EngineLimits(loaded.vocab_size, loaded.max_model_len, self.block_manager.capacity_tokens,
-                                   self.block_manager.block_size)
+                                   self.block_manager.block_size, config.max_num_seqs)
         self.proposer = self._proposer(config.speculative)
         self._to_propose: list[tuple[EngineRequest, SequenceState]] = []   # accepted a token this step
         self.requests: dict[int, EngineRequest] = {}

@@ -117,6 +117,15 @@ def test_greedy_rows_take_the_argmax_next_to_sampled_rows():
     assert all(t in allowed for t, allowed in zip(tokens[1::2].tolist(), top3.tolist()))
 
 
+def test_temperatures_too_small_to_divide_by_decode_greedily():
+    """Logits over 1e-38 overflow to infinity (no token could be sampled); under 1e-5 a row is greedy, as in vLLM."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(4)) * 30
+    rows = [SamplingRow(SamplingParams(temperature=t, top_p=0.9)) for t in (1e-38, 1e-10, 9e-6, 0.0)]
+    tokens = Sampler(seed=0)(logits, SamplingBatch.build(rows, 300)).token_ids
+    assert tokens.tolist() == logits.argmax(dim=-1).tolist()
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
 @pytest.mark.parametrize("normaliser", sorted(ROW_LOGSUMEXP))
 @pytest.mark.parametrize("mode", ["raw", "processed"])
 def test_logprobs_of_chosen_and_top_tokens(mode, normaliser):

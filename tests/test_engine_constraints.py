@@ -139,4 +139,21 @@ def test_constraint_errors_are_clear(engine):
         engine.add_request("x", SamplingParams(ignore_eos=True, constraint=Regex("a+")))
     with pytest.raises(TypeError, match="leapgen.JsonSchema"):
         engine.add_request("x", SamplingParams(constraint={"type": "string"}))
+    # each would end a constrained text somewhere else than where the constraint does: refused before any work
+    for options, name in (({"min_tokens": 10}, "min_tokens"), ({"stop": ["a"]}, "stop"),
+                          ({"stop_token_ids": [3]}, "stop_token_ids")):
+        with pytest.raises(ValueError, match=f"^{name} cannot be combined with a constraint"):
+            engine.add_request("x", SamplingParams(max_tokens=30, constraint=Regex("[0-9]{3}"), **options))
     assert not engine.has_unfinished
+
+
+def test_more_samples_or_beams_than_run_at_once_are_refused(engine):
+    """A request's n samples (or beams) fork at once: past max_num_seqs they are refused, not held in memory."""
+    most = engine.limits.max_num_seqs
+    for options, name in (({"n": most + 1}, "n"), ({"num_beams": most + 1}, "num_beams")):
+        with pytest.raises(ValueError, match=rf"^{name} \({most + 1}\) exceeds the sequences the engine runs at once"):
+            engine.add_request("x", SamplingParams(max_tokens=2, **options))
+    assert not engine.has_unfinished
+    engine.add_request("x", SamplingParams(max_tokens=2, n=most, temperature=1.0))
+    while engine.has_unfinished:
+        engine.step()
