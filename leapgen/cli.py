@@ -162,6 +162,7 @@ def _completion(completion) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `leapgen` command; bad input exits with status 2 and one `leapgen: error:` line."""
+    args = None
     try:
         args = _parser().parse_args(argv)
         commands = {"generate": _generate, "extract": run_extract, "sweep": run_sweep, "serve": run_serve}
@@ -169,6 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:    # CliError, and what the engine refuses (RequestError)
         print_error(exc)
         return 2
+    except KeyboardInterrupt:               # Ctrl-C: what was printed stays; a traceback would only hide it
+        if getattr(args, "stream", False):  # end the text cut mid-line
+            print(flush=True)
+        print_error("interrupted")
+        return 130
 
 
 if __name__ == "__main__":

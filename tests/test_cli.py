@@ -359,3 +359,16 @@ def test_long_commands_freeze_the_startup_heap_and_give_it_back():
     with frozen_startup_heap():
         assert gc.get_freeze_count() > 10_000      # torch, transformers and all loaded so far: out of full collections
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ctrl_c_is_one_line_and_ends_a_streamed_line(monkeypatch, capsys, stream):
+    def interrupted(args):
+        print("half a sente", end="")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("leapgen.cli._generate", interrupted)
+    code = main(["generate", "--prompt", "x", *(["--stream"] if stream else [])])
+    out, err = capsys.readouterr()
+    assert code == 130 and err == "leapgen: error: interrupted\n"
+    assert out == "half a sente" + ("\n" if stream else "")

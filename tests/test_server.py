@@ -5,6 +5,7 @@ every error is OpenAI-shaped and names its field, and a request that ends early 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import re
@@ -369,6 +370,23 @@ def test_a_client_that_gives_up_waiting_is_aborted(llm, server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
     wait_idle(server)
+
+
+def test_a_client_that_gives_up_waiting_ends_quietly(llm, server, caplog):
+    """The cut-off wait ends in the quiet 499, not in an ASGI traceback (the pending wait for the next update
+    was once left running while the updates it waited on were closed)."""
+    uvicorn_errors = logging.getLogger("uvicorn.error")   # uvicorn's loggers do not reach the root's caplog
+    uvicorn_errors.addHandler(caplog.handler)
+    try:
+        body = {"model": MODEL, "prompt": "give up", "max_tokens": 1500, "logit_bias": eos_bias(llm, -100)}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
+        wait_idle(server)
+        # the cut-off request logs after it frees its slot: one served after it is served after that too
+        assert httpx.get(server.url.removesuffix("/v1") + "/health").status_code == 200
+    finally:
+        uvicorn_errors.removeHandler(caplog.handler)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
 
 
 def test_engine_failure_in_one_request_is_a_500_for_it_alone(llm, server, client, monkeypatch):

@@ -233,20 +233,31 @@ async def _until_disconnected(request: Request, early: list[Update], updates: as
     """`_updates`, raising ClientGone as soon as the client closes the connection."""
     gone = asyncio.ensure_future(_disconnect(request))
     stream = _updates(early, updates, jobs)
+    step: asyncio.Future[Update] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(stream))
             done, _ = await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
             if step not in done:
-                step.cancel()
                 raise ClientGone
             try:
                 yield step.result()
             except StopAsyncIteration:
                 return
     finally:
-        gone.cancel()
+        # a step still waiting runs inside `stream`, which refuses to close until that step has ended
+        await _cancelled(gone, step)
         await stream.aclose()
+
+
+async def _cancelled(*tasks: asyncio.Future | None) -> None:
+    """Cancel the `tasks` still running and wait until they have ended.  Their CancelledError is theirs, not
+    the caller's: it is not raised here (a cancellation of the caller still is)."""
+    running = {task for task in tasks if task is not None and not task.done()}
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.wait(running)
 
 
 async def _disconnect(request: Request) -> None:
