@@ -44,6 +44,7 @@ class SamplingParams:
     logits_processors: list[Any] = field(default_factory=list)  # extra processors, incl. transformers.LogitsProcessor
     constraint: ConstraintSpec | None = None   # leapgen.JsonSchema / Regex / Grammar: the output stays inside it
     speculative: bool = True            # False: this request does not speculate even when the engine does
+    #                                     (beam search never does)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

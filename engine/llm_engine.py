@@ -66,7 +66,7 @@ class EngineConfig:
     kv_cache_memory: int | str | None = None     # None: see cache_bytes
     block_size: int = 16
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None   # None: 2048, or max_num_seqs where that is more (one token each)
     enable_prefix_caching: bool = True
     enable_forced_tokens: bool = True            # constraints: append forced continuations without sampling
     speculative: SpeculativeConfig | None = None  # draft tokens by prompt lookup or a draft model
@@ -79,6 +79,8 @@ class EngineConfig:
     cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
+        if self.max_num_batched_tokens is None and isinstance(self.max_num_seqs, int):
+            self.max_num_batched_tokens = max(2048, self.max_num_seqs)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -164,9 +166,6 @@ class LLMEngine:
     def check(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> CheckedRequest:
         """Encode and check a request and compile its constraint, queueing nothing; errors say what is wrong."""
         checked = check_request(prompt, params or SamplingParams(), self.tokenizer, self.limits)
-        if self.proposer is not None and checked.params.speculative and checked.params.num_beams > 1:
-            raise RequestError("beam search does not speculate: set SamplingParams(speculative=False) for beam "
-                               "requests on a speculating engine")
         if checked.params.constraint is not None:
             checked.constraint = self.compile(checked.params.constraint)
             shortest = self._shortest_output(checked.params.constraint)
@@ -394,7 +393,8 @@ class LLMEngine:
         if state.finished:
             self._retire(state, state.stop.finish_reason)
             self._maybe_finish(request)
-        elif self.proposer is not None and state.seq.params.speculative:
+        elif self.proposer is not None and state.seq.params.speculative and state.seq.params.num_beams == 1:
+            # (beams read one token a step: each step ranks all of a request's candidates together)
             self._to_propose.append((request, state))
 
     def _propose(self) -> None:

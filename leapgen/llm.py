@@ -39,7 +39,7 @@ class LLM:
 
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                  kv_cache_memory: int | str | None = None, block_size: int = 16, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
+                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  enable_forced_tokens: bool = True, seed: int | None = None, threads: int | None = None,
                  speculative: SpeculativeConfig | dict[str, Any] | None = None, pack_weights: bool = True,
                  cuda_graphs: bool = True) -> None:

@@ -192,7 +192,8 @@ def sampling_pair(request, tmp_path):
     build_checkpoint(tmp_path, "llama")
     speculative = {"method": "ngram", "num_speculative_tokens": 2} if request.param == "ngram" else \
         {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2}
-    return make_llm(tmp_path, kv_cache_memory="64MiB"), make_llm(tmp_path, speculative, kv_cache_memory="64MiB")
+    room = {"kv_cache_memory": "64MiB", "max_num_seqs": SAMPLING.n}     # all the samples of one request at once
+    return make_llm(tmp_path, **room), make_llm(tmp_path, speculative, **room)
 
 
 def test_speculative_sampling_follows_the_plain_distribution(sampling_pair):
@@ -239,13 +240,16 @@ def test_bad_configurations_are_refused_before_any_work(dirs, tmp_path):
         make_llm(target, {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2})
 
 
-def test_beams_are_refused_clearly_unless_the_request_opts_out(dirs):
-    llm = make_llm(dirs[0], configs(dirs)["ngram"])
-    with pytest.raises(RequestError, match="beam search does not speculate"):
-        llm.generate(["x"], SamplingParams(max_tokens=5, num_beams=2))
-    output = llm.generate(["x"], SamplingParams(max_tokens=5, num_beams=2, speculative=False))[0]
-    assert len(output.token_ids) > 0
-    assert_idle(llm)
+def test_beam_requests_run_unspeculated_beside_speculating_ones(plain, speculating):
+    """Beams read one token a step on a speculating engine (each step ranks a request's candidates together), in
+    the same batch as requests that speculate: both give what a plain engine gives."""
+    beams = SamplingParams(max_tokens=8, num_beams=2, n=2)
+    greedy = SamplingParams(max_tokens=20)
+    outputs = speculating.generate(PROMPTS[:2], [beams, greedy])
+    expected = [plain.generate(PROMPTS[0], beams)[0], plain.generate(PROMPTS[1], greedy)[0]]
+    assert [[c.token_ids for c in o.outputs] for o in outputs] == [[c.token_ids for c in o.outputs] for o in expected]
+    assert outputs[0].metrics.drafted_tokens == 0
+    assert_idle(speculating)
 
 
 def test_ngram_lookup_takes_the_longest_most_recent_match():

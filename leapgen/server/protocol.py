@@ -71,7 +71,7 @@ class RequestFields:
             message = f"{self.prompt}[{index}]: {message}"
         if "max_tokens" in message:
             return ApiError(message.replace("max_tokens", self.length), param=self.length)
-        lead = re.match(r"(logit_bias|stop_token_ids|logprobs)\b", message)
+        lead = re.match(r"(logit_bias|stop_token_ids|logprobs|stop|min_tokens|num_beams|n)\b", message)
         if message.startswith("beam search"):
             return ApiError(message, param="num_beams")
         return ApiError(message, param=lead.group(1) if lead else self.prompt)
