@@ -91,6 +91,8 @@ def _prepare(args: argparse.Namespace) -> tuple[SamplingParams, str | None, Any]
     speculative_config(args)
     if args.stream and len(args.prompt) != 1:
         raise CliError(f"--stream takes exactly one prompt, got {len(args.prompt)}")
+    if args.stream and args.json:
+        raise CliError("--stream prints text as it comes and --json one object per completion at its end: give one")
     if args.stream and args.n > 1:
         raise CliError(f"--stream prints the text of one sample, got --n {args.n} (without --stream every sample is "
                        "printed)")

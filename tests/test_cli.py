@@ -361,6 +361,11 @@ def test_long_commands_freeze_the_startup_heap_and_give_it_back():
     assert gc.get_freeze_count() == 0
 
 
+def test_stream_and_json_together_are_refused(capsys):
+    code, _, err = run(capsys, "--prompt", "x", "--stream", "--json")
+    assert "--stream" in error_line(code, err) and "--json" in err
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_ctrl_c_is_one_line_and_ends_a_streamed_line(monkeypatch, capsys, stream):
     def interrupted(args):
