@@ -163,7 +163,19 @@ def check_utf8(flag: str, values: Sequence[str]) -> None:
 # --- the constraint --------------------------------------------------------------------------------------
 
 def constraint(args: argparse.Namespace) -> tuple[str, Any] | tuple[None, None]:
-    """The constraint spec and the flag that gave it; `is not None`, since `--regex ''` means empty output."""
+    """The constraint spec and the flag that gave it; `is not None`, since `--regex ''` means empty output.
+    Flags that would end the text elsewhere than the constraint does are refused beside one."""
+    flag, spec = _constraint(args)
+    for name, given, why in (("--stop", args.stop, "a stop string would cut the output short of a complete instance"),
+                             ("--min-tokens", getattr(args, "min_tokens", 0), "a complete instance may be shorter"),
+                             ("--ignore-eos", getattr(args, "ignore_eos", False), "eos is all it allows at the end")):
+        if flag is not None and given:
+            raise CliError(f"{name} cannot be combined with {flag.split()[0]}: the constraint decides where the text "
+                           f"ends, and {why}")
+    return flag, spec
+
+
+def _constraint(args: argparse.Namespace) -> tuple[str, Any] | tuple[None, None]:
     from leapgen.constraints import Grammar, Regex
 
     for flag, source in (("--schema", args.schema), ("--json-schema", args.json_schema)):

@@ -361,6 +361,13 @@ def test_long_commands_freeze_the_startup_heap_and_give_it_back():
     assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.parametrize("ending", [["--stop", "}"], ["--min-tokens", "5"], ["--ignore-eos"]])
+def test_flags_that_end_the_text_elsewhere_are_refused_beside_a_constraint(capsys, ending):
+    """Before the model loads (no --model: the default model is never read)."""
+    code, _, err = run(capsys, "--prompt", "x", "--regex", "[0-9]{3}", *ending)
+    assert error_line(code, err).startswith(f"leapgen: error: {ending[0]} cannot be combined with --regex")
+
+
 def test_stream_and_json_together_are_refused(capsys):
     code, _, err = run(capsys, "--prompt", "x", "--stream", "--json")
     assert "--stream" in error_line(code, err) and "--json" in err
