@@ -89,7 +89,7 @@ def run_extract(args: argparse.Namespace) -> int:
     if speculative is None and not args.no_speculative:
         speculative = pipeline.DEFAULT_SPECULATIVE
     ray_options = _ray_options(args)
-    template = Path(args.template) if args.template is not None and Path(args.template).is_file() else args.template
+    template = _template(args.template)
     plan = pipeline.prepare(args.input, args.schema, args.output, template=template, id_field=args.id_field,
                             text_field=args.text_field, whitespace=args.whitespace,
                             max_string_length=args.max_string_length, max_items=args.max_items,
@@ -112,13 +112,33 @@ def run_extract(args: argparse.Namespace) -> int:
                 compile_constraint(llm, f"--schema {args.schema}", plan.job.constraint())
                 try:
                     pipeline.check_budget(llm.engine.compile(plan.job.constraint()), args.max_tokens)
-                except ValueError as exc:
-                    raise CliError(f"--max-tokens: {exc}") from None
+                    pipeline.check_limits(llm, plan)
+                except pipeline.LimitError as exc:
+                    raise CliError(f"--{exc.option.replace('_', '-')}: {exc}") from None
             with frozen_startup_heap():
                 summary = pipeline.run(llm, plan, progress=not args.quiet)
     except KeyboardInterrupt:
         print_error(f"interrupted; the lines in {args.output} are kept: run the same command again to resume")
         return 130
+    # a record that ended in error is finished (a rerun skips it): the status tells a script to look
+    failed = "; exit status 1: records ended in error (--retry-errors runs them again)" * bool(summary.error)
     if not args.quiet:
-        print(summary, file=sys.stderr)
-    return 0
+        print(f"{summary}{failed}", file=sys.stderr)
+    return 1 if summary.error else 0
+
+
+def _template(value: str | None) -> Path | str | None:
+    """--template's file, else its text; a value that names no file and uses no record field is surely a
+    file name mistyped, not a prompt."""
+    if value is None or Path(value).is_file():
+        return None if value is None else Path(value)
+    from leapgen.extraction import template_fields
+
+    try:
+        fields = template_fields(value)
+    except ValueError:
+        return value                     # the pipeline's checks name what is wrong with it
+    if not fields:
+        raise CliError(f"--template {value}: no such file, and as the prompt's text it names no record field "
+                       f"(like {{text}})")
+    return value

@@ -33,7 +33,7 @@ class JsonSchema:
         if isinstance(self.schema, str):
             return json.loads(self.schema)
         if _is_pydantic_model(self.schema):
-            return _with_pydantic_formats(self.schema.model_json_schema())
+            return _with_pydantic_formats(model_json_schema(self.schema))
         if isinstance(self.schema, dict):
             return self.schema
         raise TypeError(f"JsonSchema takes a dict, a JSON string or a pydantic model class, "
@@ -109,6 +109,16 @@ def pydantic_model(spec: Any) -> type | None:
 
 def _is_pydantic_model(value: Any) -> bool:
     return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))
+
+
+def model_json_schema(model: type) -> dict:
+    """A pydantic model class's JSON Schema; ValueError naming the model where pydantic cannot write one
+    (a field of an arbitrary Python type, under `arbitrary_types_allowed`)."""
+    try:
+        return model.model_json_schema()
+    except Exception as exc:         # PydanticInvalidForJsonSchema (a RuntimeError), or the model's own hooks
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ValueError(f"pydantic model {model.__name__} has no JSON Schema: {reason}") from None
 
 
 @functools.cache
@@ -258,11 +268,15 @@ def load_schema(source: str) -> dict | type:
     class), else the path of a JSON Schema file.  ValueError says what is wrong with it."""
     module_name, colon, attribute = source.rpartition(":")
     if colon and module_name and attribute.isidentifier() and not Path(source).exists():
-        model = getattr(_import_module(module_name), attribute, None)
+        model = getattr(_import_module(module_name, source), attribute, None)
         if model is None:
             raise ValueError(f"{source}: module {module_name!r} has no attribute {attribute!r}")
         if not _is_pydantic_model(model):
             raise ValueError(f"{source}: {attribute} is not a pydantic model class")
+        try:
+            model_json_schema(model)     # now, so a model with no schema fails before any model loads
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
         return model
     try:
         text = Path(source).read_text(encoding="utf-8")
@@ -276,18 +290,22 @@ def load_schema(source: str) -> dict | type:
     return schema
 
 
-def _import_module(name: str) -> ModuleType:
-    """`name` as a module: a dotted import name, or the path of a .py file."""
+def _import_module(name: str, source: str) -> ModuleType:
+    """`name` as a module: a dotted import name, or the path of a .py file.  ValueError when it cannot be
+    found, or its code fails while it runs (a SyntaxError, an exception at import), naming `source`."""
+    spec = None
     if name.endswith(".py"):
         path = Path(name)
         if not path.is_file():
             raise ValueError(f"{name}: no such file")
         spec = importlib.util.spec_from_file_location(path.stem, path)
+    try:
+        if spec is None:
+            return importlib.import_module(name)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {name!r}: {exc}") from None
-
+    except Exception as exc:         # the user's module runs here, and may raise anything
+        if spec is None and isinstance(exc, ImportError):
+            raise ValueError(f"cannot import {name!r}: {exc}") from None
+        raise ValueError(f"{source}: importing it failed: {type(exc).__name__}: {exc}") from None

@@ -11,6 +11,7 @@ output; the output does not record the schema or model it was made with, so resu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import string
@@ -20,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-from leapgen.constraints import JsonSchema, load_schema
+from leapgen.constraints import JsonSchema, load_schema, model_json_schema
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.grammars.json_schema import JsonSchemaOptions
-from leapgen.extraction_io import OutputWriter, Record, read_finished, read_records
+from leapgen.extraction_io import OutputWriter, Record, read_finished, read_records, refuse_input_as_output
 
 if TYPE_CHECKING:
     from leapgen.decoding.constraint import TokenConstraint
@@ -46,6 +47,10 @@ DEFAULT_TEMPLATE = ("Extract the information in the text below as one JSON objec
 # Ray: records per map_batches batch, times the batch size (each batch drains its last requests before the
 # actor takes the next, so batches much larger than the engine's batch keep that tail small).
 WINDOW_BATCHES = 16
+# SamplingParams fields an extraction cannot honour, with why: each record gets one line, under the schema
+NOT_FOR_EXTRACTION = {"n": "each record gets one output line", "constraint": "the schema is the constraint",
+                      **dict.fromkeys(("ignore_eos", "min_tokens", "stop", "stop_token_ids"),
+                                      "the schema decides where the JSON ends")}
 
 
 # --- prompts ----------------------------------------------------------------------------------------------
@@ -125,6 +130,7 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
     if whitespace not in WHITESPACES:
         raise ValueError(f"whitespace: expected one of {', '.join(WHITESPACES)}, got {whitespace!r}")
     options = {"whitespace": whitespace, "max_string_length": max_string_length, "max_items": max_items}
+    _check_sampling(sampling)
     job = ExtractJob(_schema_dict(schema), _template_text(template), text_field, options, sampling)
     job.params()                         # a bad sampling field fails here, naming it
     JsonSchemaOptions(**options)         # and so does a bad cap
@@ -134,6 +140,7 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
         missing = sorted(name for name in needed if record.fields.get(name) is None)
         if missing:
             raise ValueError(f"{record.where}: no {missing[0]!r} field (the template uses it)")
+    refuse_input_as_output(input, output)
     finished = read_finished(output, retry_errors)
     pending = [record for record in records if record.id not in finished]
     return ExtractPlan(job, pending, len(records) - len(pending), Path(output), retry_errors)
@@ -148,7 +155,10 @@ def _schema_dict(schema: dict | type | str | Path) -> dict:
         except ValueError as exc:
             raise ValueError(f"schema {exc}") from None
     if isinstance(schema, type):         # a pydantic model class (load_schema has checked that)
-        schema = schema.model_json_schema()
+        try:
+            schema = model_json_schema(schema)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     if not isinstance(schema, dict):
         # (a boolean is a schema, but not of the object each record is extracted into)
         raise ValueError(f"{where}: expected a JSON Schema object (each record is extracted into an object), got "
@@ -156,15 +166,37 @@ def _schema_dict(schema: dict | type | str | Path) -> dict:
     return schema
 
 
+def _check_sampling(sampling: dict[str, Any]) -> None:
+    """ValueError naming a keyword that is no SamplingParams field, or one extraction would ignore."""
+    defaults = {field.name: field for field in dataclasses.fields(SamplingParams)}
+    for name, value in sampling.items():
+        if name not in defaults:
+            raise ValueError(f"{name}: not an option of extract, nor a SamplingParams field")
+        if name in NOT_FOR_EXTRACTION and value != defaults[name].default:
+            raise ValueError(f"{name}={value!r}: not for extraction ({NOT_FOR_EXTRACTION[name]})")
+
+
 def _template_text(template: str | Path | None) -> str | None:
+    where = "template"
     if isinstance(template, Path):
+        where = f"template {template}"
         try:
             template = template.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"template {template}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
-    if template is not None:
-        template_fields(template)
+            raise ValueError(f"{where}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    # one with no field gives every record the same prompt: surely a file name taken for the text, or a slip
+    if template is not None and not template_fields(template):
+        raise ValueError(f"{where}: names no field of the records (write them as {{placeholders}}, like {{text}})")
     return template
+
+
+class LimitError(ValueError):
+    """A setting no record of the job can run with (every one would end in the same error line); `option`
+    names it: "max_tokens" or "kv_cache_memory"."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 def check_schema(llm: LLM, job: ExtractJob) -> None:
@@ -182,8 +214,32 @@ def check_budget(compiled: TokenConstraint, max_tokens: int) -> None:
     record would fail the same way."""
     shortest = compiled.matcher().completion_tokens()
     if shortest is not None and len(shortest) > max_tokens:
-        raise ValueError(f"max_tokens={max_tokens} is too small for the schema: its shortest instance takes "
-                         f"{len(shortest)} tokens")
+        raise LimitError("max_tokens", f"max_tokens={max_tokens} is too small for the schema: its shortest "
+                                       f"instance takes {len(shortest)} tokens")
+
+
+def check_limits(llm: LLM, plan: ExtractPlan) -> None:
+    """LimitError when the model's limits refuse every record for the same reason: max_tokens alone fills
+    its context, or its KV cache holds no record's prompt + max_tokens.  (A record too long for the context
+    is that record's error line; the others go on.)  Tokenizes prompts only until one fits."""
+    limits = llm.engine.limits
+    max_tokens = plan.job.params().max_tokens
+    context, capacity = limits.max_model_len, limits.kv_capacity_tokens
+    if max_tokens >= context:        # a prompt takes a token at least
+        raise LimitError("max_tokens", f"max_tokens={max_tokens} leaves no room for a prompt in the model's "
+                                       f"context of {context} tokens; at most {context - 1}")
+    shortest = None                  # tokens of the shortest prompt that fits the context
+    for record in plan.pending:
+        tokens = _prompt_tokens(llm.tokenizer, plan.job.prompt(llm.tokenizer, record))
+        if tokens is None or tokens + max_tokens > context:
+            continue
+        if tokens + max_tokens <= capacity:
+            return
+        shortest = tokens if shortest is None else min(shortest, tokens)
+    if shortest is not None:
+        raise LimitError("kv_cache_memory", f"the KV cache holds {capacity} tokens, too few for any record: the "
+                                            f"shortest prompt ({shortest} tokens) + max_tokens ({max_tokens}) needs "
+                                            f"{shortest + max_tokens}; raise kv_cache_memory or lower max_tokens")
 
 
 # --- running records ---------------------------------------------------------------------------------------
@@ -198,14 +254,31 @@ def run_records(llm: LLM, records: Sequence[Record], job: ExtractJob) -> Iterato
     # queued as room frees up: the first lines come at once, and the batch never drains between records
     outputs = llm.generate_iter(prompts, job.params(), on_error="return", max_pending=2 * llm.engine.config.max_num_seqs)
     for index, output in outputs:
-        yield output_line(records[index].id, output, validator, speculating)
+        prompt_tokens = None
+        if not output.prompt_token_ids:  # refused before it ran (too long, ...): the engine kept no tokens
+            prompt_tokens = _prompt_tokens(llm.tokenizer, prompts[index])
+        yield output_line(records[index].id, output, validator, speculating, prompt_tokens)
 
 
-def output_line(record_id: Any, output: RequestOutput, validator: Any, speculating: bool) -> dict[str, Any]:
-    """One record's output line: its data when the text parses and validates, else the reason it failed."""
+def _prompt_tokens(tokenizer: Any, prompt: str) -> int | None:
+    """The prompt's length in tokens as the engine counts it; None when it cannot be encoded."""
+    from leapgen.engine.admission import encode_prompt
+
+    try:
+        return len(encode_prompt(prompt, tokenizer)[1])
+    except (ValueError, TypeError):
+        return None
+
+
+def output_line(record_id: Any, output: RequestOutput, validator: Any, speculating: bool,
+                prompt_tokens: int | None = None) -> dict[str, Any]:
+    """One record's output line: its data when the text parses and validates, else the reason it failed.
+    `prompt_tokens`: the prompt's length where `output` holds no prompt (a request refused before it ran)."""
     data, error = _checked_data(output, validator)
     metrics = output.metrics
-    usage = {"prompt_tokens": len(output.prompt_token_ids), "completion_tokens": len(output.token_ids),
+    if prompt_tokens is None:
+        prompt_tokens = len(output.prompt_token_ids)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(output.token_ids),
              "forced_tokens": metrics.forced_tokens, "forward_passes": metrics.forward_passes}
     if speculating:
         usage.update(drafted_tokens=metrics.drafted_tokens, accepted_tokens=metrics.accepted_tokens)
@@ -319,9 +392,9 @@ def extract(input: str | Path, schema: dict | type | str | Path, output: str | P
     with the record's fields as {placeholders} (a Path: read from the file).  `model`: an LLM, a path, or
     None for the embedded default; `batch_size`, `speculative` (prompt lookup by default, which never changes
     the outputs; None turns it off) and `llm_options` (LLM keywords: threads, device, dtype, ...) apply where
-    this call loads it.  Other keywords are SamplingParams fields (greedy
-    by default).  `ray=True` runs on Ray Data with `workers` actors (`ray_address`: an existing cluster;
-    `ray_options`: each actor's resources, e.g. {"num_gpus": 1}).
+    this call loads it.  Other keywords are SamplingParams fields (greedy by default; not n, constraint, stop,
+    stop_token_ids, min_tokens or ignore_eos, which the schema decides: ValueError).  `ray=True` runs on Ray Data with `workers` actors
+    (`ray_address`: an existing cluster; `ray_options`: each actor's resources, e.g. {"num_gpus": 1}).
     `retry_errors=True` runs again the records whose lines in `output` say status "error" (their lines are
     replaced).  Every bad input raises ValueError before any record runs.
     """
@@ -340,4 +413,5 @@ def extract(input: str | Path, schema: dict | type | str | Path, output: str | P
 
     llm = model if isinstance(model, LLM) else LLM(model, **llm_options)
     check_schema(llm, plan.job)
+    check_limits(llm, plan)
     return run(llm, plan, progress)

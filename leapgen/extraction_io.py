@@ -159,10 +159,21 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def refuse_input_as_output(input: str | Path, output: str | Path) -> None:
+    """OutputError when `output` is the input file itself (by any path or link to it): its records would
+    count as finished ones, or appending would change the input."""
+    try:
+        same = os.path.samefile(input, output)
+    except OSError:                  # the output does not exist yet (or cannot be read: read_finished says so)
+        return
+    if same:
+        raise OutputError(f"{output}: this is the input file {input}; choose another output file")
+
+
 def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]:
     """The ids already in an output file (none when it does not exist yet); a torn last line does not count,
-    nor with `retry_errors` a line whose status is "error".  OutputError when it cannot be read, or its
-    folder does not exist."""
+    nor with `retry_errors` a line whose status is "error".  OutputError when it cannot be read, its
+    folder does not exist, or a line is not one extract writes."""
     path = Path(path)
     if not path.parent.is_dir():
         raise OutputError(f"{path}: no folder {path.parent} to write it in")
@@ -175,6 +186,11 @@ def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]
     return _ids_in(path, data[:data.rfind(b"\n") + 1], retry_errors)
 
 
+# The keys of every line extract writes: an "id" alone is as likely an input record (a .jsonl of documents
+# given as the output), whose ids would silently count as finished.
+RESULT_KEYS = ("id", "status", "data", "error")
+
+
 def _ids_in(path: Path, whole_lines: bytes, skip_errors: bool = False) -> set[RecordId]:
     ids: set[RecordId] = set()
     for number, line in enumerate(whole_lines.splitlines(), 1):
@@ -184,13 +200,21 @@ def _ids_in(path: Path, whole_lines: bytes, skip_errors: bool = False) -> set[Re
             value = json.loads(line)
         except ValueError:             # not JSON, or not UTF-8
             value = None
-        record_id = value.get("id") if isinstance(value, dict) else None
-        if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
-            raise OutputError(f"{path}:{number}: not a line of leapgen extract's output (a JSON object with an "
-                              f"\"id\"); refusing to append to it, choose another output file")
-        if not (skip_errors and value.get("status") == "error"):
-            ids.add(record_id)
+        if not _is_result_line(value):
+            raise OutputError(f"{path}:{number}: not a line of leapgen extract's output (a JSON object with "
+                              f"\"id\", \"status\" \"ok\" or \"error\", \"data\" and \"error\"); refusing to "
+                              f"append to it, choose another output file")
+        if not (skip_errors and value["status"] == "error"):
+            ids.add(value["id"])
     return ids
+
+
+def _is_result_line(value: Any) -> bool:
+    if not isinstance(value, dict) or any(key not in value for key in RESULT_KEYS):
+        return False
+    record_id = value["id"]
+    return (isinstance(record_id, (str, int)) and not isinstance(record_id, bool)
+            and value["status"] in ("ok", "error"))
 
 
 class OutputWriter:

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -22,7 +23,8 @@ import pytest
 import leapgen
 from leapgen.cli import main
 from leapgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from leapgen.extraction import extract, extraction_prompt, output_line, prepare, template_fields
+from leapgen.extraction import (LimitError, check_limits, extract, extraction_prompt, output_line, prepare,
+                                template_fields)
 from leapgen.extraction_io import InputError, OutputError, OutputWriter, read_records
 from tokenizers_util import byte_level_bpe
 
@@ -55,6 +57,12 @@ def read_lines(path: Path) -> list[dict]:
 
 PEOPLE = [{"id": "a", "text": "Alice is 31."}, {"id": "b", "text": "Bob, 45, Berlin."},
           {"id": "c", "text": "Carol, 22."}]
+
+
+def result(record_id, status: str = "ok") -> dict:
+    """An output line as extract writes it, with the keys a resumed run checks."""
+    return {"id": record_id, "status": status, "data": {"name": "x", "age": 1} if status == "ok" else None,
+            "error": None if status == "ok" else "failed"}
 
 
 # --- prompts -------------------------------------------------------------------------------------------------
@@ -164,6 +172,66 @@ def test_value_caps_reach_the_compiler(tmp_path):
     assert options["additional_properties"] is False
 
 
+def test_a_template_that_names_no_field_is_refused(tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(ValueError, match=r"^template: names no field of the records"):
+        prepare(data, SCHEMA, out, template="./prompts/extract.txt")        # a missing file's name, as text
+    (tmp_path / "fixed.txt").write_text("Extract the contact as JSON: {schema}")
+    with pytest.raises(ValueError, match=r"^template .*fixed.txt: names no field of the records"):
+        prepare(data, SCHEMA, out, template=tmp_path / "fixed.txt")
+    assert prepare(data, SCHEMA, out, template="{schema} {text}").job.template == "{schema} {text}"
+
+
+def test_options_extract_cannot_use_are_value_errors(tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    out = tmp_path / "out.jsonl"
+    for options, message in (({"foo": 1}, r"^foo: not an option of extract"),
+                             ({"n": 2}, r"^n=2: not for extraction"),
+                             ({"constraint": leapgen.Regex("a")}, r"^constraint=.*: not for extraction"),
+                             ({"ignore_eos": True}, r"^ignore_eos=True: not for extraction"),
+                             ({"stop": ["}"]}, r"^stop=\['}'\]: not for extraction"),
+                             ({"min_tokens": 3}, r"^min_tokens=3: not for extraction")):
+        with pytest.raises(ValueError, match=message):
+            extract(data, SCHEMA, out, progress=False, **options)             # before any model loads
+    assert prepare(data, SCHEMA, out, n=1, ignore_eos=False, temperature=0.5).job.params().n == 1
+    assert not out.exists()
+
+
+def test_a_schema_module_that_fails_or_has_no_json_schema_is_one_error(tmp_path, capsys):
+    pytest.importorskip("pydantic")
+    (tmp_path / "syntax.py").write_text("def f(:\n")
+    (tmp_path / "raises.py").write_text("import pydantic\nclass P(pydantic.BaseModel):\n    name: str\n"
+                                        "raise RuntimeError('boom')\n")
+    (tmp_path / "arbitrary.py").write_text(textwrap.dedent("""
+        import pydantic
+        class Foo: pass
+        class P(pydantic.BaseModel):
+            model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+            x: Foo
+    """))
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    out = tmp_path / "out.jsonl"
+    cases = (("syntax.py", r"syntax.py:P: importing it failed: SyntaxError"),
+             ("raises.py", r"raises.py:P: importing it failed: RuntimeError: boom"),
+             ("arbitrary.py", r"arbitrary.py:P: pydantic model P has no JSON Schema: Cannot generate a JsonSchema"))
+    for name, message in cases:
+        with pytest.raises(ValueError, match=message):
+            prepare(data, f"{tmp_path / name}:P", out)
+        line = error_line(*run_cli(capsys, data, "--schema", f"{tmp_path / name}:P", "-o", out))
+        assert re.search(message, line), line
+    sys.path.insert(0, str(tmp_path))                   # the model class itself, as the API takes it
+    try:
+        from arbitrary import P
+    finally:
+        sys.path.remove(str(tmp_path))
+    with pytest.raises(ValueError, match=r"^schema: pydantic model P has no JSON Schema"):
+        prepare(data, P, out)
+    with pytest.raises(ValueError, match=r"^pydantic model P has no JSON Schema"):
+        leapgen.JsonSchema(P).as_dict()                 # what `leapgen generate --schema` compiles
+    assert not out.exists()
+
+
 # --- output lines --------------------------------------------------------------------------------------------
 
 def fake_output(text: str, finish_reason: str = "stop", error: str | None = None) -> RequestOutput:
@@ -199,6 +267,7 @@ def test_extract_writes_one_line_per_record(llm, eos_bias, tmp_path):
     lines = {line["id"]: line for line in read_lines(out)}
     assert set(lines) == {"a", "b", "c", "long"} and summary.ok + summary.error == 4
     assert lines["long"]["status"] == "error" and "context" in lines["long"]["error"]
+    assert lines["long"]["usage"]["prompt_tokens"] > 2048                # counted, though it never ran
     for record_id in "abc":
         line = lines[record_id]
         assert set(line) == LINE_KEYS and line["usage"]["prompt_tokens"] > 0
@@ -272,21 +341,36 @@ def test_rerun_skips_finished_ids_and_repairs_a_torn_line(llm, eos_bias, tmp_pat
 def test_an_output_that_is_not_ours_is_refused(tmp_path):
     data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
     out = tmp_path / "out.jsonl"
-    out.write_text('{"id": "a", "status": "ok"}\nsome notes\n{"id": "b"}\n')
-    with pytest.raises(OutputError, match=r"out.jsonl:2: not a line of leapgen extract's output"):
-        prepare(data, SCHEMA, out)
+    for lines, number in (([json.dumps(result("a")), "some notes"], 2),
+                          ([json.dumps(result("a")), '{"id": "b"}'], 2),                # an input record
+                          (['{"id": "a", "status": "done", "data": null, "error": null}'], 1)):
+        out.write_text("\n".join(lines) + "\n")
+        with pytest.raises(OutputError, match=rf"out.jsonl:{number}: not a line of leapgen extract's output"):
+            prepare(data, SCHEMA, out)
+    out.write_text(json.dumps(result("a")) + "\n" + json.dumps(result("b", "error")) + "\n")
+    assert prepare(data, SCHEMA, out).skipped == 2 and prepare(data, SCHEMA, out, retry_errors=True).skipped == 1
+
+
+def test_the_input_as_the_output_is_refused(tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.jsonl").symlink_to(data)
+    for output in (data, tmp_path / "sub" / ".." / "in.jsonl", tmp_path / "link.jsonl"):
+        with pytest.raises(OutputError, match=r"this is the input file .*in.jsonl; choose another output file"):
+            prepare(data, SCHEMA, output)
+    assert read_lines(data) == PEOPLE
 
 
 def test_writer_writes_an_id_once_and_locks_the_file(tmp_path):
     out = tmp_path / "out.jsonl"
     with OutputWriter(out) as writer:
-        assert writer.write({"id": 1, "status": "ok"})
-        assert not writer.write({"id": 1, "status": "error"})
+        assert writer.write(result(1))
+        assert not writer.write(result(1, "error"))
         with pytest.raises(OutputError, match="another run is writing"):
             OutputWriter(out).__enter__()
     with OutputWriter(out) as writer:
-        assert writer.finished == {1} and not writer.write({"id": 1})
-    assert read_lines(out) == [{"id": 1, "status": "ok"}]
+        assert writer.finished == {1} and not writer.write(result(1))
+    assert read_lines(out) == [result(1)]
 
 
 def test_kill_9_then_rerun_loses_nothing_and_writes_no_id_twice(byte_level_model_dir, eos_bias, tmp_path):
@@ -325,6 +409,12 @@ def test_kill_9_then_rerun_loses_nothing_and_writes_no_id_twice(byte_level_model
 def run_cli(capsys, *argv) -> tuple[int, str]:
     code = main(["extract", *map(str, argv)])
     return code, capsys.readouterr().err
+
+
+def write_schema(folder: Path) -> Path:
+    path = folder / "schema.json"
+    path.write_text(json.dumps(SCHEMA))
+    return path
 
 
 def error_line(code: int, err: str) -> str:
@@ -387,6 +477,9 @@ def test_cli_errors_are_one_line(byte_level_model_dir, tmp_path, capsys):
         ((good, "--schema", tmp_path / "nope.json", "-o", out), "nope.json: cannot read it"),
         ((good, "--schema", "no_such_module_xyz:Model", "-o", out), "no_such_module_xyz"),
         ((good, "--schema", schema, "-o", out, "--template", "{oops"), "template:"),
+        ((good, "--schema", schema, "-o", out, "--template", "./prompts/extract.txt"),
+         "--template ./prompts/extract.txt: no such file, and as the prompt's text it names no record field"),
+        ((good, "--schema", schema, "-o", good), "good.jsonl: this is the input file"),
         ((good, "--schema", schema, "-o", out, "--workers", "2"), "--workers needs --ray"),
         ((good, "--schema", schema, "-o", out, "--batch-size", "0"), "--batch-size"),
         ((good, "--schema", schema, "-o", out, "--whitespace", "pretty"), "--whitespace"),
@@ -409,6 +502,62 @@ def test_leapgen_extract_is_the_pipeline_and_importing_it_is_light(tmp_path):
               "assert leapgen.extract is extract\n"
               "assert 'torch' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
+class CharTokenizer:
+    """A token a character: prompt lengths a test can count."""
+
+    def encode(self, text):
+        return [0] * len(text)
+
+
+def fake_llm(context: int, kv_tokens: int):
+    limits = SimpleNamespace(max_model_len=context, kv_capacity_tokens=kv_tokens)
+    return SimpleNamespace(engine=SimpleNamespace(limits=limits), tokenizer=CharTokenizer())
+
+
+def test_limits_no_record_can_run_with_are_refused_up_front(tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", [{"id": "short", "text": "x" * 10}, {"id": "long", "text": "y" * 500}])
+    plan = prepare(data, SCHEMA, tmp_path / "out.jsonl", template="{text}", max_tokens=100)   # prompts: 10, 500
+    with pytest.raises(LimitError, match=r"max_tokens=2000 leaves no room .* context of 2000 tokens") as info:
+        check_limits(fake_llm(2000, 10**6), prepare(data, SCHEMA, tmp_path / "out.jsonl", template="{text}",
+                                                    max_tokens=2000))
+    assert info.value.option == "max_tokens"
+    with pytest.raises(LimitError, match=r"holds 100 tokens, too few for any record: the shortest prompt \(10 "
+                                         r"tokens\) \+ max_tokens \(100\) needs 110") as info:
+        check_limits(fake_llm(2000, 100), plan)
+    assert info.value.option == "kv_cache_memory"
+    check_limits(fake_llm(2000, 110), plan)             # the short record fits: the long one's line says why
+    check_limits(fake_llm(105, 10), plan)               # none fits the context: each record's own error line
+
+
+def test_cli_refuses_job_wide_limits_and_exits_1_when_a_record_fails(byte_level_model_dir, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE[:1] + [{"id": "long", "text": "w " * 3000}])
+    out = tmp_path / "out.jsonl"
+    flags = ["--schema", write_schema(tmp_path), "-o", out, "--model", byte_level_model_dir, "--threads", "1",
+             "--dtype", "float32", "--max-tokens", "32"]
+    line = error_line(*run_cli(capsys, data, *flags, "--max-tokens", "100000"))
+    assert line.endswith("--max-tokens: max_tokens=100000 leaves no room for a prompt in the model's context of "
+                         "2048 tokens; at most 2047"), line
+    line = error_line(*run_cli(capsys, data, *flags, "--kv-cache-memory", "16KiB"))
+    assert "--kv-cache-memory: the KV cache holds 32 tokens, too few for any record" in line, line
+    assert not out.exists()
+    code, err = run_cli(capsys, data, *flags, "--kv-cache-memory", "8MiB")
+    lines = {line["id"]: line for line in read_lines(out)}
+    assert lines["long"]["status"] == "error" and lines["long"]["usage"]["prompt_tokens"] > 2048
+    assert code == 1 and "exit status 1: records ended in error" in err, err
+    code, err = run_cli(capsys, data, *flags, "--quiet")               # nothing left to run, nothing failed now
+    assert code == 0 and err == ""
+
+
+def test_a_batch_past_the_engine_step_budget_runs(byte_level_model_dir, tmp_path, capsys):
+    """More records in flight than the engine's default 2048 tokens a step (it failed to load the model)."""
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE[:1])
+    out = tmp_path / "out.jsonl"
+    code, err = run_cli(capsys, data, "--schema", write_schema(tmp_path), "-o", out, "--model", byte_level_model_dir,
+                        "--threads", "1", "--dtype", "float32", "--kv-cache-memory", "8MiB", "--max-tokens", "32",
+                        "--batch-size", "3000", "--quiet")
+    assert code in (0, 1) and [line["id"] for line in read_lines(out)] == ["a"], err
 
 
 def test_a_max_tokens_no_instance_fits_fails_before_any_record(llm, tmp_path):
