@@ -85,7 +85,7 @@ def check_request(prompt: object, params: SamplingParams, tokenizer, limits: Eng
     rows, what = (params.num_beams, "num_beams") if params.num_beams > 1 else (params.n, "n")
     if rows > limits.max_num_seqs:
         raise RequestError(f"{what} ({rows}) exceeds the sequences the engine runs at once (max_num_seqs "
-                           f"{limits.max_num_seqs}); lower {what}, or send the request several times")
+                           f"{limits.max_num_seqs}); lower {what} or raise max_num_seqs")
     if params.num_beams > 1:
         size = limits.kv_block_size
         blocks = beam_search_blocks(len(ids), params.max_tokens, params.num_beams, size)
@@ -109,13 +109,6 @@ def _check_combination(params: SamplingParams) -> None:
     if constraint is not None and params.ignore_eos:
         raise RequestError("ignore_eos cannot be combined with a constraint: the constraint decides where the "
                            "text ends, and eos is the only token allowed there")
-    if constraint is not None and params.min_tokens:
-        raise RequestError("min_tokens cannot be combined with a constraint: the constraint decides where the "
-                           "text ends, and a complete instance may be shorter")
-    if constraint is not None and (params.stop or params.stop_token_ids):
-        name = "stop" if params.stop else "stop_token_ids"
-        raise RequestError(f"{name} cannot be combined with a constraint: stopping there would cut the output "
-                           "short of a complete instance (the constraint ends the text itself)")
     if params.num_beams > 1 and (params.stop or not params.greedy or params.logprobs is not None):
         raise RequestError("beam search (num_beams > 1) is deterministic: it takes no stop strings, "
                            "temperature or logprobs; use n > 1 with sampling for those")

@@ -9,9 +9,9 @@ import sys
 import time
 from typing import Any, Sequence
 
-from leapgen.cli_common import (CliError, Parser, add_model_arguments, check_device, check_dtype, compile_constraint,
-                                field_named_in, finite_float, load_llm, positive_int, print_error, progress_bar,
-                                speculative_config, speculative_method)
+from leapgen.cli_common import (CliError, Parser, add_max_num_seqs_argument, add_model_arguments, check_device,
+                                check_dtype, check_rows, compile_constraint, field_named_in, finite_float, load_llm,
+                                positive_int, print_error, progress_bar, speculative_config, speculative_method)
 from leapgen.cli_extract import add_extract_parser, run_extract
 from leapgen.cli_inputs import (add_constraint_arguments, add_prompt_arguments, add_stop_argument, chat_prompts,
                                 constraint, prepare_text_flags)
@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate a continuation for one or more prompts")
     add_model_arguments(gen)
+    add_max_num_seqs_argument(gen)
     add_prompt_arguments(gen)
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--min-tokens", type=int, default=0)
@@ -91,6 +92,7 @@ def _prepare(args: argparse.Namespace) -> tuple[SamplingParams, str | None, Any]
     speculative_config(args)
     if args.stream and len(args.prompt) != 1:
         raise CliError(f"--stream takes exactly one prompt, got {len(args.prompt)}")
+    check_rows(args, args.n, args.num_beams)
     if args.stream and args.json:
         raise CliError("--stream prints text as it comes and --json one object per completion at its end: give one")
     if args.stream and args.n > 1:
@@ -149,6 +151,10 @@ def _stream(llm, prompt: str, params: SamplingParams, constraint: Any) -> int:
             sys.stdout.write("\n")
         print_error(f"prompts[0]: {exc}")
         return 2
+    except KeyboardInterrupt:        # end the text cut mid-line; `main` says it was interrupted
+        if wrote:
+            print(flush=True)
+        raise
     sys.stdout.write("\n")
     return 0
 
@@ -165,7 +171,6 @@ def _completion(completion) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `leapgen` command; bad input exits with status 2 and one `leapgen: error:` line."""
-    args = None
     try:
         args = _parser().parse_args(argv)
         commands = {"generate": _generate, "extract": run_extract, "sweep": run_sweep, "serve": run_serve}
@@ -174,8 +179,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(exc)
         return 2
     except KeyboardInterrupt:               # Ctrl-C: what was printed stays; a traceback would only hide it
-        if getattr(args, "stream", False):  # end the text cut mid-line
-            print(flush=True)
         print_error("interrupted")
         return 130
 

@@ -43,6 +43,25 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "from a CUDA graph")
 
 
+DEFAULT_MAX_NUM_SEQS = 256      # the engine's (EngineConfig.max_num_seqs), without importing torch for a check
+
+
+def add_max_num_seqs_argument(parser: argparse.ArgumentParser) -> None:
+    """--max-num-seqs: how many sequences run at once, which also bounds a request's samples or beams."""
+    parser.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
+                        help="sequences the engine runs at once; a request's --n samples (or beams) run together, "
+                             f"so they are at most this many (default {DEFAULT_MAX_NUM_SEQS})")
+
+
+def check_rows(args: argparse.Namespace, n: int, num_beams: int = 1) -> None:
+    """A request's samples or beams past --max-num-seqs, refused before the model loads (the engine would refuse
+    every request)."""
+    rows, flag = (num_beams, "--num-beams") if num_beams > 1 else (n, "--n")
+    if rows > args.max_num_seqs:
+        raise CliError(f"{flag} {rows}: more than the engine runs at once (--max-num-seqs {args.max_num_seqs}); "
+                       f"raise --max-num-seqs to at least {rows}")
+
+
 # --- argument types: a bad value is refused by argparse, which names the flag ---------------------------
 
 def finite_float(text: str) -> float:
@@ -138,6 +157,8 @@ def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
 
     if "speculative" not in options:     # commands without the speculative flags pass their own
         options["speculative"] = speculative_config(args)
+    if "max_num_seqs" not in options and hasattr(args, "max_num_seqs"):
+        options["max_num_seqs"] = args.max_num_seqs
     try:
         return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
                    kv_cache_memory=args.kv_cache_memory, pack_weights=args.pack_weights,

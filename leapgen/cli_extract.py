@@ -103,8 +103,11 @@ def run_extract(args: argparse.Namespace) -> int:
                                cuda_graphs=args.cuda_graphs)
             if args.threads is not None:
                 llm_options["threads"] = args.threads
-            summary = run_on_ray(plan, args.model, workers=args.workers or 2, address=args.ray_address,
-                                 llm_options=llm_options, ray_options=ray_options, progress=not args.quiet)
+            try:
+                summary = run_on_ray(plan, args.model, workers=args.workers or 2, address=args.ray_address,
+                                     llm_options=llm_options, ray_options=ray_options, progress=not args.quiet)
+            except pipeline.LimitError as exc:
+                raise CliError(f"--{exc.option.replace('_', '-')}: {exc}") from None
         else:
             llm = None
             if plan.pending:             # a finished job loads no model
@@ -130,8 +133,13 @@ def run_extract(args: argparse.Namespace) -> int:
 def _template(value: str | None) -> Path | str | None:
     """--template's file, else its text; a value that names no file and uses no record field is surely a
     file name mistyped, not a prompt."""
-    if value is None or Path(value).is_file():
-        return None if value is None else Path(value)
+    if value is None:
+        return None
+    try:
+        if Path(value).is_file():
+            return Path(value)
+    except OSError:                      # text too long to be a file name (ENAMETOOLONG)
+        pass
     from leapgen.extraction import template_fields
 
     try:

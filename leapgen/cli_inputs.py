@@ -164,14 +164,11 @@ def check_utf8(flag: str, values: Sequence[str]) -> None:
 
 def constraint(args: argparse.Namespace) -> tuple[str, Any] | tuple[None, None]:
     """The constraint spec and the flag that gave it; `is not None`, since `--regex ''` means empty output.
-    Flags that would end the text elsewhere than the constraint does are refused beside one."""
+    --ignore-eos beside a constraint is refused: the constraint ends the text, with eos."""
     flag, spec = _constraint(args)
-    for name, given, why in (("--stop", args.stop, "a stop string would cut the output short of a complete instance"),
-                             ("--min-tokens", getattr(args, "min_tokens", 0), "a complete instance may be shorter"),
-                             ("--ignore-eos", getattr(args, "ignore_eos", False), "eos is all it allows at the end")):
-        if flag is not None and given:
-            raise CliError(f"{name} cannot be combined with {flag.split()[0]}: the constraint decides where the text "
-                           f"ends, and {why}")
+    if spec is not None and getattr(args, "ignore_eos", False):
+        raise CliError(f"--ignore-eos cannot be combined with {flag.split()[0]}: the constraint decides where the "
+                       "text ends, and eos is all it allows there")
     return flag, spec
 
 

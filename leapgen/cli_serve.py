@@ -10,8 +10,8 @@ import socket
 import sys
 from typing import Any
 
-from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, frozen_startup_heap,
-                                load_llm, memory_size, positive_int, speculative_method)
+from leapgen.cli_common import (CliError, add_max_num_seqs_argument, add_model_arguments, check_device, check_dtype,
+                                frozen_startup_heap, load_llm, memory_size, positive_int, speculative_method)
 
 _SERVE_DESCRIPTION = """Serve the model over HTTP with OpenAI's API: GET /v1/models, POST /v1/completions,
 POST /v1/chat/completions (streaming with stream: true) and GET /health.  Requests from every connection
@@ -25,6 +25,7 @@ def add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve the model with OpenAI's HTTP API",
                                 description=_SERVE_DESCRIPTION)
     add_model_arguments(serve)
+    add_max_num_seqs_argument(serve)
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model id clients ask for (default: the checkpoint's name)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from leapgen.cli_common import (CliError, add_model_arguments, check_device, check_dtype, compile_constraint,
-                                field_named_in, load_llm, positive_int, print_error, progress_bar)
+from leapgen.cli_common import (CliError, add_max_num_seqs_argument, add_model_arguments, check_device, check_dtype,
+                                check_rows, compile_constraint, field_named_in, load_llm, positive_int, print_error,
+                                progress_bar)
 from leapgen.cli_inputs import (add_constraint_arguments, add_prompt_arguments, add_stop_argument, chat_prompts,
                                 constraint, prepare_text_flags)
 from leapgen.constraints import is_valid
@@ -62,6 +63,7 @@ def add_sweep_parser(commands: Any) -> None:
     sweep = commands.add_parser("sweep", help="compare sampling settings: a grid of them on the same prompts, "
                                               "one table row per cell", description=_DESCRIPTION)
     add_model_arguments(sweep)
+    add_max_num_seqs_argument(sweep)
     add_prompt_arguments(sweep)
     sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
                        help="a SamplingParams field (temperature, top_p, top_k, min_p, repetition_penalty, "
@@ -189,6 +191,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Cell], str | None, Any]:
     """Every check that needs no model: the cells, and the constraint with the flag that gave it."""
     axes = parse_grid(args.grid)
     prepare_text_flags(args)
+    check_rows(args, args.n)
     check_device(args.device)
     check_dtype(args.dtype)
     flag, spec = constraint(args)

@@ -172,7 +172,7 @@ def _check_sampling(sampling: dict[str, Any]) -> None:
     for name, value in sampling.items():
         if name not in defaults:
             raise ValueError(f"{name}: not an option of extract, nor a SamplingParams field")
-        if name in NOT_FOR_EXTRACTION and value != defaults[name].default:
+        if name in NOT_FOR_EXTRACTION and value and value != defaults[name].default:     # (stop=[] stops nothing)
             raise ValueError(f"{name}={value!r}: not for extraction ({NOT_FOR_EXTRACTION[name]})")
 
 
@@ -218,6 +218,13 @@ def check_budget(compiled: TokenConstraint, max_tokens: int) -> None:
                                        f"instance takes {len(shortest)} tokens")
 
 
+def check_context(max_tokens: int, context: int) -> None:
+    """LimitError when max_tokens alone fills the model's context (a prompt takes a token at least)."""
+    if max_tokens >= context:
+        raise LimitError("max_tokens", f"max_tokens={max_tokens} leaves no room for a prompt in the model's "
+                                       f"context of {context} tokens; at most {context - 1}")
+
+
 def check_limits(llm: LLM, plan: ExtractPlan) -> None:
     """LimitError when the model's limits refuse every record for the same reason: max_tokens alone fills
     its context, or its KV cache holds no record's prompt + max_tokens.  (A record too long for the context
@@ -225,9 +232,7 @@ def check_limits(llm: LLM, plan: ExtractPlan) -> None:
     limits = llm.engine.limits
     max_tokens = plan.job.params().max_tokens
     context, capacity = limits.max_model_len, limits.kv_capacity_tokens
-    if max_tokens >= context:        # a prompt takes a token at least
-        raise LimitError("max_tokens", f"max_tokens={max_tokens} leaves no room for a prompt in the model's "
-                                       f"context of {context} tokens; at most {context - 1}")
+    check_context(max_tokens, context)
     shortest = None                  # tokens of the shortest prompt that fits the context
     for record in plan.pending:
         tokens = _prompt_tokens(llm.tokenizer, plan.job.prompt(llm.tokenizer, record))

@@ -100,7 +100,7 @@ def _read_csv(path: Path) -> list[tuple[int, dict]]:
         header = next(reader)
         rows, start = [], reader.line_num + 1
         for cells in reader:
-            if len(cells) > len(header):
+            if any(cells[len(header):]):     # (empty ones past the header, a trailing comma, lose nothing)
                 raise InputError(f"{path}:{start}: {len(cells)} cells in a row under a header of {len(header)} "
                                  "columns (a comma in a field that is not quoted?)")
             if any(cells):

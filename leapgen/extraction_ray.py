@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from leapgen.extraction import (DEFAULT_BATCH_SIZE, WINDOW_BATCHES, ExtractJob, ExtractPlan, ExtractSummary,
-                                check_budget, run_records, write_lines)
+                                check_budget, check_context, run_records, write_lines)
 from leapgen.extraction_io import Record
 
 
@@ -73,6 +73,7 @@ def _import_ray():
 def _check_schema(model: str | Path | None, job: ExtractJob) -> None:
     """Compile the schema for the model's tokenizer on the driver, so a bad schema fails before any worker
     starts (the driver never loads the weights)."""
+    from leapgen.engine.config import ModelConfig, read_json
     from leapgen.engine.default_model import default_model_path
     from leapgen.engine.gguf_loader import convert_gguf
     from leapgen.engine.loader import load_tokenizer
@@ -89,6 +90,11 @@ def _check_schema(model: str | Path | None, job: ExtractJob) -> None:
     except (ValueError, TypeError, RecursionError) as exc:
         raise ValueError(f"schema: {exc}") from None
     check_budget(compiled, job.params().max_tokens)
+    try:                                 # the context, as the workers' engines will read it
+        context = ModelConfig.from_dict(read_json(path / "config.json")).max_model_len
+    except (OSError, ValueError):        # a model leapgen runs through the transformers fallback: they will say
+        return
+    check_context(job.params().max_tokens, context)
 
 
 def _connect(ray, address: str | None) -> bool:

@@ -361,11 +361,26 @@ def test_long_commands_freeze_the_startup_heap_and_give_it_back():
     assert gc.get_freeze_count() == 0
 
 
-@pytest.mark.parametrize("ending", [["--stop", "}"], ["--min-tokens", "5"], ["--ignore-eos"]])
-def test_flags_that_end_the_text_elsewhere_are_refused_beside_a_constraint(capsys, ending):
-    """Before the model loads (no --model: the default model is never read)."""
-    code, _, err = run(capsys, "--prompt", "x", "--regex", "[0-9]{3}", *ending)
-    assert error_line(code, err).startswith(f"leapgen: error: {ending[0]} cannot be combined with --regex")
+def test_ignore_eos_beside_a_constraint_is_refused_before_the_model_loads(capsys):
+    """(no --model: the default model is never read)"""
+    code, _, err = run(capsys, "--prompt", "x", "--regex", "[0-9]{3}", "--ignore-eos")
+    assert error_line(code, err).startswith("leapgen: error: --ignore-eos cannot be combined with --regex")
+
+
+def test_samples_past_max_num_seqs_are_refused_before_loading_and_run_when_raised(cli_model, capsys):
+    from leapgen.cli_common import DEFAULT_MAX_NUM_SEQS
+    from leapgen.engine.llm_engine import EngineConfig
+
+    assert DEFAULT_MAX_NUM_SEQS == EngineConfig.max_num_seqs
+    code, _, err = run(capsys, "--prompt", "x", "--n", "300", "--temperature", "1")
+    assert error_line(code, err) == ("leapgen: error: --n 300: more than the engine runs at once (--max-num-seqs 256); "
+                                     "raise --max-num-seqs to at least 300")
+    code, _, err = run(capsys, "--prompt", "x", "--num-beams", "5", "--max-num-seqs", "4")
+    assert "--num-beams 5" in error_line(code, err)
+    code, out, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--n", "300", "--temperature", "1",
+                         "--max-tokens", "2", "--max-num-seqs", "300", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["outputs"]) == 300
 
 
 def test_stream_and_json_together_are_refused(capsys):
@@ -373,14 +388,20 @@ def test_stream_and_json_together_are_refused(capsys):
     assert "--stream" in error_line(code, err) and "--json" in err
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_ctrl_c_is_one_line_and_ends_a_streamed_line(monkeypatch, capsys, stream):
-    def interrupted(args):
-        print("half a sente", end="")
-        raise KeyboardInterrupt
+@pytest.mark.parametrize("wrote", [False, True])
+def test_ctrl_c_is_one_line_and_ends_a_streamed_line(monkeypatch, capsys, wrote):
+    """Interrupted while streaming: the text written so far keeps a line of its own (none when nothing came)."""
+    class Interrupted:
+        def __init__(self, *args, **kwargs):
+            pass
 
-    monkeypatch.setattr("leapgen.cli._generate", interrupted)
-    code = main(["generate", "--prompt", "x", *(["--stream"] if stream else [])])
+        def stream(self, *args, **kwargs):
+            if wrote:
+                yield "half a sente"
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("leapgen.cli.load_llm", Interrupted)
+    code = main(["generate", "--prompt", "x", "--stream"])
     out, err = capsys.readouterr()
     assert code == 130 and err == "leapgen: error: interrupted\n"
-    assert out == "half a sente" + ("\n" if stream else "")
+    assert out == ("half a sente\n" if wrote else "")

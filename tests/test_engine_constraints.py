@@ -139,12 +139,23 @@ def test_constraint_errors_are_clear(engine):
         engine.add_request("x", SamplingParams(ignore_eos=True, constraint=Regex("a+")))
     with pytest.raises(TypeError, match="leapgen.JsonSchema"):
         engine.add_request("x", SamplingParams(constraint={"type": "string"}))
-    # each would end a constrained text somewhere else than where the constraint does: refused before any work
-    for options, name in (({"min_tokens": 10}, "min_tokens"), ({"stop": ["a"]}, "stop"),
-                          ({"stop_token_ids": [3]}, "stop_token_ids")):
-        with pytest.raises(ValueError, match=f"^{name} cannot be combined with a constraint"):
-            engine.add_request("x", SamplingParams(max_tokens=30, constraint=Regex("[0-9]{3}"), **options))
     assert not engine.has_unfinished
+
+
+def test_min_tokens_holds_the_end_off_only_while_the_constraint_allows_more(engine):
+    """Past a complete instance with nothing allowed after it, the text ends (eos was all the mask left: banning
+    it failed the request); where more may follow, min_tokens keeps the text going."""
+    exact = run(engine, Regex("[0-9]{3}"), SamplingParams(max_tokens=30, min_tokens=10))[0]
+    assert all(len(o.outputs[0].text) == 3 and o.outputs[0].text.isdigit() for o in exact)
+    assert all(o.outputs[0].finish_reason == "stop" for o in exact)
+    longer = run(engine, Regex("[0-9]+"), SamplingParams(max_tokens=12, min_tokens=6))[0]
+    assert all(len(o.outputs[0].token_ids) >= 6 and o.outputs[0].text.isdigit() for o in longer)
+
+
+def test_a_stop_string_still_stops_a_constrained_text(engine):
+    """As in OpenAI's API and vLLM: the stop is the caller's, and the text ends there, short of an instance."""
+    outputs = run(engine, Regex("[0-9]{3}"), SamplingParams(max_tokens=30, stop=list("0123456789")))[0]
+    assert all(o.outputs[0].text == "" and o.outputs[0].finish_reason == "stop" for o in outputs)
 
 
 def test_more_samples_or_beams_than_run_at_once_are_refused(engine):

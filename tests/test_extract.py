@@ -103,7 +103,7 @@ def test_jsonl_csv_and_folder_inputs(tmp_path):
     (tmp_path / "no_ids.jsonl").write_text('{"text": "1\u2028"}\n\n{"text": "2"}\r\n', encoding="utf-8")
     records = read_records(tmp_path / "no_ids.jsonl")                          # U+2028 ends no JSON line
     assert [(r.id, r.fields["text"]) for r in records] == [(1, "1\u2028"), (3, "2")]     # ids: line numbers
-    (tmp_path / "rows.csv").write_text('\ufeffkey,text\nk1,"two\nlines"\nk2,plain\n', encoding="utf-8")
+    (tmp_path / "rows.csv").write_text('\ufeffkey,text\nk1,"two\nlines"\nk2,plain,,\n', encoding="utf-8")
     rows = read_records(tmp_path / "rows.csv", id_field="key")
     assert [(r.id, r.fields["text"]) for r in rows] == [("k1", "two\nlines"), ("k2", "plain")]
     assert [r.id for r in read_records(tmp_path / "rows.csv")] == [2, 4]          # the line a row starts on
@@ -195,6 +195,7 @@ def test_options_extract_cannot_use_are_value_errors(tmp_path):
         with pytest.raises(ValueError, match=message):
             extract(data, SCHEMA, out, progress=False, **options)             # before any model loads
     assert prepare(data, SCHEMA, out, n=1, ignore_eos=False, temperature=0.5).job.params().n == 1
+    assert prepare(data, SCHEMA, out, stop=[], stop_token_ids=[]).job.params().stop == []     # none: fine
     assert not out.exists()
 
 
@@ -584,3 +585,11 @@ def test_retry_errors_runs_the_failed_records_again_and_replaces_their_lines(llm
     assert sorted(line["id"] for line in lines) == ["a", "b", "c"] and lines[0] == kept
     assert next(line for line in lines if line["id"] == "b")["error"] != "something went wrong"
     assert summary.skipped == 1 and not (tmp_path / "out.jsonl.retry").exists()
+
+
+def test_a_long_inline_template_is_text_not_a_file_name():
+    """Longer than a file name may be (ENAMETOOLONG from the file check): taken as the text."""
+    from leapgen.cli_extract import _template
+
+    text = "Read the record below with care. " * 10 + "Text: {text}"
+    assert _template(text) == text

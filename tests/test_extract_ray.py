@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from checkpoints import build_checkpoint_for_tokenizer
-from leapgen.extraction import prepare
+from leapgen.extraction import LimitError, prepare
 from leapgen.extraction_ray import run_on_ray
 from tokenizers_util import byte_level_bpe
 
@@ -63,6 +63,9 @@ def test_a_bad_schema_fails_on_the_driver_before_ray_starts(tmp_path):
     data.write_text('{"text": "x"}\n')
     plan = prepare(data, {"type": "object", "unevaluatedProperties": False}, tmp_path / "out.jsonl")
     with pytest.raises(ValueError, match=r"schema: .*'unevaluatedProperties'.*\(at /unevaluatedProperties\)"):
+        run_on_ray(plan, model, workers=2)
+    plan = prepare(data, SCHEMA, tmp_path / "out.jsonl", max_tokens=100_000)     # past the model's context
+    with pytest.raises(LimitError, match=r"max_tokens=100000 leaves no room for a prompt"):
         run_on_ray(plan, model, workers=2)
     import ray
 

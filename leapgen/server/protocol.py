@@ -67,14 +67,13 @@ class RequestFields:
     def refusal(self, message: str, index: int) -> ApiError:
         """The engine's admission refused prompt `index`: the field its message is about, else the prompt."""
         message = re.sub(r"^prompts\[\d+\]: ", "", message)
+        lead = re.match(r"(logit_bias|stop_token_ids|logprobs|num_beams|n)\b", message)
+        param = "num_beams" if message.startswith("beam search") else lead.group(1) if lead else self.prompt
         if self.several_prompts:
             message = f"{self.prompt}[{index}]: {message}"
         if "max_tokens" in message:
             return ApiError(message.replace("max_tokens", self.length), param=self.length)
-        lead = re.match(r"(logit_bias|stop_token_ids|logprobs|stop|min_tokens|num_beams|n)\b", message)
-        if message.startswith("beam search"):
-            return ApiError(message, param="num_beams")
-        return ApiError(message, param=lead.group(1) if lead else self.prompt)
+        return ApiError(message, param=param)
 
 
 @dataclass(frozen=True)
