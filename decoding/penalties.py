@@ -37,21 +37,17 @@ class LogitBias:
 
 
 class MinTokens:
-    """Rows with fewer than `min_tokens` outputs cannot pick eos (unless ignore_eos) or a stop token id, while
-    another token may come: where only those are left (a constraint's instance is complete), the text ends."""
+    """Rows with fewer than `min_tokens` outputs cannot pick eos (unless ignore_eos) or a stop token id."""
 
     def is_active(self, batch: SamplingBatch) -> bool:
         """True when some row is still below its min_tokens."""
         return bool(batch.suppressed)
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Set the banned ids to -inf, but in a row they would leave with no token at all."""
-        rows = torch.tensor([r for r, ids in batch.suppressed for _ in ids], dtype=torch.long, device=logits.device)
-        cols = torch.tensor([t for _, ids in batch.suppressed for t in ids], dtype=torch.long, device=logits.device)
-        kept = logits[rows, cols]
+        """Set the banned ids to -inf."""
+        rows = [r for r, ids in batch.suppressed for _ in ids]
+        cols = [t for _, ids in batch.suppressed for t in ids]
         logits[rows, cols] = -float("inf")
-        ended = torch.isneginf(logits[rows].amax(dim=1))      # per banned id: its row has nothing left
-        logits[rows[ended], cols[ended]] = kept[ended]
         return logits
 
 

@@ -3,9 +3,8 @@
 One `StopChecker` per sequence.  Stop strings are searched on the incrementally detokenized text,
 so a stop string spread over several tokens (or ending inside one) is found.  Without
 `include_stop_str_in_output`, the last `len(longest stop) - 1` characters are held back from the
-stream until it is clear they do not begin a stop string.  No stop string ends the sequence before
-`min_tokens` tokens exist; eos and stop ids do, since the MinTokens processor lets them through only where
-no other token may come (a constraint's instance is complete).
+stream until it is clear they do not begin a stop string.  Nothing stops the sequence before
+`min_tokens` tokens exist (the MinTokens processor already keeps eos and stop ids out).
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ class StopChecker:
             raise RuntimeError(f"token {token_id} appended after the sequence finished ({self.finish_reason})")
         self.num_tokens += 1
         may_stop = self.num_tokens >= self.params.min_tokens
-        if token_id in self._eos or token_id in self._stop_ids:
+        if may_stop and (token_id in self._eos or token_id in self._stop_ids):
             if self.params.include_stop_str_in_output:
                 self._add_text(token_id)
             self._finish("stop", None if token_id in self._eos else token_id)

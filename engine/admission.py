@@ -109,6 +109,10 @@ def _check_combination(params: SamplingParams) -> None:
     if constraint is not None and params.ignore_eos:
         raise RequestError("ignore_eos cannot be combined with a constraint: the constraint decides where the "
                            "text ends, and eos is the only token allowed there")
-    if params.num_beams > 1 and (params.stop or not params.greedy or params.logprobs is not None):
-        raise RequestError("beam search (num_beams > 1) is deterministic: it takes no stop strings, "
-                           "temperature or logprobs; use n > 1 with sampling for those")
+    if constraint is not None and params.min_tokens:
+        raise RequestError("min_tokens cannot be combined with a constraint: the constraint decides where the "
+                           "text ends, and a complete instance may be shorter (eos is then all it allows)")
+    if params.num_beams > 1 and (params.stop or params.stop_token_ids or not params.greedy
+                                 or params.logprobs is not None):
+        raise RequestError("beam search (num_beams > 1) is deterministic: it takes no stop strings or stop token "
+                           "ids, temperature or logprobs; use n > 1 with sampling for those")

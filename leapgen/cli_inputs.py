@@ -164,11 +164,12 @@ def check_utf8(flag: str, values: Sequence[str]) -> None:
 
 def constraint(args: argparse.Namespace) -> tuple[str, Any] | tuple[None, None]:
     """The constraint spec and the flag that gave it; `is not None`, since `--regex ''` means empty output.
-    --ignore-eos beside a constraint is refused: the constraint ends the text, with eos."""
+    --ignore-eos and --min-tokens beside a constraint are refused: the constraint ends the text, with eos."""
     flag, spec = _constraint(args)
-    if spec is not None and getattr(args, "ignore_eos", False):
-        raise CliError(f"--ignore-eos cannot be combined with {flag.split()[0]}: the constraint decides where the "
-                       "text ends, and eos is all it allows there")
+    for name in ("--ignore-eos", "--min-tokens"):
+        if spec is not None and getattr(args, name[2:].replace("-", "_"), None):
+            raise CliError(f"{name} cannot be combined with {flag.split()[0]}: the constraint decides where the text "
+                           "ends, with eos")
     return flag, spec
 
 

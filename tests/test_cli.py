@@ -361,10 +361,11 @@ def test_long_commands_freeze_the_startup_heap_and_give_it_back():
     assert gc.get_freeze_count() == 0
 
 
-def test_ignore_eos_beside_a_constraint_is_refused_before_the_model_loads(capsys):
+@pytest.mark.parametrize("ending", [["--ignore-eos"], ["--min-tokens", "5"]])
+def test_flags_that_hold_the_end_off_are_refused_beside_a_constraint_before_loading(capsys, ending):
     """(no --model: the default model is never read)"""
-    code, _, err = run(capsys, "--prompt", "x", "--regex", "[0-9]{3}", "--ignore-eos")
-    assert error_line(code, err).startswith("leapgen: error: --ignore-eos cannot be combined with --regex")
+    code, _, err = run(capsys, "--prompt", "x", "--regex", "[0-9]{3}", *ending)
+    assert error_line(code, err).startswith(f"leapgen: error: {ending[0]} cannot be combined with --regex")
 
 
 def test_samples_past_max_num_seqs_are_refused_before_loading_and_run_when_raised(cli_model, capsys):

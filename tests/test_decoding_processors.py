@@ -130,18 +130,6 @@ def test_min_tokens_also_bans_stop_token_ids_and_respects_ignore_eos():
     assert torch.isfinite(got[2]).all()
 
 
-def test_min_tokens_leaves_the_ends_where_nothing_else_may_come():
-    """A row whose every other token is -inf (a constraint allows only the end) keeps its eos and stop ids, as
-    they were; the rows beside it are banned as usual."""
-    logits = torch.full((2, VOCAB), -float("inf"))
-    logits[:, [EOS, 11]] = torch.tensor([0.5, -1.0])
-    logits[1, 3] = 0.0
-    rows = [SamplingRow(SamplingParams(min_tokens=2, stop_token_ids=[11])) for _ in range(2)]
-    got = run(rows, logits)
-    assert got[0, [EOS, 11]].tolist() == [0.5, -1.0]
-    assert torch.isinf(got[1, [EOS, 11]]).all() and got[1, 3] == 0.0
-
-
 def test_frequency_and_presence_penalties_count_output_tokens_only():
     rows = [SamplingRow(SamplingParams(frequency_penalty=0.5, presence_penalty=1.0), [9, 9, 9], [4, 4, 4, 5]),
             SamplingRow(SamplingParams(), [1], [4])]

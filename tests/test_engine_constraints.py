@@ -142,14 +142,19 @@ def test_constraint_errors_are_clear(engine):
     assert not engine.has_unfinished
 
 
-def test_min_tokens_holds_the_end_off_only_while_the_constraint_allows_more(engine):
-    """Past a complete instance with nothing allowed after it, the text ends (eos was all the mask left: banning
-    it failed the request); where more may follow, min_tokens keeps the text going."""
-    exact = run(engine, Regex("[0-9]{3}"), SamplingParams(max_tokens=30, min_tokens=10))[0]
-    assert all(len(o.outputs[0].text) == 3 and o.outputs[0].text.isdigit() for o in exact)
-    assert all(o.outputs[0].finish_reason == "stop" for o in exact)
-    longer = run(engine, Regex("[0-9]+"), SamplingParams(max_tokens=12, min_tokens=6))[0]
-    assert all(len(o.outputs[0].token_ids) >= 6 and o.outputs[0].text.isdigit() for o in longer)
+def test_min_tokens_beside_a_constraint_is_refused_before_any_work(engine):
+    """A complete instance may come before min_tokens, and eos is then all the constraint allows: the request
+    failed mid-run."""
+    with pytest.raises(ValueError, match="^min_tokens cannot be combined with a constraint"):
+        engine.add_request("x", SamplingParams(max_tokens=30, min_tokens=10, constraint=Regex("[0-9]{3}")))
+    assert not engine.has_unfinished
+
+
+def test_beam_search_refuses_the_stops_it_would_ignore(engine):
+    for options in ({"stop": ["a"]}, {"stop_token_ids": [3]}):
+        with pytest.raises(ValueError, match="takes no stop strings or stop token ids"):
+            engine.add_request("x", SamplingParams(max_tokens=5, num_beams=2, **options))
+    assert not engine.has_unfinished
 
 
 def test_a_stop_string_still_stops_a_constrained_text(engine):

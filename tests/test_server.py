@@ -284,6 +284,7 @@ def test_beam_search_as_an_extra(llm, client):
     ({"extra_body": {"num_beams": 2}, "temperature": 0.7}, "num_beams", "beam search (num_beams > 1) is deterministic"),
     ({"n": 100_000}, "n", "n (100000) exceeds the sequences the engine runs at once"),
     ({"n": 100_000, "prompt": ["a", "b"]}, "n", "prompt[0]: n (100000) exceeds"),
+    ({"extra_body": {"regex": "[0-9]{4}", "min_tokens": 3}}, "min_tokens", "cannot be combined with a constraint"),
 ])
 def test_bad_completion_fields_are_400s_naming_the_field(client, kwargs, param, fragment):
     request = {"model": MODEL, "prompt": "p", "max_tokens": 4, **kwargs}

@@ -67,7 +67,7 @@ class RequestFields:
     def refusal(self, message: str, index: int) -> ApiError:
         """The engine's admission refused prompt `index`: the field its message is about, else the prompt."""
         message = re.sub(r"^prompts\[\d+\]: ", "", message)
-        lead = re.match(r"(logit_bias|stop_token_ids|logprobs|num_beams|n)\b", message)
+        lead = re.match(r"(logit_bias|stop_token_ids|logprobs|min_tokens|num_beams|n)\b", message)
         param = "num_beams" if message.startswith("beam search") else lead.group(1) if lead else self.prompt
         if self.several_prompts:
             message = f"{self.prompt}[{index}]: {message}"
