@@ -15,7 +15,8 @@ MAX_LOGPROBS = 20   # top alternatives per token; as OpenAI's API, and bounded s
 
 @dataclass
 class SamplingParams:
-    """How one request is decoded.  `temperature=0` (or below 1e-5) is greedy; every bad value raises ValueError naming the field."""
+    """How one request is decoded.  `temperature=0` (or below 1e-5) is greedy; every bad value raises ValueError
+    naming the field."""
 
     max_tokens: int = 128
     min_tokens: int = 0

@@ -54,11 +54,12 @@ class DraftModelProposer:
         except (OSError, ValueError) as exc:
             raise DraftModelError(f"speculative.model {path}: {exc}") from exc
         if draft.is_fallback:
-            raise DraftModelError(f"speculative.model {path}: its architecture runs through the transformers fallback, "
-                             "which cannot roll back its cache; use a Llama/Mistral/Qwen-family draft")
+            raise DraftModelError(f"speculative.model {path}: its architecture runs through the transformers "
+                                  "fallback, which cannot roll back its cache; use a Llama/Mistral/Qwen-family draft")
         if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-            raise DraftModelError(f"speculative.model {path}: its tokenizer ({len(draft.tokenizer)} tokens) differs from "
-                             f"the target's ({len(target.tokenizer)} tokens); a draft must share the vocabulary")
+            raise DraftModelError(f"speculative.model {path}: its tokenizer ({len(draft.tokenizer)} tokens) differs "
+                                  f"from the target's ({len(target.tokenizer)} tokens); a draft must share the "
+                                  "vocabulary")
         return cls(draft, num_blocks, block_size, min(len(target.tokenizer), draft.vocab_size, target.vocab_size),
                    target.vocab_size, pack_weights)
 

@@ -52,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     add_constraint_arguments(gen)
     gen.add_argument("--speculative", metavar="METHOD", type=speculative_method,
                      help="speculative decoding: 'ngram' (prompt lookup) or 'draft:PATH' (a draft model sharing the "
-                          "tokenizer); greedy outputs stay the same, sampled ones follow the same distribution (with a "
-                          "--seed, other draws); beam search does not speculate")
+                          "tokenizer); greedy outputs stay the same, sampled ones follow the same distribution "
+                          "(with a --seed, other draws); beam search does not speculate")
     gen.add_argument("--num-speculative-tokens", type=positive_int, metavar="K",
                      help="tokens drafted per step (default: 8 for ngram, 4 for a draft model)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (with its metrics)")

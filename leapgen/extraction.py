@@ -397,9 +397,10 @@ def extract(input: str | Path, schema: dict | type | str | Path, output: str | P
     with the record's fields as {placeholders} (a Path: read from the file).  `model`: an LLM, a path, or
     None for the embedded default; `batch_size`, `speculative` (prompt lookup by default, which never changes
     the outputs; None turns it off) and `llm_options` (LLM keywords: threads, device, dtype, ...) apply where
-    this call loads it.  Other keywords are SamplingParams fields (greedy by default; not n, constraint, stop,
-    stop_token_ids, min_tokens or ignore_eos, which the schema decides: ValueError).  `ray=True` runs on Ray Data with `workers` actors
-    (`ray_address`: an existing cluster; `ray_options`: each actor's resources, e.g. {"num_gpus": 1}).
+    this call loads it.  Other keywords are SamplingParams fields (greedy by default; not n, constraint,
+    stop, stop_token_ids, min_tokens or ignore_eos, which the schema decides: ValueError).  `ray=True` runs on
+    Ray Data with `workers` actors (`ray_address`: an existing cluster; `ray_options`: each actor's resources,
+    e.g. {"num_gpus": 1}).
     `retry_errors=True` runs again the records whose lines in `output` say status "error" (their lines are
     replaced).  Every bad input raises ValueError before any record runs.
     """
