@@ -166,6 +166,10 @@ def make_cells(args: argparse.Namespace, axes: list[Axis], spec: Any) -> list[Ce
             params = SamplingParams(**{**base, **settings, "seed": cell_seed(args.seed, index)})
         except ValueError as exc:
             raise CliError(f"{_culprit(str(exc), axes, settings, base)}: {exc}") from None
+        ending = next((f for f in ("min_tokens", "ignore_eos") if spec is not None and getattr(params, f)), None)
+        if ending is not None:      # the engine would fail every such cell: the constraint ends the text, with eos
+            raise CliError(f"{_culprit(ending, axes, settings, base)}: {ending} cannot be combined with a constraint "
+                           "(it decides where the text ends, with eos)")
         cells.append(Cell(index, settings, params))
     return cells
 

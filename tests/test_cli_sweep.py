@@ -64,6 +64,8 @@ def test_bad_grid_is_one_line_before_the_model_loads(cli_model, capsys, no_model
     (["--prompt", "w3", "--stop", ""], "--stop: SamplingParams.stop must be non-empty strings"),
     (["--prompt", "w3", "--output", "/no/such/dir/out.jsonl"], "--output /no/such/dir/out.jsonl: no such directory"),
     (["--prompt", "w3", "--regex", "(?<=a)b"], "--regex"),
+    (["--prompt", "w3", "--regex", "[0-9]{3}", "--grid", "min_tokens=0,2"],
+     "--grid min_tokens=0,2: min_tokens cannot be combined with a constraint"),
 ])
 def test_other_bad_flags_are_one_line(cli_model, capsys, argv, expected):
     code, _, err = sweep(capsys, "--model", cli_model, *argv)
