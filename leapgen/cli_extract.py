@@ -103,28 +103,24 @@ def run_extract(args: argparse.Namespace) -> int:
                                cuda_graphs=args.cuda_graphs)
             if args.threads is not None:
                 llm_options["threads"] = args.threads
-            try:
-                summary = run_on_ray(plan, args.model, workers=args.workers or 2, address=args.ray_address,
-                                     llm_options=llm_options, ray_options=ray_options, progress=not args.quiet)
-            except pipeline.LimitError as exc:
-                raise CliError(f"--{exc.option.replace('_', '-')}: {exc}") from None
+            summary = run_on_ray(plan, args.model, workers=args.workers or 2, address=args.ray_address,
+                                 llm_options=llm_options, ray_options=ray_options, progress=not args.quiet)
         else:
             llm = None
             if plan.pending:             # a finished job loads no model
                 llm = load_llm(args, max_num_seqs=args.batch_size, speculative=speculative)
                 compile_constraint(llm, f"--schema {args.schema}", plan.job.constraint())
-                try:
-                    pipeline.check_budget(llm.engine.compile(plan.job.constraint()), args.max_tokens)
-                    pipeline.check_limits(llm, plan)
-                except pipeline.LimitError as exc:
-                    raise CliError(f"--{exc.option.replace('_', '-')}: {exc}") from None
+                pipeline.check_budget(llm.engine.compile(plan.job.constraint()), args.max_tokens)
+                pipeline.check_limits(llm, plan)
             with frozen_startup_heap():
                 summary = pipeline.run(llm, plan, progress=not args.quiet)
+    except pipeline.LimitError as exc:  # a setting no record can run with, refused before any (local or on Ray)
+        raise CliError(f"--{exc.option.replace('_', '-')}: {exc}") from None
     except KeyboardInterrupt:
         print_error(f"interrupted; the lines in {args.output} are kept: run the same command again to resume")
         return 130
     # a record that ended in error is finished (a rerun skips it): the status tells a script to look
-    failed = "; exit status 1: records ended in error (--retry-errors runs them again)" * bool(summary.error)
+    failed = "; exit status 1: records ended in error (--retry-errors runs them again)" if summary.error else ""
     if not args.quiet:
         print(f"{summary}{failed}", file=sys.stderr)
     return 1 if summary.error else 0
