@@ -97,11 +97,12 @@ def check_request(prompt: object, params: SamplingParams, tokenizer, limits: Eng
         bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"{name}: token id {bad!r} is outside the vocabulary ({vocab})")
-    _check_combination(params)
+    check_combination(params)
     return CheckedRequest(text, ids, params)
 
 
-def _check_combination(params: SamplingParams) -> None:
+def check_combination(params: SamplingParams) -> None:
+    """RequestError / TypeError for settings that cannot work together, whatever the prompt and model."""
     constraint = params.constraint
     if constraint is not None and not isinstance(constraint, ConstraintSpec):
         raise TypeError(f"constraint must be leapgen.JsonSchema, leapgen.Regex, leapgen.Grammar or a pydantic "

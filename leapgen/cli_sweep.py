@@ -22,6 +22,7 @@ from leapgen.cli_inputs import (add_constraint_arguments, add_prompt_arguments, 
                                 constraint, prepare_text_flags)
 from leapgen.constraints import is_valid
 from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.engine.admission import check_combination
 from leapgen.engine.outputs import RequestOutput
 
 _DESCRIPTION = """Run every combination of the --grid values (a cell) on every prompt, N samples each, as one
@@ -164,12 +165,9 @@ def make_cells(args: argparse.Namespace, axes: list[Axis], spec: Any) -> list[Ce
         settings = {axis.field: value for axis, value in zip(axes, values)}
         try:
             params = SamplingParams(**{**base, **settings, "seed": cell_seed(args.seed, index)})
+            check_combination(params)      # what the engine would refuse in every request of the cell
         except ValueError as exc:
             raise CliError(f"{_culprit(str(exc), axes, settings, base)}: {exc}") from None
-        ending = next((f for f in ("min_tokens", "ignore_eos") if spec is not None and getattr(params, f)), None)
-        if ending is not None:      # the engine would fail every such cell: the constraint ends the text, with eos
-            raise CliError(f"{_culprit(ending, axes, settings, base)}: {ending} cannot be combined with a constraint "
-                           "(it decides where the text ends, with eos)")
         cells.append(Cell(index, settings, params))
     return cells
 
