@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -79,8 +80,8 @@ def _write_checkpoint(path: Path, out: Path) -> None:
     folder, name = str(path.parent), path.name
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    except (ValueError, KeyError, OSError) as exc:
-        raise GGUFError(f"{path}: cannot read its GGUF metadata as an HF config ({exc})") from exc
+    except (ValueError, KeyError, OSError, struct.error) as exc:
+        raise GGUFError(f"{path}: cannot read its GGUF metadata as an HF config ({exc}){_cut_short(path)}") from exc
     # The HF module is built on the meta device only to name the tensors; no weights are allocated.
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
@@ -96,3 +97,12 @@ def _write_checkpoint(path: Path, out: Path) -> None:
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+
+
+def _cut_short(path: Path) -> str:
+    """A hint for a file with GGUF's magic bytes that still does not read: the reader maps every tensor while it
+    reads the metadata, so a file cut short (an interrupted download) fails there with a numpy or struct error
+    that names no file."""
+    with open(path, "rb") as f:
+        whole = f.read(4) == b"GGUF"
+    return "; the file starts as a GGUF file does: is it whole? (an interrupted download is cut short)" if whole else ""

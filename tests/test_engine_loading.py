@@ -184,6 +184,19 @@ def test_gguf_errors(tmp_path, monkeypatch):
     assert not any((tmp_path / "cache" / "gguf").iterdir()), "a failed conversion must leave nothing behind"
 
 
+def test_a_gguf_file_cut_short_asks_whether_it_is_whole(tmp_path, monkeypatch):
+    try:
+        whole = default_model_path()
+    except DefaultModelNotFoundError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("LEAPGEN_CACHE", str(tmp_path / "cache"))
+    cut = tmp_path / "cut.gguf"
+    with open(whole, "rb") as f:
+        cut.write_bytes(f.read(1 << 16))     # inside the metadata: the reader runs past the end
+    with pytest.raises(GGUFError, match="cut.gguf: .*is it whole\\? \\(an interrupted download"):
+        load_model(cut)
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     """The embedded default model, converted once into the leapgen cache ($LEAPGEN_CACHE or ~/.cache/leapgen)."""
