@@ -48,11 +48,13 @@ def _run_processors(processors: Sequence[Any], input_ids: torch.Tensor, scores: 
 class GrammarLogitsProcessor(LogitsProcessor):
     """A transformers LogitsProcessor that keeps every row of `model.generate` inside a leapgen grammar.
 
-    One matcher per batch row, fed the tokens appended since the previous call.  A row that has
-    produced an eos id is finished: transformers pads it from then on, so it is neither advanced nor
-    masked.  `vocab_size` is the tokenizer's size (the bitmask width) when the model's logits are wider.
-    Works with greedy and sampling; beam search reorders rows between steps, so it is rejected.
-    Use a fresh processor per `generate` call.
+    One matcher per batch row.  Each call reads the row's output so far (the tokens after the length of the first
+    call) and brings the row's matcher to it: forward by the new tokens, or, where beam search put another beam's
+    tokens in the row, back to what the two share and forward from there.  A row that has produced an eos id is
+    finished: transformers pads it from then on, so it is not masked.  Beam search keeps some candidates the mask
+    gave -inf where too few tokens are allowed; such a row is dead: every token is masked, so it stays at -inf.
+    `vocab_size` is the tokenizer's size (the bitmask width) when the model's logits are wider.  Works with greedy,
+    sampling and beam search; use a fresh processor per `generate` call.
     """
 
     def __init__(self, grammar: TokenConstraint, eos_token_id: int | Sequence[int], vocab_size: int | None = None):
@@ -62,33 +64,46 @@ class GrammarLogitsProcessor(LogitsProcessor):
             raise ValueError("GrammarLogitsProcessor needs at least one eos_token_id")
         self.vocab_size = vocab_size
         self._matchers: list[TokenMatcher] = []
-        self._finished: list[bool] = []
-        self._consumed = 0
+        self._fed: list[list[int]] = []      # per row, the tokens its matcher has consumed
+        self._start = 0
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        """Advance each row's matcher by its new tokens, then mask the scores to the allowed tokens."""
+        """Bring each row's matcher to the row's output so far, then mask the scores to the allowed tokens."""
         batch, length = input_ids.shape
         if not self._matchers:
             self._matchers = [self.grammar.matcher() for _ in range(batch)]
-            self._finished = [False] * batch
-            self._consumed = length
-        elif batch != len(self._matchers) or length < self._consumed:
+            self._fed = [[] for _ in range(batch)]
+            self._start = length
+        elif batch != len(self._matchers) or length < self._start:
             raise ValueError(
-                f"GrammarLogitsProcessor was started on {len(self._matchers)} rows at length {self._consumed} but now "
-                f"sees {batch} rows at length {length}: beam search and reused processors are not supported"
+                f"GrammarLogitsProcessor was started on {len(self._matchers)} rows at length {self._start} but now "
+                f"sees {batch} rows at length {length}: use a fresh processor per generate() call"
             )
-        new_tokens = input_ids[:, self._consumed:].tolist()
-        self._consumed = length
         vocab = self.vocab_size or scores.shape[-1]
-        bitmask = np.full((batch, bitmask_words(vocab)), -1, dtype=np.int32)
-        for row, (matcher, tokens) in enumerate(zip(self._matchers, new_tokens)):
-            for token in tokens:
-                if self._finished[row]:
-                    break
-                if token in self.eos_token_ids:
-                    self._finished[row] = True
-                else:
-                    matcher.advance(token)
-            if not self._finished[row]:
-                matcher.fill_bitmask(bitmask[row])
+        bitmask = np.zeros((batch, bitmask_words(vocab)), dtype=np.int32)
+        for row, output in enumerate(input_ids[:, self._start:].tolist()):
+            ended = next((i for i, token in enumerate(output) if token in self.eos_token_ids), None)
+            if ended is not None:
+                bitmask[row] = -1
+                output = output[:ended]
+            if self._follow(row, output) and ended is None:
+                self._matchers[row].fill_bitmask(bitmask[row])
         return apply_token_bitmask_(scores.clone(), torch.from_numpy(bitmask).to(scores.device))
+
+    def _follow(self, row: int, output: list[int]) -> bool:
+        """Bring row `row`'s matcher to `output`; False where a token of it is not allowed (a dead beam)."""
+        matcher, fed = self._matchers[row], self._fed[row]
+        shared = 0
+        for a, b in zip(fed, output):
+            if a != b:
+                break
+            shared += 1
+        if shared < len(fed):
+            matcher.rollback(len(fed) - shared)
+            del fed[shared:]
+        for token in output[shared:]:
+            if not matcher.is_token_allowed(token):
+                return False
+            matcher.advance(token)
+            fed.append(token)
+        return True

@@ -1,9 +1,11 @@
-"""Per-request decoding parameters, validated once so the engine can trust them."""
+"""Per-request decoding parameters, validated when made and again when a request is admitted, so the engine can
+trust them."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
 from leapgen.decoding.constraint import ConstraintSpec
@@ -50,6 +52,16 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.seed, Integral) and not isinstance(self.seed, bool):
+            self.seed = int(self.seed)      # numpy's integers too
+        if isinstance(self.logit_bias, dict):
+            # token ids as OpenAI's JSON sends them ("50256") and as numpy gives them, read as ints
+            self.logit_bias = {_token_key(token): bias for token, bias in self.logit_bias.items()}
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field.  Run at construction and again when a request is admitted:
+        a field set after construction (`params.n = 0`) is checked too."""
         self._check_int("max_tokens", minimum=1)
         self._check_int("min_tokens", minimum=0)
         self._check_int("top_k", minimum=0)
@@ -75,9 +87,14 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
-        if self.stop_token_ids is not None and not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+        if self.stop_token_ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                       for t in self.stop_token_ids):
             raise ValueError(f"SamplingParams.stop_token_ids must be token ids >= 0, got {self.stop_token_ids!r}")
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise ValueError(f"SamplingParams.logit_bias must be a dict of token id to bias, got {self.logit_bias!r}")
         for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or isinstance(token, bool):
+                raise ValueError(f"SamplingParams.logit_bias keys must be token ids, got {token!r}")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == math.inf:
                 raise ValueError(f"SamplingParams.logit_bias[{token!r}] must be a number (or -inf to ban the token), "
                                  f"got {bias!r}")
@@ -108,3 +125,13 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
         if not ok(value):
             raise ValueError(f"SamplingParams.{name} {requirement}, got {value!r}")
+
+
+def _token_key(token: object) -> object:
+    """A logit_bias key as an int where it is one (numpy's integers, decimal strings); else as given, for
+    `validate` to name."""
+    if isinstance(token, Integral) and not isinstance(token, bool):
+        return int(token)
+    if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+        return int(token)
+    return token

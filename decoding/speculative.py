@@ -66,8 +66,10 @@ class SpeculativeConfig:
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"speculative: unknown key(s) {unknown}; known: {sorted(known)}")
-        if "method" not in value or "num_speculative_tokens" not in value:
-            raise ValueError("speculative needs 'method' and 'num_speculative_tokens'")
+        missing = [key for key in ("method", "num_speculative_tokens") if key not in value]
+        if missing:
+            raise ValueError(f"speculative needs 'method' and 'num_speculative_tokens': {' and '.join(missing)} "
+                             "missing")
         return cls(**{**value, "model": str(value["model"]) if value.get("model") is not None else None})
 
 

@@ -8,6 +8,7 @@ step loop only meets failures that depend on what the model generates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 
 from leapgen.decoding.constraint import ConstraintSpec, TokenConstraint
 from leapgen.decoding.sampling_params import SamplingParams
@@ -55,15 +56,25 @@ def encode_prompt(prompt: object, tokenizer) -> tuple[str | None, list[int]]:
         return prompt, tokenizer.encode(prompt)
     if isinstance(prompt, (bytes, bytearray)):
         raise TypeError("a prompt must be a string or a list of token ids, got bytes: decode it to a string first")
-    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return None, list(prompt)
+    if isinstance(prompt, (list, tuple)):
+        bad = next((j for j, t in enumerate(prompt) if not is_token_id(t)), None)
+        if bad is None:
+            return None, [int(t) for t in prompt]
+        raise TypeError(f"a prompt must be a string or a list of token ids, got a {type(prompt).__name__} holding "
+                        f"{type(prompt[bad]).__name__} at [{bad}]")
     raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+
+def is_token_id(value: object) -> bool:
+    """Whether `value` can be a token id: an integer (numpy's too), not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def check_request(prompt: object, params: SamplingParams, tokenizer, limits: EngineLimits) -> CheckedRequest:
     """Encode and check one request; RequestError / TypeError say what is wrong."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be leapgen.SamplingParams, got {type(params).__name__}")
+    params.validate()   # again: a field may have been set since the params were made
     text, ids = encode_prompt(prompt, tokenizer)
     vocab, context = limits.vocab_size, limits.max_model_len
     if not ids:

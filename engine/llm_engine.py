@@ -385,6 +385,8 @@ class LLMEngine:
         if state.constraint is not None and not state.finished and self.config.enable_forced_tokens:
             room = state.seq.params.max_tokens - state.seq.num_output_tokens
             for forced in state.constraint.jump(self.vocabulary.eos_ids, room):
+                if state.completion.logprobs is not None:   # one entry per output token, this one without a forward
+                    state.record_logprob(TokenLogprob(forced, 0.0, forced=True))
                 state.append(forced)
                 self.num_forced_tokens += 1
                 metrics.forced_tokens += 1
@@ -567,7 +569,8 @@ class LLMEngine:
 
         Every request is checked before any is queued: a bad one raises RequestError naming
         `prompts[i]`, or with `on_error="return"` comes back with finish_reason "error" while the
-        rest run.  A request that fails while running always comes back that way.
+        rest run.  A request that fails while running comes back that way in either mode (its error
+        names `prompts[i]` too), so the rest of the batch is not lost.
         """
         results: dict[int, RequestOutput] = {}
         for index, output in self.iter_generate(prompts, params, on_error):
@@ -609,7 +612,10 @@ class LLMEngine:
                     break
                 for output in self.step():
                     if output.finished and output.request_id in pending:
-                        yield pending.pop(output.request_id), output
+                        index = pending.pop(output.request_id)
+                        if output.error is not None:    # named as a refusal is: by the prompt it came from
+                            output.error = str(RequestError(output.error, index))
+                        yield index, output
         finally:                                 # an interrupted call leaves nothing running
             for request_id in pending:
                 self.abort(request_id)

@@ -8,11 +8,14 @@ from typing import Any
 
 @dataclass
 class TokenLogprob:
-    """One generated token's log-probability and the `top` alternatives (id -> logprob), best first."""
+    """One generated token's log-probability and the `top` alternatives (id -> logprob), best first.  A `forced`
+    token is one a constraint allowed alone, appended by a forced-token jump without a forward pass of its own: its
+    logprob is 0.0 (certain under the constraint) and it has no alternatives."""
 
     token_id: int
     logprob: float
     top: dict[int, float] = field(default_factory=dict)
+    forced: bool = False
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from . import ir
-from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, UnsupportedSchemaError
+from .errors import AutomatonTooLargeError, EmptyLanguageError, GrammarError, RegexError, UnsupportedSchemaError
 from .fsm import DFA, MEMO_SIZE, NFA, BudgetExceeded, CallDFA, determinize, determinize_calls, minimize
 from .object_members import CLAIM, CLOSE, EMPTY_TAG, EXTRA, FIRST, SEPARATOR, MemberSet
 from .regex import literal_dfa, literals_dfa, terminal_dfa
@@ -611,6 +611,13 @@ class _Compiler:
                 raise
             what, pointer = origin
             raise UnsupportedSchemaError(f"{what} cannot be enforced exactly within {exc.budget}", pointer) from None
+        except RegexError as exc:   # a regex the front end wrote (a pattern of the user's is checked there)
+            origin = _origin(expr)
+            if origin is None:
+                raise
+            what, pointer = origin
+            raise UnsupportedSchemaError(f"{what} cannot be enforced exactly (a regex it needs: {exc.reason})",
+                                         pointer) from None
         return dfa
 
     def _label(self, dfa: DFA, expr: ir.Expr, labels: dict[DFA, str], kind: str) -> str:

@@ -17,6 +17,7 @@ class RegexError(GrammarError):
     def __init__(self, message: str, pattern: str, position: int | None = None):
         where = f" at position {position}" if position is not None else ""
         super().__init__(f"{message}{where} in regex {pattern!r}")
+        self.reason = message
         self.pattern = pattern
         self.position = position
 

@@ -226,9 +226,10 @@ def _multiples_dfa(step: Decimal) -> DFA:
         for j in range(1, scale):
             trans[fraction(j) + r, digit + d] = fraction(j + 1) + (10 * r + d) % k
     trans[fraction(scale) + r, digit] = fraction(scale) + r   # past the step's places only zeros keep a multiple
-    accept[integer + r] = r * 10**scale % k == 0
+    # each power reduced modulo K first: numpy's int64 cannot hold 10**scale (multipleOf 1e-300)
+    accept[integer + r] = r * (10**scale % k) % k == 0
     for j in range(1, scale + 1):
-        accept[fraction(j) + r] = r * 10 ** (scale - j) % k == 0
+        accept[fraction(j) + r] = r * (10 ** (scale - j) % k) % k == 0
     return minimize(DFA(trans, accept))
 
 

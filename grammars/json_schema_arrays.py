@@ -11,7 +11,7 @@ from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (NUMBER_KEYS, STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext,
                                   count_of, enum_values, narrow_types, satisfying)
 from .json_schema_ir import EMPTY, NEVER, Counting, at_most_size, choice, inlined_size, literal, optional, repeat, seq
-from .json_schema_scalars import distinct_texts, number, string_terminal
+from .json_schema_scalars import distinct_texts, number, string_terminal, unordered_objects
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
 # `contains` counts items and matches together: one rule per (items written, matches so far) pair.
@@ -99,6 +99,8 @@ def sequence(ctx: SchemaContext, positions: list[Expr], tail_item: Expr, lo: int
     for i in reversed(range(1, count)):  # `after` = what may follow once i items are out
         step = seq(pu.comma, positions[i], after)
         after = step if i < lo else optional(step)
+        if (count - i) % _FLAT_ITEMS == 0:  # named: each position nests the next, and 300 overflowed the stack
+            after = ctx.share(after, f"{pointer}_after_{i}")
     first = positions[0] if positions else tail_item
     nonempty = seq(first, after) if hi != 0 else NEVER
     alternatives = ([pu.arr_empty] if lo == 0 else []) + (
@@ -127,12 +129,13 @@ def _tail_items(ctx: SchemaContext, tail_item: Expr, lo: int, hi: int | None, po
         return Ref(names[level - 1], call=True) if level else item
 
     counting = Counting(unit, _ITEM_BASE, _FLAT_ITEMS)
-    return seq(counting.exactly(lo), counting.at_most(hi - lo))
+    return seq(counting.exactly(lo), counting.at_most(hi - lo) if hi is not None else repeat(item, 0, None))
 
 
 def _counted(lo: int, hi: int | None) -> bool:
-    """Whether `_tail_items` counts lo..hi tail items in base _ITEM_BASE rather than writing them out."""
-    return hi is not None and (lo >= _FLAT_ITEMS or hi - lo >= _FLAT_ITEMS)
+    """Whether `_tail_items` counts lo..hi tail items in base _ITEM_BASE rather than writing them out (a minItems
+    of 100,000 with no maxItems, written out, outgrew the automaton's budget)."""
+    return lo >= _FLAT_ITEMS or (hi is not None and hi - lo >= _FLAT_ITEMS)
 
 
 Contains = tuple[Part, int, "int | None"]   # the contains subschema, minContains (default 1), maxContains
@@ -292,7 +295,9 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
         members = Members(pu.arr_open, (), pu.comma, pu.arr_close, extra=item, min=lo, max=hi, max_extras=count)
     else:
         hi = len(values) if hi is None else min(hi, len(values))
-        members = Members(pu.arr_open, tuple(literal(v, pu) for v in values), pu.comma, pu.arr_close, min=lo, max=hi)
+        objects = unordered_objects(ctx, parts[0])     # each value one member, however its keys are ordered
+        members = Members(pu.arr_open, tuple(literal(v, pu, objects=objects) for v in values), pu.comma, pu.arr_close,
+                          min=lo, max=hi)
     alternatives = [pu.arr_empty] if lo == 0 else []
     if hi is None or hi >= max(lo, 1):
         name = ctx.rule_name(f"{pointer}_unique")

@@ -219,9 +219,11 @@ def number_literal_parts(value: Any) -> tuple[str, str]:
 INTEGRAL_TAIL = r"(?:\.0+)?"   # an integer's optional zero fraction
 
 
-def literal(value: Any, punct: Punctuation, fractions: bool = True) -> Expr:
+def literal(value: Any, punct: Punctuation, fractions: bool = True,
+            objects: Callable[[dict], Expr] | None = None) -> Expr:
     """The JSON value `value` (from an enum or const), in the given whitespace style; `fractions`: its integers
-    may also be written with a zero fraction (2.0), which draft-04 does not call an integer."""
+    may also be written with a zero fraction (2.0), which draft-04 does not call an integer; `objects`: where
+    given, what writes an object of two or more members, at any depth (its members in any order)."""
     if value is None or isinstance(value, bool) or isinstance(value, str):
         return Lit(json_text(value))
     if isinstance(value, (int, float)):
@@ -232,15 +234,17 @@ def literal(value: Any, punct: Punctuation, fractions: bool = True) -> Expr:
             return punct.arr_empty
         items: list[Expr] = [punct.arr_open]
         for i, item in enumerate(value):
-            items += ([punct.comma] if i else []) + [literal(item, punct, fractions)]
+            items += ([punct.comma] if i else []) + [literal(item, punct, fractions, objects)]
         return seq(*items, punct.arr_close)
     if isinstance(value, dict):
+        if objects is not None and len(value) > 1:
+            return objects(value)
         if not value:
             return punct.obj_empty
         items = [punct.obj_open]
         for i, (key, item) in enumerate(value.items()):
             items += ([punct.comma] if i else []) + [Lit(json_text(key)), punct.colon,
-                                                     literal(item, punct, fractions)]
+                                                     literal(item, punct, fractions, objects)]
         return seq(*items, punct.obj_close)
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 

@@ -61,7 +61,7 @@ class _ObjectBuilder:
         req = p.get("required", [])
         if not (isinstance(req, list) and all(isinstance(n, str) for n in req)):
             raise SchemaError("required must be an array of strings", p.at("required"))
-        self.required += [n for n in req if n not in self.required]
+        self.required += [n for n in dict.fromkeys(req) if n not in self.required]   # a name listed twice counts once
         pats = p.get("patternProperties", {})
         if not isinstance(pats, dict):
             raise SchemaError("patternProperties must be an object", p.at("patternProperties"))

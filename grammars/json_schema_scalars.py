@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Callable
 
 from .errors import SchemaError, UnsupportedSchemaError
 from .automaton import terminal_for
@@ -47,8 +47,25 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
             whole, tail = number_literal_parts(value)
             by_tail.setdefault(tail if fraction or tail != INTEGRAL_TAIL else "", []).append(Lit(whole))
     numbers = [seq(choice(wholes), Terminal(tail)) if tail else choice(wholes) for tail, wholes in by_tail.items()]
-    return choice([*numbers, *(literal(v, ctx.punct, fraction) for v, fraction in zip(values, allowed)
+    objects = unordered_objects(ctx, parts[0])
+    return choice([*numbers, *(literal(v, ctx.punct, fraction, objects) for v, fraction in zip(values, allowed)
                                if not is_number(v))])
+
+
+def unordered_objects(ctx: SchemaContext, part: Part) -> Callable[[dict], Expr] | None:
+    """Under property_order="any", what writes an object that an enum or const lists (`literal`'s `objects`): an
+    object's rule holding each member to its value, so the members come in any order as they do elsewhere; None
+    in schema order."""
+    if ctx.options.property_order != "any":
+        return None
+    return lambda value: ctx.compile([part.derived(_members_held(value), "object value in any order")])
+
+
+def _members_held(value: dict) -> dict:
+    """The object schema whose instances are `value`, key order aside: each member held to its value (enum: const
+    is not a draft-04 keyword), all of them required, no other."""
+    return {"type": "object", "properties": {key: {"enum": [item]} for key, item in value.items()},
+            "required": list(value), "additionalProperties": False}
 
 
 def _fractions_allowed(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list[bool]:

@@ -677,8 +677,10 @@ _IPV6 = "(?:" + "|".join([
     rf"(?:(?:{_H16}:){{0,6}}{_H16})?::",
 ]) + ")"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?"
-# At most 4 labels of at most 62 characters keeps the name within 253 characters.
-_HOSTNAME = rf"{_LABEL}(?:\.{_LABEL}){{0,3}}"
+_SHORT_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,28}[A-Za-z0-9])?"
+# Within 253 characters without counting them (a count over labels takes some 16,000 states): up to 4 labels of up to
+# 62 characters, or up to 8 of up to 30 (mail.eu.west.example.com has 5)
+_HOSTNAME = rf"(?:{_LABEL}(?:\.{_LABEL}){{0,3}}|{_SHORT_LABEL}(?:\.{_SHORT_LABEL}){{4,7}})"
 _EMAIL = rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+)*@{_HOSTNAME}"
 _UUID = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
 

@@ -7,7 +7,9 @@ regex terminals are Terminals (with their flags), direct left recursion (which
 lark produces for repetitions) is rewritten as iteration, and `%ignore`d
 terminals may appear between any two symbols and around the whole text.
 The language is the character-level one (as lark's Earley `dynamic_complete`
-lexer sees it), not the one a greedy standard lexer would impose.
+lexer sees it), not the one a greedy standard lexer would impose, with one
+difference: lark matches an `%ignore`d terminal greedily, here it may end
+wherever it can (a `//` comment followed by code on its line is admitted).
 """
 
 from __future__ import annotations
@@ -70,6 +72,21 @@ def _check_nesting(text: str) -> None:
             raise LarkGrammarError(str(e), text.count("\n", 0, m.start()) + 1) from None
 
 
+# the grammars that ship inside lark; any other %import reads a file, relative to the process's directory (a
+# server would open files a request names)
+_BUNDLED = ("common", "lark", "python", "unicode")
+_IMPORT = re.compile(r"^[ \t]*%import[ \t]+(\S+?)(?=[ \t(\n]|->|$)", re.M)
+
+
+def _check_imports(text: str) -> None:
+    """Refuse an %import of anything but lark's own grammars, naming its line."""
+    for m in _IMPORT.finditer(text):
+        module = m.group(1)
+        if module.startswith(".") or module.split(".")[0] not in _BUNDLED:
+            raise LarkGrammarError(f"%import {module}: only lark's own grammars ({', '.join(_BUNDLED)}) can be "
+                                   "imported; write the rules into the grammar", text.count("\n", 0, m.start()) + 1)
+
+
 def _load(text: str):
     from lark import Lark
     from lark.exceptions import GrammarError as LarkError
@@ -81,6 +98,7 @@ def _load(text: str):
     if not re.sub(r"//[^\n]*", "", text).strip():
         raise LarkGrammarError("the grammar is empty")
     _check_nesting(text)
+    _check_imports(text)
     try:
         return Lark(text, parser="earley", lexer="dynamic")
     except UnexpectedInput as e:

@@ -117,10 +117,10 @@ def _generate(args: argparse.Namespace) -> int:
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     print(f"[leapgen] model loaded in {loaded - started:.1f}s; {tokens} tokens in {elapsed:.2f}s "
           f"({tokens / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
-    # a request that fails while running comes back with finish_reason "error" rather than raising
-    failed = [(i, out.error) for i, out in enumerate(outputs) if out.error is not None]
-    for index, error in failed:
-        print_error(f"prompts[{index}]: {error}")
+    # a request that fails while running comes back with finish_reason "error" (naming prompts[i]) rather than raising
+    failed = [out.error for out in outputs if out.error is not None]
+    for error in failed:
+        print_error(error)
     return 2 if failed else 0
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from numbers import Integral
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Literal, Sequence
+from typing import Any, Callable, Generator, Iterable, Iterator, Literal, Sequence
 
 import torch
 from jinja2 import TemplateError
@@ -14,6 +15,7 @@ from jinja2 import TemplateError
 from leapgen.constraints import Constraint, as_constraint, from_response_format, pydantic_model
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
+from leapgen.engine.admission import is_token_id
 from leapgen.engine.default_model import default_model_path
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
 from leapgen.engine.loader import load_model
@@ -45,12 +47,17 @@ class LLM:
                  cuda_graphs: bool = True) -> None:
         set_threads(threads)
         speculative = SpeculativeConfig.parse(speculative)       # a bad config fails before the model loads
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model must be a path (str or Path) or None for the default model, got "
+                            f"{type(model).__name__}")
+        if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         path = default_model_path() if model is None else Path(model)
         config = EngineConfig(kv_cache_memory, block_size, max_num_seqs, max_num_batched_tokens,
                               enable_prefix_caching, enable_forced_tokens, speculative, pack_weights, cuda_graphs)
-        self.engine = LLMEngine(load_model(path, dtype, device), config, seed=seed)
+        self.engine = LLMEngine(load_model(path, dtype, device), config, seed=None if seed is None else int(seed))
         self.path = path
 
     @property
@@ -70,7 +77,7 @@ class LLM:
         on every prompt.  Under a pydantic model each finished completion's `parsed` is the model instance
         (None where the text does not validate).  A bad prompt raises RequestError naming `prompts[i]`
         before anything runs, or with `on_error="return"` comes back with finish_reason "error" while the
-        rest run.
+        rest run; a request that fails while running comes back so in either mode.
         """
         batch = _as_batch(prompts)
         params_list = _params_list(params, len(batch), constraint, response_format)
@@ -78,14 +85,15 @@ class LLM:
         outputs = self.engine.generate(batch, params_list, progress=report, on_error=on_error)
         return [_with_parsed(output, p) for output, p in zip(outputs, params_list)]
 
-    def generate_iter(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
+    def generate_iter(self, prompts: Prompt | Sequence[Prompt],
+                      params: SamplingParams | Sequence[SamplingParams] | None = None,
                       *, constraint: Constraint | type | None = None, response_format: ResponseFormat | None = None,
                       on_error: Literal["raise", "return"] = "raise", max_pending: int | None = None
                       ) -> Iterator[tuple[int, RequestOutput]]:
         """Like `generate`, but yields `(prompt index, output)` as each prompt finishes, in finishing order
         (all prompts share one continuously batched run); closing the iterator aborts the rest.  With
         `max_pending`, prompts are checked and queued as room frees up, at most that many at a time."""
-        batch = list(prompts)
+        batch = _as_batch(prompts)
         params_list = _params_list(params, len(batch), constraint, response_format)
         outputs = self.engine.iter_generate(batch, params_list, on_error=on_error, max_pending=max_pending)
         return _iter_with_parsed(outputs, params_list)
@@ -250,6 +258,9 @@ def _checked_conversation(where: str, conversation: Sequence[Any]) -> list[Messa
 
 def _with_constraint(params: SamplingParams | None, constraint: Constraint | type | None) -> SamplingParams:
     """`params` (default ones when None) carrying its constraint as a spec; `constraint` fills it in."""
+    if params is not None and not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be leapgen.SamplingParams (or a list of them, one per prompt), got "
+                        f"{type(params).__name__}")
     params = params or SamplingParams()
     if constraint is not None:
         if params.constraint is not None and params.constraint != constraint:
@@ -263,8 +274,11 @@ def _with_constraint(params: SamplingParams | None, constraint: Constraint | typ
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
+    if not isinstance(prompts, Iterable) or isinstance(prompts, (bytes, bytearray, dict)):
+        raise TypeError(f"prompts must be a string, a list of token ids or a list of those, got "
+                        f"{type(prompts).__name__}")
     prompts = list(prompts)
-    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+    if prompts and all(map(is_token_id, prompts)):
         return [prompts]              # one prompt given as token ids
     return prompts
 

@@ -24,10 +24,13 @@ from hypothesis_jsonschema import from_schema
 
 WHITESPACES = ("flexible", "dumps", "compact")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?"
+_SHORT_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,28}[A-Za-z0-9])?"
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 # leapgen's email format is a documented subset of what jsonschema checks (a "@" somewhere): a dot-atom
-# local part and a host name of at most 4 labels (grammars/json_strings.py keeps it within 253 characters).
-EMAIL = re.compile(rf"{_ATEXT}(?:\.{_ATEXT})*@{_LABEL}(?:\.{_LABEL}){{0,3}}")
+# local part and a host name of up to 4 labels of up to 62 characters or up to 8 of up to 30
+# (grammars/json_strings.py keeps it within 253 characters).
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL}){{0,3}}|{_SHORT_LABEL}(?:\.{_SHORT_LABEL}){{4,7}})"
+EMAIL = re.compile(rf"{_ATEXT}(?:\.{_ATEXT})*@{_HOST}")
 CUSTOM_FORMATS = {"uuid": st.uuids().map(str),
                   "email": st.one_of(st.emails(), st.from_regex(EMAIL, fullmatch=True))}
 

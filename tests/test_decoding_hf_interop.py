@@ -69,8 +69,8 @@ def tiny_model(tokenizer):
     return LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("do_sample", [False, True])
-def test_grammar_processor_constrains_transformers_generate(tokenizer, tiny_model, do_sample):
+@pytest.mark.parametrize("do_sample, num_beams", [(False, 1), (True, 1), (False, 3)])
+def test_grammar_processor_constrains_transformers_generate(tokenizer, tiny_model, do_sample, num_beams):
     grammars = pytest.importorskip("leapgen.grammars")
     if not hasattr(grammars, "compile_regex"):
         pytest.skip("leapgen.grammars.compile_regex is not available yet")
@@ -81,7 +81,8 @@ def test_grammar_processor_constrains_transformers_generate(tokenizer, tiny_mode
     torch.manual_seed(1)
     with torch.no_grad():
         out = tiny_model.generate(prompts, attention_mask=torch.ones_like(prompts), logits_processor=[processor],
-                                  do_sample=do_sample, max_new_tokens=30, pad_token_id=tokenizer.eos_token_id,
+                                  do_sample=do_sample, num_beams=num_beams, num_return_sequences=num_beams,
+                                  max_new_tokens=30, pad_token_id=tokenizer.eos_token_id,
                                   eos_token_id=tokenizer.eos_token_id)
     for row in out[:, prompts.shape[1]:].tolist():
         assert tokenizer.eos_token_id in row, "generation must end with eos once the pattern is complete"
@@ -89,12 +90,36 @@ def test_grammar_processor_constrains_transformers_generate(tokenizer, tiny_mode
         assert re.fullmatch(pattern, text), text
 
 
-def test_grammar_processor_rejects_beam_reordering(tokenizer):
+def test_grammar_processor_follows_rows_that_beam_search_reorders(tokenizer):
     grammars = pytest.importorskip("leapgen.grammars")
-    if not hasattr(grammars, "compile_regex"):
-        pytest.skip("leapgen.grammars.compile_regex is not available yet")
+    grammar = grammars.compile_regex("(ab|ba)c", tokenizer)
+    processor = GrammarLogitsProcessor(grammar, eos_token_id=tokenizer.eos_token_id)
+    a, b, c = (tokenizer.encode(ch, add_special_tokens=False)[0] for ch in "abc")
+    prompt = [c, c]
+
+    def masked(rows):
+        scores = processor(torch.tensor([prompt + row for row in rows]), torch.zeros(len(rows), len(tokenizer)))
+        return [set(torch.nonzero(row > float("-inf")).flatten().tolist()) for row in scores]
+
+    def allowed(row):
+        matcher = grammar.matcher()
+        for token in row:
+            matcher.advance(token)
+        return set(matcher.allowed_token_ids().tolist())
+
+    assert masked([[], []]) == [allowed([]), allowed([])]
+    assert masked([[a], [b]]) == [allowed([a]), allowed([b])]
+    # beams swapped rows and one of them forked into both
+    for rows in ([[b, a], [a, b]], [[a, b], [a, b]], [[b, a], [b, a]]):
+        assert masked(rows) == [allowed(row) for row in rows]
+    # a candidate the mask had given -inf (beam search keeps some): its row stays masked whole
+    assert masked([[a, b, c], [b, b, c]]) == [allowed([a, b, c]), set()]
+
+
+def test_a_reused_grammar_processor_is_refused(tokenizer):
+    grammars = pytest.importorskip("leapgen.grammars")
     processor = GrammarLogitsProcessor(grammars.compile_regex("a+", tokenizer), eos_token_id=tokenizer.eos_token_id)
     scores = torch.zeros(2, len(tokenizer))
     processor(torch.zeros(2, 3, dtype=torch.long), scores)
-    with pytest.raises(ValueError, match="started on 2 rows"):
+    with pytest.raises(ValueError, match="started on 2 rows.*fresh processor"):
         processor(torch.zeros(4, 4, dtype=torch.long), torch.zeros(4, len(tokenizer)))

@@ -185,3 +185,26 @@ def test_unsatisfiable_objects_are_still_refused_with_their_pointer():
 def test_an_unknown_order_is_refused():
     with pytest.raises(ValueError, match="property_order"):
         compile_json_schema(PERSON, TOKENIZER, property_order="sorted")
+
+
+@pytest.mark.parametrize("schema", [
+    {"const": {"a": 1, "b": [{"x": True, "y": None}]}},
+    {"enum": [{"a": 1, "b": [{"x": True, "y": None}]}, 3]},
+    {"type": "object", "properties": {"v": {"const": {"a": 1, "b": [{"x": True, "y": None}]}}}, "required": ["v"]},
+])
+def test_objects_an_enum_or_const_lists_take_their_members_in_any_order(schema):
+    grammar = compiled(schema)
+    inner = ['{"x": true, "y": null}', '{"y": null, "x": true}']
+    values = [f'{{"a": 1, "b": [{i}]}}' for i in inner] + [f'{{"b": [{i}], "a": 1}}' for i in inner]
+    wrap = (lambda v: f'{{"v": {v}}}') if "properties" in schema else (lambda v: v)
+    assert all(accepts(grammar, TOKENIZER, wrap(v)) for v in values)
+    for bad in ['{"a": 1}', '{"a": 1, "a": 1, "b": [{"x": true, "y": null}]}', '{"a": 2, "b": [{"x": true, "y": null}]}',
+                '{"a": 1, "b": [{"x": true, "y": null}], "c": 1}', '{"a": 1, "b": [{"x": true}]}']:
+        assert not accepts(grammar, TOKENIZER, wrap(bad)), bad
+
+
+def test_unique_items_from_an_enum_of_objects_count_each_value_once_in_any_order():
+    grammar = compiled({"type": "array", "items": {"enum": [{"a": 1, "b": 2}, {"c": 3}]}, "uniqueItems": True})
+    assert accepts(grammar, TOKENIZER, '[{"b": 2, "a": 1}, {"c": 3}]')
+    assert not accepts(grammar, TOKENIZER, '[{"a": 1, "b": 2}, {"b": 2, "a": 1}]')
+

@@ -1776,11 +1776,44 @@ def chain(levels: int, wrap) -> dict:
     ({"allOf": [{"anyOf": [{"required": [f"a{i}"]}, {"required": [f"b{i}"]}]} for i in range(30)]}, "",
      MAX_SUBSCHEMAS),
     ({"type": "string", "pattern": "(" * 200 + "a" + ")" * 200}, "/pattern", 100),
-], ids=["properties", "anyOf", "items", "const", "items-compiled", "ref-chain", "branches", "pattern"])
+    ({"anyOf": [{"const": i} for i in range(1025)]}, "/anyOf", 1024),
+], ids=["properties", "anyOf", "items", "const", "items-compiled", "ref-chain", "branches", "pattern", "branch-count"])
 def test_limits_raise_with_the_pointer_where_they_are_hit(schema, pointer, limit):
     with pytest.raises(UnsupportedSchemaError, match=f"more than {limit}|deeper than {limit}") as info:
         json_schema_to_grammar(schema)
     assert info.value.pointer == pointer
+
+
+def test_extreme_but_valid_schemas_compile_or_name_their_keyword():
+    tokenizer = byte_level_bpe()
+    tiny = compile_json_schema({"type": "number", "multipleOf": 1e-300}, tokenizer)   # 10**300 overflowed numpy
+    assert accepts(tiny, tokenizer, "1.5") and accepts(tiny, tokenizer, "0." + "0" * 299 + "1")
+    assert not accepts(tiny, tokenizer, "0." + "0" * 300 + "1")
+    largest = compile_json_schema({"type": "number", "minimum": -1.7976931348623157e308,
+                                   "maximum": 1.7976931348623157e308}, tokenizer)
+    assert accepts(largest, tokenizer, "17976931348623157" + "0" * 292)
+    assert not accepts(largest, tokenizer, "17976931348623158" + "0" * 292)
+    with pytest.raises(UnsupportedSchemaError, match="its bounds cannot be enforced exactly .*nested deeper"):
+        compile_json_schema({"type": "number", "minimum": 1e308}, tokenizer)    # 308 digits, each a group deeper
+    twice = compile_json_schema({"properties": {"b": {}}, "required": ["a", "b", "a"]}, tokenizer)
+    assert accepts(twice, tokenizer, '{"b": 1, "a": 2}') and not accepts(twice, tokenizer, '{"b": 1}')
+    many = compile_json_schema({"type": "array", "prefixItems": [{"const": i} for i in range(300)], "items": False},
+                               tokenizer)
+    assert accepts(many, tokenizer, json.dumps(list(range(300)))) and accepts(many, tokenizer, "[0, 1]")
+    assert not accepts(many, tokenizer, json.dumps(list(range(301)))) and not accepts(many, tokenizer, "[1]")
+    at_least_many = compile_json_schema({"type": "array", "minItems": 10 ** 5}, tokenizer)   # was written out
+    assert at_least_many.matcher().completion_tokens() is not None
+    small = compile_json_schema({"type": "array", "minItems": 40}, tokenizer)
+    assert accepts(small, tokenizer, json.dumps([1] * 40)) and not accepts(small, tokenizer, json.dumps([1] * 39))
+    assert compile_json_schema({"anyOf": [{"const": i} for i in range(1024)]}, tokenizer)
+
+
+def test_hosts_of_up_to_eight_short_labels_are_names():
+    tokenizer = byte_level_bpe()
+    host = compile_json_schema({"type": "string", "format": "hostname"}, tokenizer)
+    for name, valid in [("mail.eu.west.example.com", True), ("a.b.c.d.e.f.g.h", True), ("x" * 62 + ".com", True),
+                        ("a.b.c.d.e.f.g.h.i", False), ("x" * 31 + ".a.b.c.d", False), ("-a.com", False)]:
+        assert accepts(host, tokenizer, json.dumps(name)) == valid, name
 
 
 def test_schemas_inside_the_limits_compile():

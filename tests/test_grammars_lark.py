@@ -121,6 +121,8 @@ def test_matcher_on_cl100k_reaches_a_json_document():
         ("start: a\na: b \"x\"\nb: a | \"y\"\n", "left-recursive", None),
         ('start: "x"\n  | ' + "(" * 200 + '"a"' + ")" * 200, f"brackets nested deeper than {MAX_NESTING}", 2),
         ("start: A\nA: /" + "(" * 200 + "a" + ")" * 200 + "/\n", f"groups nested deeper than {MAX_GROUP_DEPTH}", 2),
+        ("start: X\n%import .other.X\n", r"%import .other.X: only lark's own grammars", 2),   # would read a file
+        ("start: X\n\n%import os.X\n", r"%import os.X: only lark's own grammars", 3),
     ],
 )
 def test_bad_grammars(text, message, line):

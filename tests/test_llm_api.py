@@ -13,6 +13,7 @@ import torch
 
 import leapgen
 from leapgen import Regex, SamplingParams
+from leapgen.engine.admission import RequestError
 from leapgen.engine.llm_engine import CPU_KV_CACHE_CAP
 from leapgen.engine.model_runner import cache_block_bytes
 
@@ -98,6 +99,79 @@ def test_generate_iter_yields_as_requests_finish_and_bounds_what_is_queued(llm):
     assert [seen[i].token_ids for i in range(7)] == [o.token_ids for o in expected[:7]]
     assert seen[7].finish_reason == "error" and "prompts[7]" in seen[7].error
     assert not llm.engine.has_unfinished
+
+
+def test_generate_iter_takes_one_prompt_as_generate_does(llm):
+    params = SamplingParams(max_tokens=3)
+    assert [(i, o.token_ids) for i, o in llm.generate_iter("hello", params)] == \
+        [(0, llm.generate("hello", params)[0].token_ids)]
+    ids = llm.tokenizer.encode("hello")
+    assert [i for i, _ in llm.generate_iter(ids, params)] == [0]
+    assert llm.generate([torch.tensor(ids).numpy().tolist()], params)[0].prompt_token_ids == ids
+
+
+def test_params_changed_after_they_were_made_are_checked_again(llm):
+    params = SamplingParams(max_tokens=3)
+    params.n = 0
+    with pytest.raises(RequestError, match=r"prompts\[0\]: SamplingParams.n must be an int >= 1"):
+        llm.generate("x", params)
+    output = llm.generate(["x"], params, on_error="return")[0]
+    assert output.finish_reason == "error" and "SamplingParams.n" in output.error
+    assert not llm.engine.has_unfinished
+
+
+def test_token_ids_as_json_or_numpy_gives_them(llm):
+    import numpy as np
+    assert SamplingParams(logit_bias={"5": 1.5, np.int64(6): -2}).logit_bias == {5: 1.5, 6: -2}
+    assert SamplingParams(seed=np.int64(3)).seed == 3
+    with pytest.raises(ValueError, match="logit_bias keys must be token ids, got 'a'"):
+        SamplingParams(logit_bias={"a": 1.0})
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=[True])
+    ids = llm.tokenizer.encode("hello")
+    assert llm.generate([list(np.array(ids))], SamplingParams(max_tokens=2))[0].prompt_token_ids == ids
+
+
+def test_wrong_argument_types_name_the_argument(llm, byte_level_model_dir):
+    with pytest.raises(TypeError, match="prompts must be a string, a list of token ids or a list of those, got "
+                                        "NoneType"):
+        llm.generate(None)
+    with pytest.raises(TypeError, match="params must be leapgen.SamplingParams .*got dict"):
+        llm.generate("x", {"max_tokens": 2})
+    with pytest.raises(RequestError, match=r"prompts\[0\]: .*got a list holding str at \[0\]"):
+        llm.generate([["a", "b"]])
+    with pytest.raises(TypeError, match="seed must be an int or None, got str"):
+        leapgen.LLM(byte_level_model_dir, seed="x")
+    with pytest.raises(TypeError, match="model must be a path"):
+        leapgen.LLM(123)
+    with pytest.raises(ValueError, match="num_speculative_tokens missing"):
+        leapgen.LLM(byte_level_model_dir, speculative={"method": "ngram"})
+
+
+def test_a_request_failing_while_it_runs_names_its_prompt_in_either_mode(llm):
+    def boom(input_ids, scores):
+        raise RuntimeError("boom")
+
+    params = [SamplingParams(max_tokens=3), SamplingParams(max_tokens=3, logits_processors=[boom])]
+    for on_error in ("raise", "return"):
+        ok, failed = llm.generate(["a", "b"], params, on_error=on_error)
+        assert ok.finish_reason == "length" and failed.finish_reason == "error"
+        assert failed.error.startswith("prompts[1]: ") and "boom" in failed.error
+    assert llm.generate("a", params[0])[0].token_ids == ok.token_ids
+
+
+def test_logprobs_under_a_constraint_describe_every_output_token(llm):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4}}, "required": ["name"]}
+    for params in (SamplingParams(max_tokens=30, logprobs=1), SamplingParams(max_tokens=30, logprobs=0, n=2,
+                                                                              temperature=1.0, seed=3)):
+        for completion in llm.generate("x", params, constraint=leapgen.JsonSchema(schema))[0].outputs:
+            assert [entry.token_id for entry in completion.logprobs] == completion.token_ids
+    plain = llm.generate("x", SamplingParams(max_tokens=30), constraint=leapgen.JsonSchema(schema))[0]
+    asked = llm.generate("x", SamplingParams(max_tokens=30, logprobs=1), constraint=leapgen.JsonSchema(schema))[0]
+    assert asked.token_ids == plain.token_ids and llm.engine.num_forced_tokens    # logprobs change no token
+    forced = [entry for entry in asked.outputs[0].logprobs if entry.forced]
+    assert forced and all(entry.logprob == 0.0 and not entry.top for entry in forced)
+    assert asked.outputs[0].cumulative_logprob == sum(entry.logprob for entry in asked.outputs[0].logprobs)
 
 
 @pytest.mark.parametrize("env,expected", [({}, "50000"), ({"GOMP_SPINCOUNT": "7"}, "7"),
