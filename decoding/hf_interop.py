@@ -54,7 +54,10 @@ class GrammarLogitsProcessor(LogitsProcessor):
     finished: transformers pads it from then on, so it is not masked.  Beam search keeps some candidates the mask
     gave -inf where too few tokens are allowed; such a row is dead: every token is masked, so it stays at -inf.
     `vocab_size` is the tokenizer's size (the bitmask width) when the model's logits are wider.  Works with greedy,
-    sampling and beam search; use a fresh processor per `generate` call.
+    sampling and beam search; use a fresh processor per `generate` call.  Where fewer hypotheses inside the grammar
+    finish than `num_return_sequences` asks (a language of fewer texts, a `length_penalty` <= 0 that ranks an early
+    eos of a dead beam high), transformers fills the rest with dead ones, scored -1e9 in `sequences_scores`
+    (`return_dict_in_generate=True, output_scores=True`): drop those.
     """
 
     def __init__(self, grammar: TokenConstraint, eos_token_id: int | Sequence[int], vocab_size: int | None = None):

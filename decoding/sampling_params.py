@@ -4,8 +4,9 @@ trust them."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any
 
 from leapgen.decoding.constraint import ConstraintSpec
@@ -50,18 +51,18 @@ class SamplingParams:
     #                                     (beam search never does)
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Normalise the fields given in other spellings, then raise ValueError naming the first bad one.  Run at
+        construction and again when a request is admitted: a field set after construction (`params.n = 0`,
+        `params.stop = "x"`) is read the same way."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if isinstance(self.seed, Integral) and not isinstance(self.seed, bool):
             self.seed = int(self.seed)      # numpy's integers too
         if isinstance(self.logit_bias, dict):
-            # token ids as OpenAI's JSON sends them ("50256") and as numpy gives them, read as ints
-            self.logit_bias = {_token_key(token): bias for token, bias in self.logit_bias.items()}
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field.  Run at construction and again when a request is admitted:
-        a field set after construction (`params.n = 0`) is checked too."""
+            self.logit_bias = _logit_bias(self.logit_bias)
         self._check_int("max_tokens", minimum=1)
         self._check_int("min_tokens", minimum=0)
         self._check_int("top_k", minimum=0)
@@ -83,8 +84,9 @@ class SamplingParams:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or not 0 <= value <= MAX_LOGPROBS):
                 raise ValueError(f"SamplingParams.{name} must be None or an int in [0, {MAX_LOGPROBS}], got {value!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"SamplingParams.seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not -2 ** 63 <= self.seed < 2 ** 64):
+            raise ValueError(f"SamplingParams.seed must be an int of 64 bits or None, got {self.seed!r}")
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
         if self.stop_token_ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
@@ -127,11 +129,16 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.{name} {requirement}, got {value!r}")
 
 
-def _token_key(token: object) -> object:
-    """A logit_bias key as an int where it is one (numpy's integers, decimal strings); else as given, for
-    `validate` to name."""
-    if isinstance(token, Integral) and not isinstance(token, bool):
-        return int(token)
-    if isinstance(token, str) and token.strip().lstrip("-").isdigit():
-        return int(token)
-    return token
+def _logit_bias(bias: dict) -> dict:
+    """`logit_bias` with its token ids as ints where they are given as OpenAI's JSON sends them ("50256") or as
+    numpy's integers, and its biases as floats where numpy's; other keys are left for `validate` to name."""
+    out: dict = {}
+    for token, value in bias.items():
+        if isinstance(token, Integral) and not isinstance(token, bool):
+            token = int(token)
+        elif isinstance(token, str) and re.fullmatch(r"-?[0-9]+", token.strip()):
+            token = int(token)
+        if token in out:
+            raise ValueError(f"SamplingParams.logit_bias gives token {token!r} twice")
+        out[token] = float(value) if isinstance(value, Real) and not isinstance(value, (bool, int, float)) else value
+    return out

@@ -386,7 +386,8 @@ class LLMEngine:
             room = state.seq.params.max_tokens - state.seq.num_output_tokens
             for forced in state.constraint.jump(self.vocabulary.eos_ids, room):
                 if state.completion.logprobs is not None:   # one entry per output token, this one without a forward
-                    state.record_logprob(TokenLogprob(forced, 0.0, forced=True))
+                    top = {forced: 0.0} if state.seq.params.logprobs else {}    # its one alternative: itself
+                    state.record_logprob(TokenLogprob(forced, 0.0, top, forced=True))
                 state.append(forced)
                 self.num_forced_tokens += 1
                 metrics.forced_tokens += 1

@@ -10,7 +10,7 @@ from typing import Any
 class TokenLogprob:
     """One generated token's log-probability and the `top` alternatives (id -> logprob), best first.  A `forced`
     token is one a constraint allowed alone, appended by a forced-token jump without a forward pass of its own: its
-    logprob is 0.0 (certain under the constraint) and it has no alternatives."""
+    logprob is 0.0 (certain under the constraint) and its one alternative is itself."""
 
     token_id: int
     logprob: float

@@ -11,7 +11,7 @@ from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (NUMBER_KEYS, STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext,
                                   count_of, enum_values, narrow_types, satisfying)
 from .json_schema_ir import EMPTY, NEVER, Counting, at_most_size, choice, inlined_size, literal, optional, repeat, seq
-from .json_schema_scalars import distinct_texts, number, string_terminal, unordered_objects
+from .json_schema_scalars import distinct_texts, fractions_allowed, number, string_terminal, unordered_objects
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
 # `contains` counts items and matches together: one rule per (items written, matches so far) pair.
@@ -296,8 +296,9 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
     else:
         hi = len(values) if hi is None else min(hi, len(values))
         objects = unordered_objects(ctx, parts[0])     # each value one member, however its keys are ordered
-        members = Members(pu.arr_open, tuple(literal(v, pu, objects=objects) for v in values), pu.comma, pu.arr_close,
-                          min=lo, max=hi)
+        allowed = fractions_allowed(ctx, rest, values)    # (draft-04: 1.0 is no integer)
+        members = Members(pu.arr_open, tuple(literal(v, pu, f, objects) for v, f in zip(values, allowed)), pu.comma,
+                          pu.arr_close, min=lo, max=hi)
     alternatives = [pu.arr_empty] if lo == 0 else []
     if hi is None or hi >= max(lo, 1):
         name = ctx.rule_name(f"{pointer}_unique")

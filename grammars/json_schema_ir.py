@@ -220,7 +220,7 @@ INTEGRAL_TAIL = r"(?:\.0+)?"   # an integer's optional zero fraction
 
 
 def literal(value: Any, punct: Punctuation, fractions: bool = True,
-            objects: Callable[[dict], Expr] | None = None) -> Expr:
+            objects: Callable[[dict, bool], Expr] | None = None) -> Expr:
     """The JSON value `value` (from an enum or const), in the given whitespace style; `fractions`: its integers
     may also be written with a zero fraction (2.0), which draft-04 does not call an integer; `objects`: where
     given, what writes an object of two or more members, at any depth (its members in any order)."""
@@ -238,7 +238,7 @@ def literal(value: Any, punct: Punctuation, fractions: bool = True,
         return seq(*items, punct.arr_close)
     if isinstance(value, dict):
         if objects is not None and len(value) > 1:
-            return objects(value)
+            return objects(value, fractions)
         if not value:
             return punct.obj_empty
         items = [punct.obj_open]

@@ -77,7 +77,7 @@ class _ObjectBuilder:
                 expect(isinstance(needed, list) and all(isinstance(n, str) for n in needed),
                        f"{key} lists must hold strings", p.at(key, trigger))
                 self.dependents.setdefault(trigger, [])
-                self.dependents[trigger] += [n for n in needed if n not in self.dependents[trigger]]
+                self.dependents[trigger] += [n for n in dict.fromkeys(needed) if n not in self.dependents[trigger]]
         n = count_of(p, "minProperties")
         self.min_props = max(self.min_props, n) if n is not None else self.min_props
         n = count_of(p, "maxProperties")

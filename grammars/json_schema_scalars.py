@@ -13,7 +13,7 @@ from typing import Any, Callable
 from .errors import SchemaError, UnsupportedSchemaError
 from .automaton import terminal_for
 from .fsm import DFA, product, union
-from .ir import Capture, Choice, Expr, Language, Lit, Ref, Seq, Terminal
+from .ir import Capture, Choice, Expr, Language, Lit, Members, Ref, Seq, Terminal
 from .json_numbers import (CANONICAL, DECIMAL, INTEGER, INTEGER_VALUE, NUMBER, Multiples, at_least, at_most,
                            common_multiple, digit_cap, multiples_of)
 from .json_schema_context import (STRING_KEYS, Part, SchemaContext, count_of, enum_values, expect, is_number,
@@ -36,7 +36,7 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
         values = [_spelled(v, int) for v in values]
     try:
         values = satisfying(ctx, parts, values)
-        allowed = _fractions_allowed(ctx, parts, values)
+        allowed = fractions_allowed(ctx, parts, values)
     except Exception as exc:  # unresolvable refs, bad regexes: the schema itself is at fault
         raise SchemaError(f"cannot check enum values against the schema: {exc}", parts[0].pointer) from None
     if not values:
@@ -52,23 +52,25 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
                                if not is_number(v))])
 
 
-def unordered_objects(ctx: SchemaContext, part: Part) -> Callable[[dict], Expr] | None:
+def unordered_objects(ctx: SchemaContext, part: Part) -> Callable[[dict, bool], Expr] | None:
     """Under property_order="any", what writes an object that an enum or const lists (`literal`'s `objects`): an
-    object's rule holding each member to its value, so the members come in any order as they do elsewhere; None
-    in schema order."""
+    object's rule holding each member to its value, all of them required, so they come in any order as members
+    do elsewhere; None in schema order."""
     if ctx.options.property_order != "any":
         return None
-    return lambda value: ctx.compile([part.derived(_members_held(value), "object value in any order")])
+    pu = ctx.punct
+
+    def written(value: dict, fractions: bool) -> Expr:
+        members = tuple(ctx.share(seq(Lit(json_text(key)), pu.colon, literal(item, pu, fractions, written)),
+                                  part.pointer) for key, item in value.items())
+        name = ctx.rule_name(part.pointer + "_listed_object")
+        ctx.rules[name] = Members(pu.obj_open, members, pu.comma, pu.obj_close, required=frozenset(range(len(members))))
+        return Ref(name)
+
+    return written
 
 
-def _members_held(value: dict) -> dict:
-    """The object schema whose instances are `value`, key order aside: each member held to its value (enum: const
-    is not a draft-04 keyword), all of them required, no other."""
-    return {"type": "object", "properties": {key: {"enum": [item]} for key, item in value.items()},
-            "required": list(value), "additionalProperties": False}
-
-
-def _fractions_allowed(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list[bool]:
+def fractions_allowed(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list[bool]:
     """Per value, whether its integers may also be written with a zero fraction (2.0): everywhere but under
     draft-04, where only a value that still holds so written may."""
     if not ctx.draft4:

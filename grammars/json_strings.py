@@ -575,12 +575,57 @@ def _is_start(node) -> bool:
 def _parse(pattern: str, pointer: str):
     try:
         check_group_depth(pattern)
-        parsed = parse_quietly(pattern)
+        parsed = parse_quietly(_as_python(pattern, pointer))
     except (re.error, OverflowError, RegexError) as exc:
         raise UnsupportedSchemaError(f"pattern {pattern!r} cannot be parsed: {exc}", pointer) from None
     if parsed.state.flags & re.IGNORECASE:
         raise UnsupportedSchemaError(f"pattern {pattern!r}: inline flags cannot be compiled exactly", pointer)
     return parsed
+
+
+_NOT_ECMA = {"\\A": "\\A (write ^)", "\\Z": "\\Z (write $)", "(?P": "(?P...) (ECMA names a group (?<name>...))"}
+
+
+def _as_python(pattern: str, pointer: str) -> str:
+    """An ECMA-262 `pattern` in the syntax of Python's regex parser, which reads the rest alike: a named group
+    `(?<name>...)` as `(?P<name>...)`, the class `[^]` as any character.  What Python would read otherwise is
+    refused: `[]` (nothing in ECMA; Python reads on to the next `]`), `\\A` and `\\Z` (ECMA's identity escapes,
+    letters), `(?P` (an ECMA syntax error) and `{,n}` (ECMA's literal text, Python's quantifier: jsonschema's Python
+    `re` and an ECMA validator would disagree on it)."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        two = pattern[i:i + 2]
+        if two[0] == "\\":
+            if two in _NOT_ECMA and not in_class:
+                raise UnsupportedSchemaError(f"pattern {pattern!r}: {_NOT_ECMA[two]} is Python's syntax, not "
+                                             "ECMA-262's", pointer)
+            out.append(two)
+            i += 2
+            continue
+        if in_class:
+            in_class = two[0] != "]"
+        elif two[0] == "[":
+            in_class = True
+            if pattern.startswith("[]", i):     # (Python reads on to the next `]`)
+                raise UnsupportedSchemaError(f"pattern {pattern!r}: the empty class [] matches nothing", pointer)
+            if pattern.startswith("[^]", i):    # ECMA's class of any character
+                out.append("[\\s\\S]")
+                i += 3
+                in_class = False
+                continue
+        elif pattern.startswith("(?P", i):
+            raise UnsupportedSchemaError(f"pattern {pattern!r}: {_NOT_ECMA['(?P']} is Python's syntax, not "
+                                         "ECMA-262's", pointer)
+        elif pattern.startswith("(?<", i) and pattern[i + 3:i + 4] not in ("=", "!"):
+            out.append("(?P<")
+            i += 3
+            continue
+        elif re.match(r"\{,[0-9]+\}", pattern[i:]):
+            raise UnsupportedSchemaError(f"pattern {pattern!r}: {{,n}} is literal text in ECMA-262 and a quantifier "
+                                         "in Python; write {0,n}, or \\{,n\\} for the text", pointer)
+        out.append(two[0])
+        i += 1
+    return "".join(out)
 
 
 def _search_regex(tr: _Translator, nodes: list) -> str:
@@ -766,7 +811,7 @@ def pattern_length_range(pattern: str) -> tuple[int, int | None]:
     """Fewest and most decoded characters of a string containing a match of ECMA `pattern` (most: None when
     unbounded); the pattern must be one pattern_regex translates."""
     widths = []
-    for start, end, nodes in _alternatives(parse_quietly(pattern).data):
+    for start, end, nodes in _alternatives(parse_quietly(_as_python(pattern, "")).data):
         lo, hi = _sre.SubPattern(_sre.State(), nodes).getwidth()
         widths.append((lo, hi if start and end and hi < _c.MAXREPEAT else None))
     longest = [hi for _, hi in widths]

@@ -75,7 +75,9 @@ def _check_nesting(text: str) -> None:
 # the grammars that ship inside lark; any other %import reads a file, relative to the process's directory (a
 # server would open files a request names)
 _BUNDLED = ("common", "lark", "python", "unicode")
-_IMPORT = re.compile(r"^[ \t]*%import[ \t]+(\S+?)(?=[ \t(\n]|->|$)", re.M)
+# anywhere, not only at a line's start: lark's lexer also takes \r, \f and \v before a statement and a backslash
+# that continues a line (a %import inside a string literal is refused too, needlessly but safely)
+_IMPORT = re.compile(r"%import(?:\s|\\)+([.\w]*)")
 
 
 def _check_imports(text: str) -> None:
@@ -113,7 +115,7 @@ def _load(text: str):
         line = _line_of(text, m.group(1)) if m else None
         m2 = re.search(r"at line (\d+)", message)
         raise LarkGrammarError(f"invalid lark grammar: {message}", int(m2.group(1)) if m2 else line) from None
-    except AnyLarkError as e:
+    except (AnyLarkError, AssertionError) as e:     # (lark asserts where an import fails)
         raise LarkGrammarError(f"invalid lark grammar: {str(e).strip().splitlines()[0]}") from None
 
 

@@ -52,6 +52,8 @@ class LLM:
                             f"{type(model).__name__}")
         if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if seed is not None and not -2 ** 63 <= seed < 2 ** 64:
+            raise ValueError(f"seed must fit in 64 bits, got {seed}")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         path = default_model_path() if model is None else Path(model)

@@ -208,3 +208,10 @@ def test_unique_items_from_an_enum_of_objects_count_each_value_once_in_any_order
     assert accepts(grammar, TOKENIZER, '[{"b": 2, "a": 1}, {"c": 3}]')
     assert not accepts(grammar, TOKENIZER, '[{"a": 1, "b": 2}, {"b": 2, "a": 1}]')
 
+
+def test_listed_objects_keep_draft_04s_integers_in_any_order():
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "properties": {"v": {"type": "integer"}},
+              "enum": [{"v": 1, "w": 2}]}
+    grammar = compiled(schema)
+    assert accepts(grammar, TOKENIZER, '{"w": 2, "v": 1}') and not accepts(grammar, TOKENIZER, '{"v": 1.0, "w": 2}')
+

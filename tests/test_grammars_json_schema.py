@@ -1797,6 +1797,12 @@ def test_extreme_but_valid_schemas_compile_or_name_their_keyword():
         compile_json_schema({"type": "number", "minimum": 1e308}, tokenizer)    # 308 digits, each a group deeper
     twice = compile_json_schema({"properties": {"b": {}}, "required": ["a", "b", "a"]}, tokenizer)
     assert accepts(twice, tokenizer, '{"b": 1, "a": 2}') and not accepts(twice, tokenizer, '{"b": 1}')
+    needs = compile_json_schema({"type": "object", "dependentRequired": {"a": ["b", "b"]}}, tokenizer)
+    assert accepts(needs, tokenizer, '{"b": 2, "a": 1}') and not accepts(needs, tokenizer, '{"a": 1}')
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#"}
+    unique = compile_json_schema({**draft4, "type": "array", "uniqueItems": True,
+                                  "items": {"type": "integer", "enum": [1, 2]}}, tokenizer)
+    assert accepts(unique, tokenizer, "[1, 2]") and not accepts(unique, tokenizer, "[1.0]")   # no integer there
     many = compile_json_schema({"type": "array", "prefixItems": [{"const": i} for i in range(300)], "items": False},
                                tokenizer)
     assert accepts(many, tokenizer, json.dumps(list(range(300)))) and accepts(many, tokenizer, "[0, 1]")
@@ -1806,6 +1812,24 @@ def test_extreme_but_valid_schemas_compile_or_name_their_keyword():
     small = compile_json_schema({"type": "array", "minItems": 40}, tokenizer)
     assert accepts(small, tokenizer, json.dumps([1] * 40)) and not accepts(small, tokenizer, json.dumps([1] * 39))
     assert compile_json_schema({"anyOf": [{"const": i} for i in range(1024)]}, tokenizer)
+
+
+@pytest.mark.parametrize("pattern, refused", [("^a{,2}$", "{,n} is literal text in ECMA-262"),
+                                              ("^a\\Z", "\\\\Z \\(write \\$\\) is Python's syntax"),
+                                              ("\\Aa", "\\\\A \\(write \\^\\)"), ("(?P<x>a)", "ECMA names a group"),
+                                              ("^[]a]$", "the empty class")])
+def test_patterns_python_reads_otherwise_than_ecma_are_refused(pattern, refused):
+    with pytest.raises(UnsupportedSchemaError, match=refused) as info:
+        compile_json_schema({"type": "string", "pattern": pattern}, byte_level_bpe())
+    assert info.value.pointer == "/pattern"
+
+
+def test_ecma_named_groups_and_the_class_of_any_character_compile():
+    tokenizer = byte_level_bpe()
+    named = compile_json_schema({"type": "string", "pattern": "^(?<x>a)+(?<y>b)$"}, tokenizer)
+    assert accepts(named, tokenizer, '"aab"') and not accepts(named, tokenizer, '"b"')
+    anything = compile_json_schema({"type": "string", "pattern": "^a[^]b$"}, tokenizer)
+    assert accepts(anything, tokenizer, '"a\\nb"') and not accepts(anything, tokenizer, '"ab"')
 
 
 def test_hosts_of_up_to_eight_short_labels_are_names():

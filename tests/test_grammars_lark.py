@@ -123,6 +123,8 @@ def test_matcher_on_cl100k_reaches_a_json_document():
         ("start: A\nA: /" + "(" * 200 + "a" + ")" * 200 + "/\n", f"groups nested deeper than {MAX_GROUP_DEPTH}", 2),
         ("start: X\n%import .other.X\n", r"%import .other.X: only lark's own grammars", 2),   # would read a file
         ("start: X\n\n%import os.X\n", r"%import os.X: only lark's own grammars", 3),
+        ("start: X\r\n%import .other.X\r\n", r"%import .other.X", 2),   # as lark's lexer reads lines too
+        ("start: X\n\x0c%import\\\n .other.X\n", r"%import .other.X", 2),
     ],
 )
 def test_bad_grammars(text, message, line):

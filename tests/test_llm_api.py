@@ -128,6 +128,13 @@ def test_token_ids_as_json_or_numpy_gives_them(llm):
         SamplingParams(logit_bias={"a": 1.0})
     with pytest.raises(ValueError, match="stop_token_ids"):
         SamplingParams(stop_token_ids=[True])
+    for bad, message in (({"²": 1.0}, "keys must be token ids, got '²'"), ({"5": 1.0, 5: 2.0}, "token 5 twice")):
+        with pytest.raises(ValueError, match=message):
+            SamplingParams(logit_bias=bad)
+    later = SamplingParams(max_tokens=2)
+    later.stop, later.seed, later.logit_bias = "9x", np.int64(3), {"5": 1.0}     # read as the constructor reads them
+    later.validate()
+    assert (later.stop, later.seed, later.logit_bias) == (["9x"], 3, {5: 1.0})
     ids = llm.tokenizer.encode("hello")
     assert llm.generate([list(np.array(ids))], SamplingParams(max_tokens=2))[0].prompt_token_ids == ids
 
@@ -170,7 +177,7 @@ def test_logprobs_under_a_constraint_describe_every_output_token(llm):
     asked = llm.generate("x", SamplingParams(max_tokens=30, logprobs=1), constraint=leapgen.JsonSchema(schema))[0]
     assert asked.token_ids == plain.token_ids and llm.engine.num_forced_tokens    # logprobs change no token
     forced = [entry for entry in asked.outputs[0].logprobs if entry.forced]
-    assert forced and all(entry.logprob == 0.0 and not entry.top for entry in forced)
+    assert forced and all(entry.logprob == 0.0 and entry.top == {entry.token_id: 0.0} for entry in forced)
     assert asked.outputs[0].cumulative_logprob == sum(entry.logprob for entry in asked.outputs[0].logprobs)
 
 
