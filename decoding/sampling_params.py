@@ -13,6 +13,8 @@ from leapgen.decoding.constraint import ConstraintSpec
 
 _GREEDY_BELOW = 1e-5    # temperatures under this decode greedily
 
+_MAX_BIAS = 1e6     # past this a bias pushes a float32 logit towards inf, which leaves nothing to sample
+
 MAX_LOGPROBS = 20   # top alternatives per token; as OpenAI's API, and bounded so a typo cannot sort the vocabulary
 
 
@@ -97,9 +99,10 @@ class SamplingParams:
         for token, bias in (self.logit_bias or {}).items():
             if not isinstance(token, int) or isinstance(token, bool):
                 raise ValueError(f"SamplingParams.logit_bias keys must be token ids, got {token!r}")
-            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == math.inf:
-                raise ValueError(f"SamplingParams.logit_bias[{token!r}] must be a number (or -inf to ban the token), "
-                                 f"got {bias!r}")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias > _MAX_BIAS \
+                    or isinstance(bias, int) and bias < -1e300:   # (an int no float holds)
+                raise ValueError(f"SamplingParams.logit_bias[{token!r}] must be a number up to {_MAX_BIAS:g} (or -inf "
+                                 f"to ban the token), got {bias!r}")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"SamplingParams.early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         for i, processor in enumerate(self.logits_processors):
@@ -136,9 +139,14 @@ def _logit_bias(bias: dict) -> dict:
     for token, value in bias.items():
         if isinstance(token, Integral) and not isinstance(token, bool):
             token = int(token)
-        elif isinstance(token, str) and re.fullmatch(r"-?[0-9]+", token.strip()):
+        elif isinstance(token, str) and re.fullmatch(r"-?[0-9]{1,18}", token.strip()):
             token = int(token)
         if token in out:
             raise ValueError(f"SamplingParams.logit_bias gives token {token!r} twice")
-        out[token] = float(value) if isinstance(value, Real) and not isinstance(value, (bool, int, float)) else value
+        if isinstance(value, Real) and not isinstance(value, (bool, int, float)):
+            try:
+                value = float(value)    # numpy's numbers
+            except OverflowError:
+                pass                    # (left for `validate` to name)
+        out[token] = value
     return out

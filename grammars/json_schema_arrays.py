@@ -11,7 +11,8 @@ from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (NUMBER_KEYS, STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext,
                                   count_of, enum_values, narrow_types, satisfying)
 from .json_schema_ir import EMPTY, NEVER, Counting, at_most_size, choice, inlined_size, literal, optional, repeat, seq
-from .json_schema_scalars import distinct_texts, fractions_allowed, number, string_terminal, unordered_objects
+from .json_schema_scalars import (distinct_texts, fractions_allowed, number, spelled_values, string_terminal,
+                                  unordered_objects)
 
 _MAX_UNIQUE_VALUES = 256  # each is a guarded call edge that every mask at an item's start checks
 # `contains` counts items and matches together: one rule per (items written, matches so far) pair.
@@ -339,7 +340,7 @@ def _finite_values(ctx: SchemaContext, parts: list[Part]) -> list[Any] | None:
     parts = expanded[0]
     values = enum_values(parts)
     if values is not None:
-        return satisfying(ctx, parts, values)
+        return satisfying(ctx, parts, spelled_values(ctx, values))
     branches = Branches()
     for p in parts:
         narrow_types(p, branches)

@@ -32,8 +32,7 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
     """The enum/const values of `parts` that satisfy every other keyword of the conjunction."""
     values = enum_values(parts)
     assert values is not None
-    if ctx.draft4:    # draft-04 judges an integer by its spelling (1 is one, 1.0 is not), not by the enum's
-        values = [_spelled(v, int) for v in values]
+    values = spelled_values(ctx, values)
     try:
         values = satisfying(ctx, parts, values)
         allowed = fractions_allowed(ctx, parts, values)
@@ -78,6 +77,12 @@ def fractions_allowed(ctx: SchemaContext, parts: list[Part], values: list[Any]) 
     floated = [_spelled(v, float) for v in values]
     holding = set(map(id, satisfying(ctx, parts, floated)))
     return [id(f) in holding for f in floated]
+
+
+def spelled_values(ctx: SchemaContext, values: list[Any]) -> list[Any]:
+    """Enum values as a check should read them: draft-04 judges an integer by its spelling (1 is one, 1.0 is not),
+    not by the enum's, so there its integral numbers are checked as ints."""
+    return [_spelled(v, int) for v in values] if ctx.draft4 else values
 
 
 def _spelled(value: Any, kind: type) -> Any:

@@ -9,6 +9,7 @@ bijection, a regex over decoded text translates character by character.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -27,6 +28,7 @@ from .regex import (REGEX_META, check_group_depth, complement_ranges, dfa_fullma
                     regex_dfa, terminal_dfa)
 
 MAX_CODE_POINT = 0x10FFFF
+_encoded = json.JSONEncoder(ensure_ascii=False).encode    # a string as this module's regexes spell it
 
 # Intervals of code points (inclusive, sorted, disjoint).
 CharSet = tuple[tuple[int, int], ...]
@@ -534,6 +536,17 @@ def pattern_regexes(pattern: str, pointer: str = "") -> PatternRegexes:
         raise UnsupportedSchemaError(exc.reason, pointer) from None
 
 
+def ecma_search(pattern: str, text: str) -> bool:
+    """Whether `text` holds a match of the ECMA `pattern`, read as the grammar reads it (the compiler's checks of
+    enum values and keys with jsonschema use this, so that they agree with the automata); where the pattern is one
+    the automata refuse (a lookbehind), as Python's `re` reads it."""
+    try:
+        regexes = pattern_regexes(pattern)
+    except UnsupportedSchemaError:
+        return re.search(pattern, text) is not None
+    return regexes.matches(_encoded(text))
+
+
 # memoised by the pattern alone: a schema repeats one pattern under many properties (a parse of a pattern of a
 # thousand alternatives takes milliseconds), and the pointer only names where a refused one was met
 @lru_cache(maxsize=MEMO_SIZE)
@@ -574,8 +587,9 @@ def _is_start(node) -> bool:
 
 def _parse(pattern: str, pointer: str):
     try:
-        check_group_depth(pattern)
-        parsed = parse_quietly(_as_python(pattern, pointer))
+        python = _as_python(pattern, pointer)
+        check_group_depth(python)
+        parsed = parse_quietly(python)
     except (re.error, OverflowError, RegexError) as exc:
         raise UnsupportedSchemaError(f"pattern {pattern!r} cannot be parsed: {exc}", pointer) from None
     if parsed.state.flags & re.IGNORECASE:
@@ -583,20 +597,23 @@ def _parse(pattern: str, pointer: str):
     return parsed
 
 
-_NOT_ECMA = {"\\A": "\\A (write ^)", "\\Z": "\\Z (write $)", "(?P": "(?P...) (ECMA names a group (?<name>...))"}
+_NOT_ECMA = {"\\A": "\\A (write ^)", "\\Z": "\\Z (write $)", "\\a": "\\a (write \\x07)",
+             "\\U": "\\U (write the character)", "\\N": "\\N{...} (write the character)",
+             "(?P": "(?P...) (ECMA names a group (?<name>...))"}
+_INLINE_FLAGS = re.compile(r"\(\?(?:#|[aiLmsux-]+[:)])")    # Python's comments and inline flags; ECMA has neither
 
 
 def _as_python(pattern: str, pointer: str) -> str:
     """An ECMA-262 `pattern` in the syntax of Python's regex parser, which reads the rest alike: a named group
     `(?<name>...)` as `(?P<name>...)`, the class `[^]` as any character.  What Python would read otherwise is
-    refused: `[]` (nothing in ECMA; Python reads on to the next `]`), `\\A` and `\\Z` (ECMA's identity escapes,
-    letters), `(?P` (an ECMA syntax error) and `{,n}` (ECMA's literal text, Python's quantifier: jsonschema's Python
-    `re` and an ECMA validator would disagree on it)."""
+    refused: `[]` (nothing in ECMA; Python reads on to the next `]`), `\\A`, `\\Z`, `\\a`, `\\U`, `\\N` (ECMA's
+    identity escapes, letters), `(?P`, inline flags and comments (ECMA syntax errors) and `{,n}` (ECMA's literal
+    text, Python's quantifier: jsonschema's Python `re` and an ECMA validator would disagree on it)."""
     out, i, in_class = [], 0, False
     while i < len(pattern):
         two = pattern[i:i + 2]
         if two[0] == "\\":
-            if two in _NOT_ECMA and not in_class:
+            if two in _NOT_ECMA:
                 raise UnsupportedSchemaError(f"pattern {pattern!r}: {_NOT_ECMA[two]} is Python's syntax, not "
                                              "ECMA-262's", pointer)
             out.append(two)
@@ -620,7 +637,10 @@ def _as_python(pattern: str, pointer: str) -> str:
             out.append("(?P<")
             i += 3
             continue
-        elif re.match(r"\{,[0-9]+\}", pattern[i:]):
+        elif _INLINE_FLAGS.match(pattern, i):
+            raise UnsupportedSchemaError(f"pattern {pattern!r}: {_INLINE_FLAGS.match(pattern, i).group()} is Python's "
+                                         "syntax (an inline flag or comment), not ECMA-262's", pointer)
+        elif re.match(r"\{,[0-9]*\}", pattern[i:]):
             raise UnsupportedSchemaError(f"pattern {pattern!r}: {{,n}} is literal text in ECMA-262 and a quantifier "
                                          "in Python; write {0,n}, or \\{,n\\} for the text", pointer)
         out.append(two[0])

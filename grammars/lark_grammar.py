@@ -77,16 +77,19 @@ def _check_nesting(text: str) -> None:
 _BUNDLED = ("common", "lark", "python", "unicode")
 # anywhere, not only at a line's start: lark's lexer also takes \r, \f and \v before a statement and a backslash
 # that continues a line (a %import inside a string literal is refused too, needlessly but safely)
-_IMPORT = re.compile(r"%import(?:\s|\\)+([.\w]*)")
+_IMPORT = re.compile(r"%import(?:\s|\\)*([.\w]*)")
+_COMMENT_LINE = re.compile(r"^[ \t]*//[^\n]*", re.M)
 
 
 def _check_imports(text: str) -> None:
-    """Refuse an %import of anything but lark's own grammars, naming its line."""
-    for m in _IMPORT.finditer(text):
-        module = m.group(1)
-        if module.startswith(".") or module.split(".")[0] not in _BUNDLED:
-            raise LarkGrammarError(f"%import {module}: only lark's own grammars ({', '.join(_BUNDLED)}) can be "
-                                   "imported; write the rules into the grammar", text.count("\n", 0, m.start()) + 1)
+    """Refuse an %import of anything but a rule of lark's own grammars (`common.NUMBER`, `common (A, B)`), naming
+    its line; lines that are only a comment may mention one."""
+    stripped = _COMMENT_LINE.sub("", text)     # (its newlines kept: the line numbers stay the text's)
+    for m in _IMPORT.finditer(stripped):
+        module = m.group(1).split(".")
+        if module[0] not in _BUNDLED or len(module) > 2:    # ("" first: a relative import; a.b.c: a file a/b.lark)
+            raise LarkGrammarError(f"%import {m.group(1)}: only lark's own grammars ({', '.join(_BUNDLED)}) can be "
+                                   "imported; write the rules into the grammar", stripped.count("\n", 0, m.start()) + 1)
 
 
 def _load(text: str):
@@ -115,7 +118,7 @@ def _load(text: str):
         line = _line_of(text, m.group(1)) if m else None
         m2 = re.search(r"at line (\d+)", message)
         raise LarkGrammarError(f"invalid lark grammar: {message}", int(m2.group(1)) if m2 else line) from None
-    except (AnyLarkError, AssertionError) as e:     # (lark asserts where an import fails)
+    except (AnyLarkError, AssertionError, OSError) as e:     # (lark asserts, or fails to open, where an import fails)
         raise LarkGrammarError(f"invalid lark grammar: {str(e).strip().splitlines()[0]}") from None
 
 

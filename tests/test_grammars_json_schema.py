@@ -1817,7 +1817,9 @@ def test_extreme_but_valid_schemas_compile_or_name_their_keyword():
 @pytest.mark.parametrize("pattern, refused", [("^a{,2}$", "{,n} is literal text in ECMA-262"),
                                               ("^a\\Z", "\\\\Z \\(write \\$\\) is Python's syntax"),
                                               ("\\Aa", "\\\\A \\(write \\^\\)"), ("(?P<x>a)", "ECMA names a group"),
-                                              ("^[]a]$", "the empty class")])
+                                              ("^[]a]$", "the empty class"), ("^a{,}$", "{,n} is literal"),
+                                              ("\\a", "\\\\a \\(write"), ("(?x)^a b$", "inline flag"),
+                                              ("^a(?#c)b$", "inline flag")])
 def test_patterns_python_reads_otherwise_than_ecma_are_refused(pattern, refused):
     with pytest.raises(UnsupportedSchemaError, match=refused) as info:
         compile_json_schema({"type": "string", "pattern": pattern}, byte_level_bpe())
@@ -1830,6 +1832,15 @@ def test_ecma_named_groups_and_the_class_of_any_character_compile():
     assert accepts(named, tokenizer, '"aab"') and not accepts(named, tokenizer, '"b"')
     anything = compile_json_schema({"type": "string", "pattern": "^a[^]b$"}, tokenizer)
     assert accepts(anything, tokenizer, '"a\\nb"') and not accepts(anything, tokenizer, '"ab"')
+    # enum values and keys are checked as the automata read the pattern, not as Python's `re` would
+    listed = compile_json_schema({"enum": ["x", "a]", "ab"], "pattern": "^[^]]$"}, tokenizer)
+    assert accepts(listed, tokenizer, '"a]"') and not accepts(listed, tokenizer, '"x"')
+    keys = compile_json_schema({"enum": [{"ab": 1}, {"b": 1}], "patternProperties": {"^(?<x>a)": {"type": "integer"}},
+                                "additionalProperties": False}, tokenizer)
+    assert accepts(keys, tokenizer, '{"ab": 1}') and not accepts(keys, tokenizer, '{"b": 1}')
+    with pytest.raises(UnsupportedSchemaError, match="nested deeper") as info:    # counted after `[^]` is read
+        compile_json_schema({"type": "string", "pattern": "[^]" + "(" * 400 + "a" + ")" * 400}, tokenizer)
+    assert info.value.pointer == "/pattern"
 
 
 def test_hosts_of_up_to_eight_short_labels_are_names():

@@ -125,6 +125,8 @@ def test_matcher_on_cl100k_reaches_a_json_document():
         ("start: X\n\n%import os.X\n", r"%import os.X: only lark's own grammars", 3),
         ("start: X\r\n%import .other.X\r\n", r"%import .other.X", 2),   # as lark's lexer reads lines too
         ("start: X\n\x0c%import\\\n .other.X\n", r"%import .other.X", 2),
+        ("start: X\n%import.other.X\n", r"%import .other.X", 2),
+        ("start: X\n%import common.other.X\n", r"%import common.other.X", 2),    # a file common/other.lark
     ],
 )
 def test_bad_grammars(text, message, line):
@@ -138,3 +140,10 @@ def test_nesting_at_the_limit_compiles():
     depth = MAX_NESTING - 1  # and the [...] inside
     grammar = compile_lark("start: " + "(" * depth + '"a" "/(" ["]"]' + ")" * depth, tu.byte_level_bpe())
     assert _accepts(grammar, "a/(]") and _accepts(grammar, "a/(")
+
+
+def test_a_comment_may_mention_an_import():
+    grammar = compile_lark("// this grammar needs no %import of its own rules\nstart: WORD\n%import common.WORD\n",
+                           tu.byte_level_bpe())
+    assert _accepts(grammar, "abc") and not _accepts(grammar, "a1")
+

@@ -420,6 +420,20 @@ def test_engine_failure_in_one_request_is_a_500_for_it_alone(llm, server, client
     assert client.completions.create(model=MODEL, prompt="p", max_tokens=3, temperature=0).choices
 
 
+def test_a_constraint_whose_compile_hits_a_bug_is_a_500_for_it_alone(server, client, monkeypatch):
+    """Not one of the compiler's refusals (a ValueError) but anything else: the engine loop goes on."""
+    def broken(spec):
+        raise FileNotFoundError("a file the grammar named")
+
+    monkeypatch.setattr(server.engine_loop.engine, "compile", broken)
+    request = {"model": MODEL, "prompt": "p", "max_tokens": 5, "extra_body": {"regex": "[a-z]{4}"}}
+    status, body = error_of(lambda: client.completions.create(**request))
+    assert status == 500 and "could not be compiled" in body["message"]
+    assert "a file the grammar named" in body["message"]
+    monkeypatch.undo()
+    assert client.completions.create(model=MODEL, prompt="p", max_tokens=3, temperature=0).choices
+
+
 def _sigint_raises() -> None:
     """Let SIGINT raise KeyboardInterrupt.  A non-interactive shell starts a background job with SIGINT ignored,
     and Python then installs no handler for it: run that way, the suite would see Ctrl-C do nothing, here and in the

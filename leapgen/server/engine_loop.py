@@ -158,6 +158,10 @@ class EngineLoop:
         except refused as exc:
             self._post(job, Update(job.index, [], error=job.fields.constraint_error(str(exc))))
             return
+        except Exception as exc:         # a bug met while compiling one request's constraint must not end the loop
+            self._post(job, Update(job.index, [], error=ApiError(f"the constraint could not be compiled: {exc!r}",
+                                                                  status=500)))
+            return
         try:
             prompt, params = self._with_length(job)
             job.request_id = self.engine.add_request(prompt, params)

@@ -268,10 +268,12 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     bias: dict[int, float] = {}
     for key, amount in value.items():
         where = f"logit_bias.{key}"
-        if not re.fullmatch(r"\d+", str(key)):
+        if not re.fullmatch(r"[0-9]{1,18}", str(key)):     # (ASCII digits: \d would read "٣" as 3)
             raise ApiError(f"{where}: the keys are token ids (non-negative integers)", param="logit_bias")
         if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not -100 <= amount <= 100:
             raise ApiError(f"{where}: expected a number between -100 and 100, got {amount!r}", param="logit_bias")
+        if int(key) in bias:
+            raise ApiError(f"{where}: token {int(key)} is given twice", param="logit_bias")
         bias[int(key)] = float(amount)
     return bias
 
