@@ -36,8 +36,8 @@ from .json_schema_ir import NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
-from .json_strings import ecma_search
 from .json_schema_string_logic import string_formula
+from .json_strings import ecma_search
 
 MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 129

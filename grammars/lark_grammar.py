@@ -72,8 +72,8 @@ def _check_nesting(text: str) -> None:
             raise LarkGrammarError(str(e), text.count("\n", 0, m.start()) + 1) from None
 
 
-# the grammars that ship inside lark; any other %import reads a file, relative to the process's directory (a
-# server would open files a request names)
+# the grammars that ship inside lark; any other %import reads a file (a relative one from the folder of the
+# `__main__` script): a server would open files a request names
 _BUNDLED = ("common", "lark", "python", "unicode")
 # anywhere, not only at a line's start: lark's lexer also takes \r, \f and \v before a statement and a backslash
 # that continues a line (a %import inside a string literal is refused too, needlessly but safely)
