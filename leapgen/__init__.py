@@ -26,6 +26,7 @@ if TYPE_CHECKING:   # static analysers and IDEs see the real names
     from leapgen.constraints import Grammar, JsonSchema, Regex, from_response_format
     from leapgen.decoding.sampling_params import SamplingParams
     from leapgen.decoding.speculative import SpeculativeConfig
+    from leapgen.engine.admission import RequestError
     from leapgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
     from leapgen.engine.step_profile import StepProfile
     from leapgen.extraction import extract
@@ -47,11 +48,12 @@ _LAZY = {
     "SpeculativeConfig": "leapgen.decoding.speculative",
     "extract": "leapgen.extraction",
     "StepProfile": "leapgen.engine.step_profile",
+    "RequestError": "leapgen.engine.admission",
 }
 
 __all__ = ["LLM", "SamplingParams", "generate", "JsonSchema", "Regex", "Grammar", "RequestOutput", "CompletionOutput",
            "TokenLogprob", "RequestMetrics", "SpeculativeConfig", "from_response_format", "extract",
-           "StepProfile"]
+           "StepProfile", "RequestError"]
 __version__ = "0.1.0"
 
 

@@ -13,7 +13,6 @@ import torch
 
 import leapgen
 from leapgen import Regex, SamplingParams
-from leapgen.engine.admission import RequestError
 from leapgen.engine.llm_engine import CPU_KV_CACHE_CAP
 from leapgen.engine.model_runner import cache_block_bytes
 
@@ -113,7 +112,7 @@ def test_generate_iter_takes_one_prompt_as_generate_does(llm):
 def test_params_changed_after_they_were_made_are_checked_again(llm):
     params = SamplingParams(max_tokens=3)
     params.n = 0
-    with pytest.raises(RequestError, match=r"prompts\[0\]: SamplingParams.n must be an int >= 1"):
+    with pytest.raises(leapgen.RequestError, match=r"prompts\[0\]: SamplingParams.n must be an int >= 1"):
         llm.generate("x", params)
     output = llm.generate(["x"], params, on_error="return")[0]
     assert output.finish_reason == "error" and "SamplingParams.n" in output.error
@@ -145,7 +144,7 @@ def test_wrong_argument_types_name_the_argument(llm, byte_level_model_dir):
         llm.generate(None)
     with pytest.raises(TypeError, match="params must be leapgen.SamplingParams .*got dict"):
         llm.generate("x", {"max_tokens": 2})
-    with pytest.raises(RequestError, match=r"prompts\[0\]: .*got a list holding str at \[0\]"):
+    with pytest.raises(leapgen.RequestError, match=r"prompts\[0\]: .*got a list holding str at \[0\]"):
         llm.generate([["a", "b"]])
     with pytest.raises(TypeError, match="seed must be an int or None, got str"):
         leapgen.LLM(byte_level_model_dir, seed="x")

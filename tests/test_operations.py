@@ -25,7 +25,7 @@ from leapgen.engine.default_model import (DEFAULT_MODEL_ENV, DEFAULT_MODEL_FILE,
 HEAVY_MODULES = ("torch", "transformers", "numba", "safetensors", "leapgen.engine.llm_engine", "leapgen.grammars")
 PUBLIC_NAMES = ["LLM", "SamplingParams", "generate", "JsonSchema", "Regex", "Grammar", "RequestOutput",
                 "CompletionOutput", "TokenLogprob", "RequestMetrics", "SpeculativeConfig", "from_response_format", "extract",
-                "StepProfile"]
+                "StepProfile", "RequestError"]
 
 
 def run_python(code: str) -> dict:
