@@ -407,7 +407,9 @@ class SchemaCompiler:
             cls = _reading_derived(validator_for(self.root, default=jsonschema.Draft202012Validator) if isinstance(
                 self.root, dict) else jsonschema.Draft202012Validator)
             self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
-        return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
+        # without `$schema`: jsonschema would take its own class for a part that names one, and lose this one's
+        # keywords (the ECMA patterns among them)
+        return self._validator.evolve(schema={"allOf": [_without_dialect(p.schema) for p in parts]})
 
 
 class _ContentIds:
@@ -439,6 +441,11 @@ class _ContentIds:
                 shape.append(repr(value) if kind is float else id(value))
             known = self._known[id(value)] = self._ids.setdefault(tuple(shape), len(self._ids)), value
         return known[0]
+
+
+def _without_dialect(schema: Any) -> Any:
+    return {k: v for k, v in schema.items() if k != "$schema"} if isinstance(schema, dict) and "$schema" in schema \
+        else schema
 
 
 @functools.cache

@@ -36,6 +36,8 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
     try:
         values = satisfying(ctx, parts, values)
         allowed = fractions_allowed(ctx, parts, values)
+    except UnsupportedSchemaError as exc:  # a pattern written in Python's syntax, not ECMA's
+        raise UnsupportedSchemaError(exc.reason, exc.pointer or parts[0].pointer) from None
     except Exception as exc:  # unresolvable refs, bad regexes: the schema itself is at fault
         raise SchemaError(f"cannot check enum values against the schema: {exc}", parts[0].pointer) from None
     if not values:

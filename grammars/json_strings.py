@@ -538,13 +538,20 @@ def pattern_regexes(pattern: str, pointer: str = "") -> PatternRegexes:
 
 def ecma_search(pattern: str, text: str) -> bool:
     """Whether `text` holds a match of the ECMA `pattern`, read as the grammar reads it (the compiler's checks of
-    enum values and keys with jsonschema use this, so that they agree with the automata); where the pattern is one
-    the automata refuse (a lookbehind), as Python's `re` reads it."""
+    enum values and keys with jsonschema use this, so that they agree with the automata).  Where the pattern has
+    no automaton (a lookbehind), Python's `re` reads its translation with ASCII classes, as ECMA's `\\d`, `\\w` and
+    `\\b` are; where its automaton would be too large, Python's `re` reads the same regexes the automata would be
+    built from (an enum's values are literals: the grammar never needs that automaton)."""
     try:
         regexes = pattern_regexes(pattern)
     except UnsupportedSchemaError:
-        return re.search(pattern, text) is not None
-    return regexes.matches(_encoded(text))
+        return re.search(_as_python(pattern, ""), text, re.ASCII) is not None
+    encoded = _encoded(text)
+    try:
+        return regexes.matches(encoded)
+    except RegexError:
+        return all(re.fullmatch(r, encoded) for r in (regexes.regex, *regexes.also)) and not any(
+            re.fullmatch(r, encoded) for r in regexes.excluding)
 
 
 # memoised by the pattern alone: a schema repeats one pattern under many properties (a parse of a pattern of a
@@ -607,9 +614,10 @@ def _as_python(pattern: str, pointer: str) -> str:
     """An ECMA-262 `pattern` in the syntax of Python's regex parser, which reads the rest alike: a named group
     `(?<name>...)` as `(?P<name>...)`, the class `[^]` as any character.  What Python would read otherwise is
     refused: `[]` (nothing in ECMA; Python reads on to the next `]`), `\\A`, `\\Z`, `\\a`, `\\U`, `\\N` (ECMA's
-    identity escapes, letters), `(?P`, inline flags and comments (ECMA syntax errors) and `{,n}` (ECMA's literal
-    text, Python's quantifier: jsonschema's Python `re` and an ECMA validator would disagree on it)."""
-    out, i, in_class = [], 0, False
+    identity escapes, letters), `(?P`, `(?>`, `(?(`, possessive quantifiers, inline flags and comments (ECMA syntax
+    errors) and `{,n}` (ECMA's literal text, Python's quantifier: jsonschema's Python `re` and an ECMA validator
+    would disagree on it)."""
+    out, i, in_class, quantified = [], 0, False, False
     while i < len(pattern):
         two = pattern[i:i + 2]
         if two[0] == "\\":
@@ -618,7 +626,13 @@ def _as_python(pattern: str, pointer: str) -> str:
                                              "ECMA-262's", pointer)
             out.append(two)
             i += 2
+            quantified = False
             continue
+        if not in_class and two[0] == "+" and quantified:
+            raise UnsupportedSchemaError(f"pattern {pattern!r}: a possessive quantifier is Python's syntax, not "
+                                         "ECMA-262's", pointer)
+        counted = two[0] == "}" and re.search(r"\{[0-9]+(?:,[0-9]*)?$", pattern[:i]) is not None
+        quantified = not in_class and (two[0] in "*+?" and not (two[0] == "?" and quantified) or counted)
         if in_class:
             in_class = two[0] != "]"
         elif two[0] == "[":
@@ -630,6 +644,9 @@ def _as_python(pattern: str, pointer: str) -> str:
                 i += 3
                 in_class = False
                 continue
+        elif pattern.startswith("(?>", i) or pattern.startswith("(?(", i):
+            raise UnsupportedSchemaError(f"pattern {pattern!r}: {pattern[i:i + 3]}...) (an atomic or conditional "
+                                         "group) is Python's syntax, not ECMA-262's", pointer)
         elif pattern.startswith("(?P", i):
             raise UnsupportedSchemaError(f"pattern {pattern!r}: {_NOT_ECMA['(?P']} is Python's syntax, not "
                                          "ECMA-262's", pointer)

@@ -77,7 +77,7 @@ def _check_nesting(text: str) -> None:
 _BUNDLED = ("common", "lark", "python", "unicode")
 # anywhere, not only at a line's start: lark's lexer also takes \r, \f and \v before a statement and a backslash
 # that continues a line (a %import inside a string literal is refused too, needlessly but safely)
-_IMPORT = re.compile(r"%import(?:\s|\\)*([.\w]*)")
+_IMPORT = re.compile(r"%import(?:\s|\\)*((?:[.\w]|[ \t\f\v]|\\\r?\n)*)")    # (lark takes `common . x . X` too)
 _COMMENT_LINE = re.compile(r"^[ \t]*//[^\n]*", re.M)
 
 
@@ -86,9 +86,10 @@ def _check_imports(text: str) -> None:
     its line; lines that are only a comment may mention one."""
     stripped = _COMMENT_LINE.sub("", text)     # (its newlines kept: the line numbers stay the text's)
     for m in _IMPORT.finditer(stripped):
-        module = m.group(1).split(".")
+        path = re.sub(r"[\s\\]+", "", m.group(1))
+        module = path.split(".")
         if module[0] not in _BUNDLED or len(module) > 2:    # ("" first: a relative import; a.b.c: a file a/b.lark)
-            raise LarkGrammarError(f"%import {m.group(1)}: only lark's own grammars ({', '.join(_BUNDLED)}) can be "
+            raise LarkGrammarError(f"%import {path}: only lark's own grammars ({', '.join(_BUNDLED)}) can be "
                                    "imported; write the rules into the grammar", stripped.count("\n", 0, m.start()) + 1)
 
 

@@ -1819,7 +1819,8 @@ def test_extreme_but_valid_schemas_compile_or_name_their_keyword():
                                               ("\\Aa", "\\\\A \\(write \\^\\)"), ("(?P<x>a)", "ECMA names a group"),
                                               ("^[]a]$", "the empty class"), ("^a{,}$", "{,n} is literal"),
                                               ("\\a", "\\\\a \\(write"), ("(?x)^a b$", "inline flag"),
-                                              ("^a(?#c)b$", "inline flag")])
+                                              ("^a(?#c)b$", "inline flag"), ("^a*+$", "possessive"),
+                                              ("^(?>a*)$", "atomic or conditional")])
 def test_patterns_python_reads_otherwise_than_ecma_are_refused(pattern, refused):
     with pytest.raises(UnsupportedSchemaError, match=refused) as info:
         compile_json_schema({"type": "string", "pattern": pattern}, byte_level_bpe())
@@ -1838,6 +1839,11 @@ def test_ecma_named_groups_and_the_class_of_any_character_compile():
     keys = compile_json_schema({"enum": [{"ab": 1}, {"b": 1}], "patternProperties": {"^(?<x>a)": {"type": "integer"}},
                                 "additionalProperties": False}, tokenizer)
     assert accepts(keys, tokenizer, '{"ab": 1}') and not accepts(keys, tokenizer, '{"b": 1}')
+    for draft in ("http://json-schema.org/draft-07/schema#", "https://json-schema.org/draft/2020-12/schema"):
+        named = compile_json_schema({"$schema": draft, "enum": ["x", "a]"], "pattern": "^[^]]$"}, tokenizer)
+        assert accepts(named, tokenizer, '"a]"') and not accepts(named, tokenizer, '"x"'), draft
+    wide = compile_json_schema({"enum": ["a" + "x" * 18 + "b", "ab"], "pattern": "a.{18}b"}, tokenizer)
+    assert accepts(wide, tokenizer, json.dumps("a" + "x" * 18 + "b")) and not accepts(wide, tokenizer, '"ab"')
     with pytest.raises(UnsupportedSchemaError, match="nested deeper") as info:    # counted after `[^]` is read
         compile_json_schema({"type": "string", "pattern": "[^]" + "(" * 400 + "a" + ")" * 400}, tokenizer)
     assert info.value.pointer == "/pattern"

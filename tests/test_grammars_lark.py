@@ -127,6 +127,7 @@ def test_matcher_on_cl100k_reaches_a_json_document():
         ("start: X\n\x0c%import\\\n .other.X\n", r"%import .other.X", 2),
         ("start: X\n%import.other.X\n", r"%import .other.X", 2),
         ("start: X\n%import common.other.X\n", r"%import common.other.X", 2),    # a file common/other.lark
+        ("start: X\n%import common . other . X\n", r"%import common.other.X", 2),
     ],
 )
 def test_bad_grammars(text, message, line):
