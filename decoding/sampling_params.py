@@ -13,6 +13,8 @@ from leapgen.decoding.constraint import ConstraintSpec
 
 _GREEDY_BELOW = 1e-5    # temperatures under this decode greedily
 
+SEEDS = range(-2 ** 63, 2 ** 64)    # the seeds torch's generators take (an int; numpy's would be iterated)
+
 _MAX_BIAS = 1e6     # past this a bias pushes a float32 logit towards inf, which leaves nothing to sample
 
 MAX_LOGPROBS = 20   # top alternatives per token; as OpenAI's API, and bounded so a typo cannot sort the vocabulary
@@ -87,7 +89,7 @@ class SamplingParams:
                                       or not 0 <= value <= MAX_LOGPROBS):
                 raise ValueError(f"SamplingParams.{name} must be None or an int in [0, {MAX_LOGPROBS}], got {value!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not -2 ** 63 <= self.seed < 2 ** 64):
+                                      or self.seed not in SEEDS):
             raise ValueError(f"SamplingParams.seed must be an int of 64 bits or None, got {self.seed!r}")
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")

@@ -608,6 +608,8 @@ _NOT_ECMA = {"\\A": "\\A (write ^)", "\\Z": "\\Z (write $)", "\\a": "\\a (write 
              "\\U": "\\U (write the character)", "\\N": "\\N{...} (write the character)",
              "(?P": "(?P...) (ECMA names a group (?<name>...))"}
 _INLINE_FLAGS = re.compile(r"\(\?(?:#|[aiLmsux-]+[:)])")    # Python's comments and inline flags; ECMA has neither
+_COUNT = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")      # a counted quantifier, in both
+_UPPER_BOUND_ONLY = re.compile(r"\{,[0-9]*\}")     # Python's quantifier, ECMA's literal text
 
 
 def _as_python(pattern: str, pointer: str) -> str:
@@ -617,22 +619,24 @@ def _as_python(pattern: str, pointer: str) -> str:
     identity escapes, letters), `(?P`, `(?>`, `(?(`, possessive quantifiers, inline flags and comments (ECMA syntax
     errors) and `{,n}` (ECMA's literal text, Python's quantifier: jsonschema's Python `re` and an ECMA validator
     would disagree on it)."""
-    out, i, in_class, quantified = [], 0, False, False
+    def refused(what: str) -> UnsupportedSchemaError:
+        return UnsupportedSchemaError(f"pattern {pattern!r}: {what} is Python's syntax, not ECMA-262's", pointer)
+
+    out, i, in_class, quantified, count_end = [], 0, False, False, -1
     while i < len(pattern):
         two = pattern[i:i + 2]
         if two[0] == "\\":
             if two in _NOT_ECMA:
-                raise UnsupportedSchemaError(f"pattern {pattern!r}: {_NOT_ECMA[two]} is Python's syntax, not "
-                                             "ECMA-262's", pointer)
+                raise refused(_NOT_ECMA[two])
             out.append(two)
             i += 2
             quantified = False
             continue
         if not in_class and two[0] == "+" and quantified:
-            raise UnsupportedSchemaError(f"pattern {pattern!r}: a possessive quantifier is Python's syntax, not "
-                                         "ECMA-262's", pointer)
-        counted = two[0] == "}" and re.search(r"\{[0-9]+(?:,[0-9]*)?$", pattern[:i]) is not None
-        quantified = not in_class and (two[0] in "*+?" and not (two[0] == "?" and quantified) or counted)
+            raise refused("a possessive quantifier")
+        if not in_class and two[0] == "{" and (count := _COUNT.match(pattern, i)):
+            count_end = count.end() - 1     # where a counted quantifier closes
+        quantified = not in_class and (two[0] in "*+?" and not (two[0] == "?" and quantified) or i == count_end)
         if in_class:
             in_class = two[0] != "]"
         elif two[0] == "[":
@@ -645,19 +649,16 @@ def _as_python(pattern: str, pointer: str) -> str:
                 in_class = False
                 continue
         elif pattern.startswith("(?>", i) or pattern.startswith("(?(", i):
-            raise UnsupportedSchemaError(f"pattern {pattern!r}: {pattern[i:i + 3]}...) (an atomic or conditional "
-                                         "group) is Python's syntax, not ECMA-262's", pointer)
+            raise refused(f"{pattern[i:i + 3]}...) (an atomic or conditional group)")
         elif pattern.startswith("(?P", i):
-            raise UnsupportedSchemaError(f"pattern {pattern!r}: {_NOT_ECMA['(?P']} is Python's syntax, not "
-                                         "ECMA-262's", pointer)
+            raise refused(_NOT_ECMA["(?P"])
         elif pattern.startswith("(?<", i) and pattern[i + 3:i + 4] not in ("=", "!"):
             out.append("(?P<")
             i += 3
             continue
-        elif _INLINE_FLAGS.match(pattern, i):
-            raise UnsupportedSchemaError(f"pattern {pattern!r}: {_INLINE_FLAGS.match(pattern, i).group()} is Python's "
-                                         "syntax (an inline flag or comment), not ECMA-262's", pointer)
-        elif re.match(r"\{,[0-9]*\}", pattern[i:]):
+        elif flag := _INLINE_FLAGS.match(pattern, i):
+            raise refused(f"{flag.group()} (an inline flag or comment)")
+        elif _UPPER_BOUND_ONLY.match(pattern, i):
             raise UnsupportedSchemaError(f"pattern {pattern!r}: {{,n}} is literal text in ECMA-262 and a quantifier "
                                          "in Python; write {0,n}, or \\{,n\\} for the text", pointer)
         out.append(two[0])

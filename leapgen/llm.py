@@ -13,7 +13,7 @@ import torch
 from jinja2 import TemplateError
 
 from leapgen.constraints import Constraint, as_constraint, from_response_format, pydantic_model
-from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.decoding.sampling_params import SEEDS, SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.engine.admission import is_token_id
 from leapgen.engine.default_model import default_model_path
@@ -52,7 +52,7 @@ class LLM:
                             f"{type(model).__name__}")
         if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-        if seed is not None and not -2 ** 63 <= seed < 2 ** 64:
+        if seed is not None and int(seed) not in SEEDS:
             raise ValueError(f"seed must fit in 64 bits, got {seed}")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
