@@ -129,7 +129,10 @@ class DraftModelProposer:
             mirror = self.mirrors[request.seq_id] = Sequence(request.seq_id, tokens[:1])
             mirror.append_tokens(tokens[1:])
             return mirror
-        shared = _shared_prefix(mirror.token_ids, tokens)
+        # its last token is computed again where the mirror holds it computed already, for the logits of the first
+        # guess: a target that took part of the last draft and no token of its own (a forced-token jump comes
+        # next) is a prefix of its mirror
+        shared = min(_shared_prefix(mirror.token_ids, tokens), len(tokens) - 1)
         self.block_manager.truncate(mirror, max(shared, 1))
         mirror.append_tokens(tokens[mirror.num_tokens:])
         return mirror

@@ -415,10 +415,11 @@ class LLMEngine:
             return
         try:
             drafts = self.proposer.propose([draft_request for _, _, draft_request in wanted])
-        except Exception as exc:                 # the proposer failed for the batch: so do its requests
-            for request, _, _ in wanted:
-                self._fail(request, exc)
-            return
+        except Exception:                        # the proposer failed for the batch: each request asks alone, and
+            drafts = []                          # only those it fails for again fail
+            for request, _, draft_request in wanted:
+                draft = False if request.finished else self._guarded(request, self.proposer.propose, [draft_request])
+                drafts.append(draft[0] if draft else [])
         for (request, state, _), draft in zip(wanted, drafts):
             if draft:
                 self._guarded(request, self._set_draft, state, draft)

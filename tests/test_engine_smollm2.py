@@ -53,3 +53,25 @@ def test_smollm2_greedy_batch_matches_transformers(converted):
         assert output.token_ids == expected.tolist(), tokenizer.decode(prompt)
         assert output.text == tokenizer.decode(output.token_ids)
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_smollm2_drafting_itself_under_a_schema_decodes_as_without(converted):
+    """A draft model under a JSON schema on real weights, where drafts end before keys the schema forces (the
+    target then takes part of a draft and no token of its own): the same outputs as without speculation, in
+    one batch with an unconstrained request."""
+    import leapgen
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "city": {"type": "string"}},
+              "required": ["name", "age", "city"], "additionalProperties": False}
+    plain = leapgen.LLM(converted, dtype="float32", kv_cache_memory="128MiB")
+    drafting = leapgen.LLM(converted, dtype="float32", kv_cache_memory="128MiB", speculative={
+        "method": "draft", "model": str(converted), "num_speculative_tokens": 4})
+    prompts = [plain.chat_prompt("Extract: Tom Jones, 52 years old, lives in Hamburg."),
+               plain.chat_prompt("Extract: Ana Silva is 31 and lives in Lisbon."), plain.chat_prompt("Say hi")]
+    constrained = SamplingParams(max_tokens=40, constraint=leapgen.JsonSchema(schema))
+    params = [constrained, constrained, SamplingParams(max_tokens=12)]
+    expected = plain.generate(prompts, params)
+    outputs = drafting.generate(prompts, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    assert all(o.error is None for o in outputs) and sum(o.metrics.drafted_tokens for o in outputs) > 0

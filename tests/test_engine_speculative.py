@@ -17,6 +17,7 @@ from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
 from leapgen import JsonSchema, SamplingParams
 from leapgen.engine import llm_engine
 from leapgen.engine.admission import RequestError
+from leapgen.decoding.speculative import DraftRequest
 from leapgen.engine.draft_model import DraftModelProposer
 from stats_util import chi_square_critical, homogeneity_statistic
 from tokenizers_util import byte_level_bpe
@@ -165,6 +166,44 @@ def test_seeded_sampling_is_reproducible_and_n_samples_speculate(dirs):
     again = llm.generate(PROMPTS, params)
     assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
     assert sum(o.metrics.accepted_tokens for o in first) > 0
+    assert_idle(llm)
+
+
+def test_a_target_behind_its_mirror_drafts_from_its_last_token(dirs):
+    """A target that took part of the last draft and no token of its own (a forced-token jump comes next) holds
+    no more tokens than its mirror in the draft has computed: the mirror computes the target's last token again
+    for the first guess, and drafts what a new mirror would."""
+    llm = make_llm(dirs[0], configs(dirs)["draft"])
+    proposer = llm.engine.proposer
+    tokens = llm.tokenizer.encode(PROMPTS[0])
+    first = proposer.propose([DraftRequest(0, tokens, 3)])[0]
+    assert len(first) == 3          # the mirror holds the three guesses, the first two computed
+    behind = tokens + first[:2]
+    assert proposer.propose([DraftRequest(0, behind, 3)]) == proposer.propose([DraftRequest(1, behind, 3)])
+    for seq_id in (0, 1):
+        proposer.release(seq_id)
+    assert proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
+
+
+def test_a_proposer_failure_ends_only_its_request(dirs, plain, monkeypatch):
+    """The draft fails for one sequence of a batch: that request ends with the error, the others decode as
+    without speculation."""
+    llm = make_llm(dirs[0], configs(dirs)["draft"])
+    propose = DraftModelProposer.propose
+    poisoned = llm.tokenizer.encode(PROMPTS[2])
+
+    def failing(self, requests):
+        if any(list(r.token_ids[:len(poisoned)]) == poisoned for r in requests):
+            raise RuntimeError("the draft broke")
+        return propose(self, requests)
+
+    monkeypatch.setattr(DraftModelProposer, "propose", failing)
+    params = SamplingParams(max_tokens=20)
+    outputs = llm.generate(PROMPTS, params, on_error="return")
+    expected = plain.generate(PROMPTS, params)
+    assert outputs[2].finish_reason == "error" and "the draft broke" in outputs[2].error
+    for i in (0, 1, 3, 4):
+        assert outputs[i].error is None and outputs[i].token_ids == expected[i].token_ids
     assert_idle(llm)
 
 
