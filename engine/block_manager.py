@@ -25,6 +25,13 @@ def beam_search_blocks(num_prompt_tokens: int, max_tokens: int, num_beams: int, 
     return num_prompt_tokens // block_size + num_beams * own
 
 
+def beam_search_room(num_prompt_tokens: int, num_beams: int, block_size: int, capacity_tokens: int) -> int:
+    """The most max_tokens a beam search over the prompt fits in a cache of `capacity_tokens` (see
+    `beam_search_blocks`); below 1 where not even one token does."""
+    own = (capacity_tokens // block_size - num_prompt_tokens // block_size) // num_beams
+    return own * block_size - num_prompt_tokens % block_size
+
+
 class OutOfBlocksError(RuntimeError):
     """An allocation was attempted without checking the matching `can_*` predicate first."""
 

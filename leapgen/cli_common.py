@@ -168,8 +168,11 @@ def load_llm(args: argparse.Namespace, **options: Any) -> LLM:
     except DraftModelError as exc:
         raise CliError(f"--speculative: {describe(exc)}") from exc
     except Exception as exc:         # the loader meets third-party errors too (safetensors, tokenizers, json)
+        message = describe(exc)
+        if message.startswith("kv_cache_memory="):    # a size that parses but holds too little of this model
+            raise CliError(f"--kv-cache-memory: {message.removeprefix('kv_cache_memory=')}") from exc
         where = args.model if args.model is not None else "(the embedded default model)"
-        raise CliError(f"cannot load model {where}: {describe(exc)}") from exc
+        raise CliError(f"cannot load model {where}: {message}") from exc
 
 
 @contextlib.contextmanager

@@ -219,7 +219,7 @@ def test_threads_kv_cache_memory_and_packing_reach_the_llm(cli_model, capsys, mo
 
 
 @pytest.mark.parametrize("flag,value", [("--threads", "0"), ("--threads", "two"), ("--kv-cache-memory", "lots"),
-                                        ("--kv-cache-memory", "0MiB")])
+                                        ("--kv-cache-memory", "0MiB"), ("--kv-cache-memory", "16")])
 def test_bad_operations_flags_name_the_flag(cli_model, capsys, flag, value):
     code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", flag, value)
     line = error_line(code, err)

@@ -65,6 +65,17 @@ def test_non_finite_floats_are_refused(field):
             SamplingParams(**{field: value})
 
 
+def test_penalties_outside_float32s_reach_are_refused():
+    # (a repetition penalty of 1e-300 was 0 in the kernels' float32, a division by zero mid-run; a length
+    # penalty of 1e300 overflowed length ** penalty)
+    for field, value, message in (("repetition_penalty", 1e-300, r"must be in \[1e-6, 1e6\]"),
+                                  ("repetition_penalty", 0, r"must be in \[1e-6, 1e6\]"),
+                                  ("length_penalty", 1e300, r"must be in \[-10, 10\]"),
+                                  ("length_penalty", -11, r"must be in \[-10, 10\]")):
+        with pytest.raises(ValueError, match=f"SamplingParams.{field} {message}"):
+            SamplingParams(**{field: value})
+
+
 def test_threads_set_torchs_thread_count(byte_level_model_dir):
     before = torch.get_num_threads()
     try:

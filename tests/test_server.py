@@ -119,6 +119,11 @@ def test_chat_uses_the_template_and_equals_in_process(llm, client):
     # without max_tokens a chat answer may take the rest of the context, as OpenAI's does; the constraint ends it
     open_length = client.chat.completions.create(model=MODEL, messages=messages, extra_body={"regex": "[a-z]{3}"})
     assert len(open_length.choices[0].message.content) == 3 and open_length.choices[0].finish_reason == "stop"
+    # and for a beam search, the most each beam's copy of the output fits (the whole context was refused as a
+    # max_tokens the client had not sent)
+    beams = client.chat.completions.create(model=MODEL, messages=messages, extra_body={"regex": "[a-z]{3}",
+                                                                                       "num_beams": 16})
+    assert len(beams.choices[0].message.content) == 3
 
 
 def test_stream_joins_to_the_non_stream_text(llm, client):
@@ -257,6 +262,9 @@ def test_beam_search_as_an_extra(llm, client):
 @pytest.mark.parametrize("kwargs, param, fragment", [
     ({"temperature": "hot"}, "temperature", "expected a finite number"),
     ({"top_p": 1.5}, "top_p", "between 0 and 1"),
+    ({"temperature": 10 ** 400}, "temperature", "expected a finite number"),
+    ({"extra_body": {"repetition_penalty": 1e-300}}, "repetition_penalty", "between 1e-06 and 1e+06"),
+    ({"extra_body": {"num_beams": 2, "length_penalty": 1e300}}, "length_penalty", "between -10 and 10"),
     ({"n": 0}, "n", ">= 1"),
     ({"max_tokens": 0}, "max_tokens", ">= 1"),
     ({"logprobs": 50}, "logprobs", "between 0 and 20"),
@@ -315,8 +323,9 @@ def test_bad_chat_fields_are_400s_naming_the_field(client, kwargs, param, fragme
 def test_unknown_model_bad_json_and_unknown_route(server, client):
     status, body = error_of(lambda: client.completions.create(model="gpt-9", prompt="p", max_tokens=2))
     assert (status, body["code"], body["param"]) == (404, "model_not_found", "model")
-    raw = httpx.post(server.url + "/completions", content=b"{not json", headers={"content-type": "application/json"})
-    assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
+    for body in (b"{not json", b'{"max_tokens": ' + b"9" * 5000 + b"}", b"[" * 100_000):
+        raw = httpx.post(server.url + "/completions", content=body, headers={"content-type": "application/json"})
+        assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
     missing = httpx.get(server.url + "/nothing-here")
     assert missing.status_code == 404 and "error" in missing.json()
 
@@ -386,6 +395,32 @@ def test_a_client_that_gives_up_waiting_ends_quietly(llm, server, caplog):
             httpx.post(server.url + "/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
         wait_idle(server)
         # the cut-off request logs after it frees its slot: one served after it is served after that too
+        assert httpx.get(server.url.removesuffix("/v1") + "/health").status_code == 200
+    finally:
+        uvicorn_errors.removeHandler(caplog.handler)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+
+
+def test_a_client_gone_before_its_whole_body_leaves_no_traceback(server, caplog, monkeypatch):
+    read = threading.Event()
+    original = server._body
+
+    async def body(request):
+        try:
+            return await original(request)
+        finally:
+            read.set()
+
+    monkeypatch.setattr(server, "_body", body)
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    uvicorn_errors.addHandler(caplog.handler)
+    try:
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port)) as half:
+            half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"prompt\":")
+        assert read.wait(30)
+        # (answered on the same event loop, after the cut request's end was handled)
         assert httpx.get(server.url.removesuffix("/v1") + "/health").status_code == 200
     finally:
         uvicorn_errors.removeHandler(caplog.handler)

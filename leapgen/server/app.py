@@ -15,7 +15,7 @@ import uvicorn
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -107,14 +107,19 @@ class OpenAIServer:
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > self.max_body_bytes:
-                raise _too_large(self.max_body_bytes)
+        try:
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > self.max_body_bytes:
+                    raise _too_large(self.max_body_bytes)
+        except ClientDisconnect:     # (the answer goes nowhere; it only ends the request quietly)
+            raise ApiError("the client went away before sending its whole body") from None
         try:
             return json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:    # (also an integer past Python's 4,300 digits)
             raise ApiError(f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ApiError("the request body is not valid JSON: its arrays and objects nest too deeply") from None
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.engine.admission import encode_prompt
+from leapgen.engine.block_manager import beam_search_room
 from leapgen.engine.llm_engine import LLMEngine
 from leapgen.engine.outputs import RequestOutput, TokenLogprob
 from leapgen.server.protocol import ApiError, Prompt, RequestFields
@@ -182,6 +183,9 @@ class EngineLoop:
         _, ids = encode_prompt(job.prompt, self.engine.tokenizer)
         limits = self.engine.limits
         room = min(limits.max_model_len, limits.kv_capacity_tokens) - len(ids)
+        if job.params.num_beams > 1:      # every beam holds its own copy of the output
+            room = min(room, beam_search_room(len(ids), job.params.num_beams, limits.kv_block_size,
+                                              limits.kv_capacity_tokens))
         return ids, dataclasses.replace(job.params, max_tokens=max(room, 1))
 
     def _abort(self, jobs: list[Job]) -> None:

@@ -160,8 +160,8 @@ def _parsed(fields: dict, prompts: list[Prompt], names: RequestFields, logprobs:
     values: dict[str, Any] = {"max_tokens": max_tokens or 1}
     for name, low, high, default in (("temperature", 0.0, None, 1.0), ("top_p", 0.0, 1.0, 1.0),
                                      ("presence_penalty", -2.0, 2.0, 0.0), ("frequency_penalty", -2.0, 2.0, 0.0),
-                                     ("min_p", 0.0, 1.0, 0.0), ("repetition_penalty", 0.0, None, 1.0),
-                                     ("length_penalty", None, None, 1.0)):
+                                     ("min_p", 0.0, 1.0, 0.0), ("repetition_penalty", 1e-6, 1e6, 1.0),
+                                     ("length_penalty", -10.0, 10.0, 1.0)):
         values[name] = _number(fields, name, low, high, default)
     for name, low in (("n", 1), ("top_k", 0), ("num_beams", 1), ("min_tokens", 0)):
         value = _optional_int(fields, name, low, None)
@@ -227,12 +227,19 @@ def _optional_int(fields: dict, name: str, low: int | None, high: int | None) ->
 
 def _number(fields: dict, name: str, low: float | None, high: float | None, default: float) -> float:
     value = fields.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         raise ApiError(f"{name}: expected a finite number, got {json_type_name(value)}", param=name)
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low:g}" if high is None else f"between {low:g} and {high:g}"
         raise ApiError(f"{name}: must be {bounds}, got {value}", param=name)
     return float(value)
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:       # an int no float holds
+        return False
 
 
 def _stream_options(value: Any, stream: bool) -> bool:
