@@ -14,7 +14,7 @@ from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from .ir import Expr
 from .json_schema_ir import Punctuation, json_key, json_text
 from .json_schema_refs import escape_token
-from .json_strings import pattern_regexes
+from .json_strings import check_readable, pattern_regexes
 
 TYPES = ("null", "boolean", "number", "string", "array", "object")
 
@@ -237,7 +237,30 @@ def satisfying(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list
     if types is not None:   # the usual enum beside a `type`: checked here, a hundred times faster than jsonschema
         return [v for v in values if all(any(_of_type(v, name, ctx.draft4) for name in names) for names in types)]
     validator = ctx.validator(rest)
-    return [v for v in values if validator.is_valid(v)]
+    try:
+        return [v for v in values if validator.is_valid(v)]
+    except UnsupportedSchemaError as exc:
+        if not exc.pointer:          # (met inside jsonschema, which knows no place): named where it is written
+            for part in rest:
+                _check_patterns(part.schema, part.pointer)
+        raise
+
+
+def _check_patterns(schema: Any, pointer: str) -> None:
+    """`check_readable` for every pattern in `schema` (values listed in it aside)."""
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            _check_patterns(item, f"{pointer}/{i}")
+    if not isinstance(schema, dict):
+        return
+    if isinstance(schema.get("pattern"), str):
+        check_readable(schema["pattern"], pointer + "/pattern")
+    if isinstance(schema.get("patternProperties"), dict):
+        for pattern in schema["patternProperties"]:
+            check_readable(pattern, f"{pointer}/patternProperties/{escape_token(pattern)}")
+    for key, value in schema.items():
+        if key not in ("enum", "const", "default", "examples"):
+            _check_patterns(value, f"{pointer}/{escape_token(key)}")
 
 
 _PYTHON_TYPES = {"null": type(None), "boolean": bool, "number": (int, float), "string": str, "array": list,

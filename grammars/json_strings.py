@@ -609,6 +609,15 @@ _NOT_ECMA = {"\\A": "\\A (write ^)", "\\Z": "\\Z (write $)", "\\a": "\\a (write 
              "(?P": "(?P...) (ECMA names a group (?<name>...))"}
 _INLINE_FLAGS = re.compile(r"\(\?(?:#|[aiLmsux-]+[:)])")    # Python's comments and inline flags; ECMA has neither
 _COUNT = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")      # a counted quantifier, in both
+def check_readable(pattern: str, pointer: str) -> None:
+    """Raise, naming `pointer`, the UnsupportedSchemaError `ecma_search` meets reading `pattern` (Python-only
+    syntax in a pattern without an automaton)."""
+    try:
+        pattern_regexes(pattern)
+    except UnsupportedSchemaError:
+        _as_python(pattern, pointer)
+
+
 _UPPER_BOUND_ONLY = re.compile(r"\{,[0-9]*\}")     # Python's quantifier, ECMA's literal text
 
 

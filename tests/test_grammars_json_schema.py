@@ -1825,6 +1825,10 @@ def test_patterns_python_reads_otherwise_than_ecma_are_refused(pattern, refused)
     with pytest.raises(UnsupportedSchemaError, match=refused) as info:
         compile_json_schema({"type": "string", "pattern": pattern}, byte_level_bpe())
     assert info.value.pointer == "/pattern"
+    # also where only listed values are checked against it (inside jsonschema, which named no place)
+    with pytest.raises(UnsupportedSchemaError, match=refused) as info:
+        compile_json_schema({"enum": [{"k": "a"}], "properties": {"k": {"pattern": pattern}}}, byte_level_bpe())
+    assert info.value.pointer == "/properties/k/pattern"
 
 
 def test_ecma_named_groups_and_the_class_of_any_character_compile():
