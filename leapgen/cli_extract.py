@@ -90,10 +90,15 @@ def run_extract(args: argparse.Namespace) -> int:
         speculative = pipeline.DEFAULT_SPECULATIVE
     ray_options = _ray_options(args)
     template = _template(args.template)
-    plan = pipeline.prepare(args.input, args.schema, args.output, template=template, id_field=args.id_field,
-                            text_field=args.text_field, whitespace=args.whitespace,
-                            max_string_length=args.max_string_length, max_items=args.max_items,
-                            retry_errors=args.retry_errors, max_tokens=args.max_tokens)
+    try:
+        plan = pipeline.prepare(args.input, args.schema, args.output, template=template, id_field=args.id_field,
+                                text_field=args.text_field, whitespace=args.whitespace,
+                                max_string_length=args.max_string_length, max_items=args.max_items,
+                                retry_errors=args.retry_errors, max_tokens=args.max_tokens)
+    except ValueError as exc:            # the schema's refusals name the flag that gave it
+        if str(exc).startswith(f"schema {args.schema}: "):
+            raise CliError(f"--{exc}") from None
+        raise
     try:
         if args.ray:
             from leapgen.extraction_ray import run_on_ray

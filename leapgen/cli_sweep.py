@@ -9,6 +9,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -23,7 +24,7 @@ from leapgen.cli_inputs import (add_constraint_arguments, add_prompt_arguments, 
 from leapgen.constraints import is_valid
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.engine.admission import check_combination
-from leapgen.engine.outputs import RequestOutput
+from leapgen.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 
 _DESCRIPTION = """Run every combination of the --grid values (a cell) on every prompt, N samples each, as one
 continuously batched run, and print one row per cell: distinct-1 and distinct-2 (unique token ids and id
@@ -189,6 +190,19 @@ def _check_writable(flag: str, path: str) -> None:
         raise CliError(f"{flag} {path}: no such directory {target.parent}")
 
 
+def _refuse_overwrites(written: list[tuple[str, str]], read: list[tuple[str, str]]) -> None:
+    """A file the sweep writes must be neither another it writes nor one it reads (by any path to it)."""
+    for i, (flag, path) in enumerate(written):
+        for other_flag, other in written[:i] + read:
+            try:
+                same = os.path.samefile(path, other) if Path(path).exists() else \
+                    Path(path).resolve() == Path(other).resolve()
+            except OSError:              # (a value that is no file: a module:Model, inline JSON)
+                same = False
+            if same:
+                raise CliError(f"{flag} {path}: the file {other_flag} names; it would be written over")
+
+
 def _prepare(args: argparse.Namespace) -> tuple[list[Cell], str | None, Any]:
     """Every check that needs no model: the cells, and the constraint with the flag that gave it."""
     axes = parse_grid(args.grid)
@@ -197,9 +211,12 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Cell], str | None, Any]:
     check_device(args.device)
     check_dtype(args.dtype)
     flag, spec = constraint(args)
-    for file_flag, path in (("--output", args.output), ("--plot", args.plot)):
-        if path is not None:
-            _check_writable(file_flag, path)
+    written = [(file_flag, path) for file_flag, path in (("--output", args.output), ("--plot", args.plot)) if path]
+    for file_flag, path in written:
+        _check_writable(file_flag, path)
+    read = [(f, getattr(args, f[2:].replace("-", "_"), None)) for f in ("--prompts-file", "--schema", "--json-schema",
+                                                                       "--response-format", "--grammar")]
+    _refuse_overwrites(written, [(f, path) for f, path in read if path])
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--plot needs matplotlib: pip install 'leapgen[plot]'")
     return make_cells(args, axes, spec), flag, spec
@@ -251,7 +268,7 @@ def cell_metrics(cell: Cell, wall_s: float, constrained: bool) -> dict[str, Any]
     row = {"samples": len(completions), "errors": len(cell.outputs) - len(ok),
            "distinct_1": _ratio(len({token for sample in ids for token in sample}), tokens),
            "distinct_2": _ratio(len(set(bigrams)), len(bigrams)),
-           "mean_logprob": _mean([lp.logprob for c in completions for lp in c.logprobs or []]),
+           "mean_logprob": _mean([lp.logprob for c in completions for lp in _sampled(c)]),
            "mean_length": _ratio(tokens, len(completions))}
     if constrained:
         valid = [flag for i in ok for flag in cell.valid[i]]
@@ -266,6 +283,11 @@ def _ratio(part: int, whole: int) -> float | None:
 
 def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
+
+
+def _sampled(completion: CompletionOutput) -> list[TokenLogprob]:
+    """The logprobs of the tokens the model sampled (a forced-token jump's have no probability of their own)."""
+    return [lp for lp in completion.logprobs or [] if not lp.forced]
 
 
 # --- what it prints and writes ----------------------------------------------------------------------------
@@ -302,7 +324,7 @@ def sample_records(cells: list[Cell], prompts: list[str], constrained: bool) -> 
                 record = {"cell": cell.index, "settings": cell.settings, "seed": cell.params.seed,
                           "prompt_index": prompt_index, "prompt": prompt, "sample": sample, "text": completion.text,
                           "token_ids": completion.token_ids, "finish_reason": completion.finish_reason,
-                          "mean_logprob": _mean([lp.logprob for lp in completion.logprobs or []])}
+                          "mean_logprob": _mean([lp.logprob for lp in _sampled(completion)])}
                 if constrained and output.error is None:
                     record["valid"] = cell.valid[prompt_index][sample]
                 if output.error is not None:

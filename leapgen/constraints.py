@@ -48,6 +48,13 @@ class JsonSchema:
 
         return compile_json_schema(self.as_dict(), vocabulary, **self._compiler_options())
 
+    def check(self) -> None:
+        """Raise what the compiler refuses in the schema itself (a keyword, with its JSON pointer), without a
+        vocabulary: before a model loads."""
+        from leapgen.grammars.json_schema import json_schema_to_grammar
+
+        json_schema_to_grammar(self.as_dict(), **self._compiler_options())
+
     def _compiler_options(self) -> dict[str, Any]:
         """`options`, where a pydantic model also forbids undeclared keys: pydantic would drop them, so
         generating them only wastes tokens (a model with `extra="allow"` says so in its schema, which wins).

@@ -80,6 +80,9 @@ def template_fields(template: str) -> set[str]:
     for name in names:
         if not name or name.isdigit() or re.search(r"[.\[]", name):
             raise ValueError(f"template: placeholder {{{name}}} must be a record field's plain name, like {{text}}")
+        if '"' in name:              # JSON in the prompt: {"color": "red"} reads as the field '"color"'
+            raise ValueError(f"template: {{{name}...}} reads as a placeholder; write {{{{ and }}}} for the braces "
+                             "of JSON in the prompt")
     return set(names) - {"schema"}
 
 
@@ -134,6 +137,12 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
     job = ExtractJob(_schema_dict(schema), _template_text(template), text_field, options, sampling)
     job.params()                         # a bad sampling field fails here, naming it
     JsonSchemaOptions(**options)         # and so does a bad cap
+    try:
+        job.constraint().check()         # and a bad or unsupported schema, before any model loads
+    except (ValueError, TypeError, RecursionError) as exc:
+        why = " (extract generates only the properties the schema declares)" if "unsatisfiable" in str(exc) else ""
+        where = f"schema {schema}" if isinstance(schema, (str, Path)) else "schema"
+        raise ValueError(f"{where}: {exc}{why}") from None
     records = read_records(input, id_field, text_field)
     needed = {text_field} if job.template is None else template_fields(job.template)
     for record in records:
@@ -161,8 +170,7 @@ def _schema_dict(schema: dict | type | str | Path) -> dict:
             raise ValueError(f"{where}: {exc}") from None
     if not isinstance(schema, dict):
         # (a boolean is a schema, but not of the object each record is extracted into)
-        raise ValueError(f"{where}: expected a JSON Schema object (each record is extracted into an object), got "
-                         f"{type(schema).__name__}")
+        raise ValueError(f"{where}: expected a JSON Schema object, got {type(schema).__name__}")
     return schema
 
 

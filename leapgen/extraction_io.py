@@ -98,6 +98,9 @@ def _read_csv(path: Path) -> list[tuple[int, dict]]:
     start = 1
     try:
         header = next(reader)
+        twice = next((name for i, name in enumerate(header) if name in header[:i] and name != ""), None)
+        if twice is not None:        # (one cell of the two would be lost)
+            raise InputError(f"{path}:1: the header names the column {twice!r} twice")
         rows, start = [], reader.line_num + 1
         for cells in reader:
             if any(cells[len(header):]):     # (empty ones past the header, a trailing comma, lose nothing)
@@ -118,7 +121,18 @@ def _read_folder(path: Path, text_field: str) -> list[Record]:
     files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".txt" and p.is_file())
     if not files:
         raise InputError(f"{path}: no .txt files in this folder")
+    for file in files:
+        bad = _lone_surrogate(file.name)
+        if bad is not None:      # (Python hands undecodable bytes of a name over as lone surrogates)
+            shown = os.fsencode(file.name).decode("utf-8", "backslashreplace")
+            raise InputError(f"{path / shown}: the file name, its record's id, is not UTF-8 (byte "
+                             f"0x{ord(file.name[bad]) - 0xDC00:02x} at character {bad}); rename the file")
     return [Record(file.name, {text_field: _read_text(file)}, str(file)) for file in files]
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (no UTF-8 encodes it), or None."""
+    return next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), None)
 
 
 def _with_ids(path: Path, rows: list[tuple[int, dict]], id_field: str | None) -> list[Record]:
@@ -135,6 +149,10 @@ def _record_id(fields: dict, field: str | None, number: int, where: str) -> Reco
     value = fields[field]
     if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
         raise InputError(f"{where}: the id field {field!r} must be a non-empty string or an integer, got {value!r}")
+    bad = _lone_surrogate(value) if isinstance(value, str) else None
+    if bad is not None:          # (JSON's \udc80 escape reads as one; the output, UTF-8, could not hold it)
+        raise InputError(f"{where}: the id {value!r} holds a lone surrogate (character {bad}), which no UTF-8 text "
+                         "can; ids must be Unicode text")
     return value
 
 
@@ -177,6 +195,12 @@ def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]
     path = Path(path)
     if not path.parent.is_dir():
         raise OutputError(f"{path}: no folder {path.parent} to write it in")
+    if str(path) == "-":
+        raise OutputError("-: the output is appended to and read back to resume, so it is a file, not standard "
+                          "output (give a file name; ./- if that is the name)")
+    if path.exists() and not path.is_file():     # a pipe blocks the read, /dev/zero never ends it
+        raise OutputError(f"{path}: not a regular file; the output is appended to and read back to resume, so it "
+                          "must be one (write to a file, then copy it where it goes)")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -291,7 +315,11 @@ class OutputWriter:
         """Append one output line (a dict with an "id"); False, writing nothing, when its id is there already."""
         if line["id"] in self.finished:
             return False
-        self._file.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+        try:
+            text = json.dumps(line, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:   # a lone surrogate in an error's message: written escaped, as JSON may
+            text = json.dumps(line).encode("ascii")
+        self._file.write(text + b"\n")
         self._file.flush()
         self.finished.add(line["id"])
         self._unsynced += 1

@@ -18,7 +18,8 @@ def read_text(path: str | Path, *, byte_order_mark: bool = False) -> str:
     except IsADirectoryError:
         raise ValueError(f"{path}: is a directory, not a file") from None
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte offset {exc.start})") from None
     except OSError as exc:
         raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 

@@ -320,7 +320,7 @@ def test_prompts_file_dash_reads_stdin(cli_model, capsys, monkeypatch, stdin):
     (b'{"prompt": "w3"}\nw5\n', ':2: not a JSON object (the file reads as JSONL'),
     (b'{"prompt": 3}\n', ':1: "prompt" must be a string'),
     (b'{"prompt": "\\udcff"}\n', ":1: the text is not valid UTF-8"),
-    (b"w3 \xff\n", ": not UTF-8 text (byte offset 3)"),
+    (b"w2\nw3 \xff\n", ":2: not UTF-8 text (byte offset 6)"),
     (b"\n  \n", " has none"),
 ])
 def test_bad_prompts_file_is_one_line(cli_model, tmp_path, capsys, content, expected):

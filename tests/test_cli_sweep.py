@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+import leapgen
+from leapgen import SamplingParams
 from leapgen.cli import main
 from leapgen.llm import LLM
 from test_cli import error_line
@@ -136,6 +138,33 @@ def test_a_regex_sweep_is_all_valid(byte_level_model_dir, tmp_path, capsys):
     assert all(c["valid_pct"] == 100.0 and c["samples"] == 3 and c["errors"] == 0 for c in cells)
     assert all(0 < c["distinct_1"] <= 1 and c["mean_logprob"] < 0 and c["tokens_per_s"] > 0 for c in cells)
     assert all(json.loads(line)["valid"] is True for line in output.read_text(encoding="utf-8").splitlines())
+
+
+def test_the_logprob_column_leaves_forced_tokens_out(byte_level_model_dir, tmp_path, capsys):
+    output = tmp_path / "samples.jsonl"
+    pattern = "the colou?r is (red|blue)"
+    code, _, err = sweep(capsys, "--model", str(byte_level_model_dir), "--prompt", "The answer is", "--n", "1",
+                         "--max-tokens", "30", "--regex", pattern, "--json", "--output", str(output))
+    assert code == 0, err
+    llm = LLM(str(byte_level_model_dir), dtype="float32")
+    completion = llm.generate(["The answer is"], SamplingParams(max_tokens=30, logprobs=0,
+                                                                constraint=leapgen.Regex(pattern)))[0].outputs[0]
+    sampled = [lp.logprob for lp in completion.logprobs if not lp.forced]
+    assert len(sampled) < len(completion.logprobs)          # (forced tokens have entries of logprob 0)
+    sample = json.loads(output.read_text(encoding="utf-8"))
+    assert sample["text"] == completion.text and sample["mean_logprob"] == pytest.approx(sum(sampled) / len(sampled))
+
+
+def test_files_it_writes_are_neither_each_other_nor_its_inputs(cli_model, tmp_path, capsys, no_model_load):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w3\n")
+    for argv, expected in ((["--prompts-file", str(prompts), "--output", str(prompts)],
+                            f"--output {prompts}: the file --prompts-file names"),
+                           (["--prompt", "w3", "--output", str(tmp_path / "x"), "--plot", str(tmp_path / "x")],
+                            f"--plot {tmp_path / 'x'}: the file --output names")):
+        code, _, err = sweep(capsys, "--model", cli_model, *argv)
+        assert expected in error_line(code, err, alone=False)
+    assert prompts.read_text() == "w3\n"
 
 
 def test_failed_requests_are_counted_not_measured(cli_model, capsys):

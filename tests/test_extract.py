@@ -89,7 +89,7 @@ def test_template_placeholders_are_record_fields():
     assert prompt == 'T ["x", 1] {literal} {"type":"object"}'
     assert template_fields("{title}: {text} as {schema}") == {"title", "text"}
     for bad, message in (("{", "literal braces"), ("{}", "plain name"), ("{0}", "plain name"),
-                         ("{a.b}", "plain name")):
+                         ("{a.b}", "plain name"), ('Like {"color": "red"}: {text}', r"write \{\{ and \}\} for the braces")):
         with pytest.raises(ValueError, match=message):
             template_fields(bad)
 
@@ -129,7 +129,10 @@ def test_jsonl_csv_and_folder_inputs(tmp_path):
     ("key.jsonl", '{"text": "x"}\n', "key", r"key.jsonl:1: no 'key' field"),
     ("float_id.jsonl", '{"id": 1.5}\n', None, r"float_id.jsonl:1: the id field 'id' must be"),
     ("notes.txt", "x", None, r"expected a .jsonl file, a .csv file or a folder"),
-    ("latin1.jsonl", b'{"text": "caf\xe9"}\n', None, r"not UTF-8"),
+    ("latin1.jsonl", b'{"text": "x"}\n{"text": "caf\xe9"}\n', None, r"latin1.jsonl:2: not UTF-8"),
+    ("twice.csv", "id,text,text\n1,a,b\n", None, r"twice.csv:1: the header names the column 'text' twice"),
+    ("surrogate.jsonl", '{"id": "a\\udc80b", "text": "x"}\n', None,
+     r"surrogate.jsonl:1: the id 'a\\udc80b' holds a lone surrogate"),
 ])
 def test_bad_input_names_file_and_line(tmp_path, name, content, id_field, message):
     path = tmp_path / name
@@ -141,6 +144,11 @@ def test_bad_input_names_file_and_line(tmp_path, name, content, id_field, messag
 def test_folder_input_errors(tmp_path):
     with pytest.raises(InputError, match="no .txt files"):
         read_records(tmp_path)
+    latin1 = tmp_path / "latin1"
+    latin1.mkdir()
+    (latin1 / os.fsdecode(b"caf\xe9.txt")).write_text("x")     # (its id could not be written to the output)
+    with pytest.raises(InputError, match=r"caf\\xe9.txt: the file name, its record's id, is not UTF-8"):
+        read_records(latin1)
     (tmp_path / "a.txt").write_text("x")
     with pytest.raises(InputError, match="ids are the file names|does not apply"):
         read_records(tmp_path, id_field="id")
@@ -298,8 +306,7 @@ def test_a_bad_schema_fails_before_any_work(llm, tmp_path):
     with pytest.raises(ValueError, match=r"schema .*missing.json: cannot read it"):
         extract(data, str(tmp_path / "missing.json"), out, model=llm, progress=False)
     (tmp_path / "true.json").write_text("true", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"schema .*true.json: expected a JSON Schema object \(each record is "
-                                         r"extracted into an object\), got bool"):
+    with pytest.raises(ValueError, match=r"schema .*true.json: expected a JSON Schema object, got bool"):
         extract(data, str(tmp_path / "true.json"), out, model=llm, progress=False)
     assert not out.exists()
 
@@ -350,6 +357,24 @@ def test_an_output_that_is_not_ours_is_refused(tmp_path):
             prepare(data, SCHEMA, out)
     out.write_text(json.dumps(result("a")) + "\n" + json.dumps(result("b", "error")) + "\n")
     assert prepare(data, SCHEMA, out).skipped == 2 and prepare(data, SCHEMA, out, retry_errors=True).skipped == 1
+
+
+def test_a_bad_schema_is_refused_by_prepare_with_no_model(tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    with pytest.raises(ValueError, match=r"schema: unknown type 'strin' \(at /properties/a/type\)"):
+        prepare(data, {"type": "object", "properties": {"a": {"type": "strin"}}}, tmp_path / "out.jsonl")
+    with pytest.raises(ValueError, match=r"unsatisfiable.*\(extract generates only the properties the schema"):
+        prepare(data, {"type": "object", "properties": {"a": {}}, "minProperties": 2}, tmp_path / "out.jsonl")
+
+
+def test_an_output_that_is_no_regular_file_is_refused(tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)                  # (reading it back to resume would wait for a writer forever)
+    for output, message in ((fifo, "pipe: not a regular file"), (Path("/dev/null"), "/dev/null: not a regular file"),
+                            (Path("-"), "-: the output is appended to and read back")):
+        with pytest.raises(OutputError, match=message):
+            prepare(data, SCHEMA, output)
 
 
 def test_the_input_as_the_output_is_refused(tmp_path):
