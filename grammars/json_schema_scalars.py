@@ -119,17 +119,26 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
             return new if (new[0] < cur[0]) == upper else cur
         return (cur[0], cur[1] or new[1])
 
+    given: dict[bool, tuple[str, str]] = {}     # per side (upper?): the keyword of the bound kept, and its pointer
+
+    def bound(cur, p, keyword, strict, upper):
+        new = (_decimal(p.get(keyword), p.at(keyword)), strict)
+        kept = tighter(cur, new, upper)
+        if kept is new:
+            given[upper] = (keyword, p.at(keyword))
+        return kept
+
     for p in parts:
         legacy_min = p.get("exclusiveMinimum") is True
         legacy_max = p.get("exclusiveMaximum") is True
         if p.has("minimum"):
-            lo = tighter(lo, (_decimal(p.get("minimum"), p.at("minimum")), legacy_min), False)
+            lo = bound(lo, p, "minimum", legacy_min, False)
         if p.has("maximum"):
-            hi = tighter(hi, (_decimal(p.get("maximum"), p.at("maximum")), legacy_max), True)
+            hi = bound(hi, p, "maximum", legacy_max, True)
         if p.has("exclusiveMinimum") and not isinstance(p.get("exclusiveMinimum"), bool):
-            lo = tighter(lo, (_decimal(p.get("exclusiveMinimum"), p.at("exclusiveMinimum")), True), False)
+            lo = bound(lo, p, "exclusiveMinimum", True, False)
         if p.has("exclusiveMaximum") and not isinstance(p.get("exclusiveMaximum"), bool):
-            hi = tighter(hi, (_decimal(p.get("exclusiveMaximum"), p.at("exclusiveMaximum")), True), True)
+            hi = bound(hi, p, "exclusiveMaximum", True, True)
         if p.has("multipleOf"):
             k = _decimal(p.get("multipleOf"), p.at("multipleOf"))
             expect(k > 0, "multipleOf must be positive", p.at("multipleOf"))
@@ -180,7 +189,10 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
             also.append(DECIMAL)
             exclude += (INTEGER_VALUE,)
     named = ([f"multipleOf {step}"] if multiples else []) + [f"not multipleOf {x.step}" for x in refused]
-    named += ["its bounds"] if lo or hi else []
+    sides = [(given[upper], value) for upper, value in ((False, lo), (True, hi)) if value]
+    named += [f"{keyword} {value[0]}" for (keyword, _), value in sides]
+    if len(named) == 1 and sides:    # a refusal of that bound alone is about its keyword
+        pointer = sides[0][0][1]
     return Terminal(main, tuple(also), exclude, origin=(" with ".join(named) or "the number", pointer))
 
 
