@@ -83,7 +83,8 @@ class SamplingParams:
         self._check_float("repetition_penalty", lambda x: 1e-6 <= x <= 1e6, "must be in [1e-6, 1e6] (1: none)")
         self._check_float("frequency_penalty", lambda x: -2 <= x <= 2, "must be in [-2, 2]")
         self._check_float("presence_penalty", lambda x: -2 <= x <= 2, "must be in [-2, 2]")
-        # (length ** length_penalty must stay a float: 1e300 overflowed it)
+        # (so that length ** length_penalty stays a Python float: 1e300 overflowed it; the scores it divides may still
+        # underflow to ties at lengths of thousands, which a penalty of this size would flatten anyway)
         self._check_float("length_penalty", lambda x: -10 <= x <= 10, "must be in [-10, 10] (0: none)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)

@@ -144,7 +144,10 @@ def constrain_draft(matcher: TokenMatcher, draft: list[int], words: int, eos_ids
                 return draft[:advanced], masks[:advanced + 1]
             matcher.advance(token)
             advanced += 1
-            if token in eos or (stop_at_forced and (matcher.is_finished() or matcher.forced_tokens())):
+            if token in eos:             # the sequence ends at it if it is taken: the row after is open, never
+                masks[advanced] = -1     # read (a matcher past its eos allows nothing, which reads as an error)
+                return draft[:advanced], masks[:advanced + 1]
+            if stop_at_forced and (matcher.is_finished() or matcher.forced_tokens()):
                 break
         matcher.fill_bitmask(masks[advanced])
     finally:

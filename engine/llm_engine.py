@@ -421,7 +421,7 @@ class LLMEngine:
                 draft = False if request.finished else self._guarded(request, self.proposer.propose, [draft_request])
                 drafts.append(draft[0] if draft else [])
         for (request, state, _), draft in zip(wanted, drafts):
-            if draft:
+            if draft and not request.finished:   # (another sample of it may have failed its draft meanwhile)
                 self._guarded(request, self._set_draft, state, draft)
 
     def _set_draft(self, state: SequenceState, draft: list[int]) -> None:

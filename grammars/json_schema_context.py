@@ -246,6 +246,10 @@ def satisfying(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list
         raise
 
 
+_LISTED = frozenset({"enum", "const", "default", "examples"})                    # values, not schemas
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})  # name: schema
+
+
 def _check_patterns(schema: Any, pointer: str) -> None:
     """`check_readable` for every pattern in `schema` (values listed in it aside)."""
     if isinstance(schema, list):
@@ -259,7 +263,10 @@ def _check_patterns(schema: Any, pointer: str) -> None:
         for pattern in schema["patternProperties"]:
             check_readable(pattern, f"{pointer}/patternProperties/{escape_token(pattern)}")
     for key, value in schema.items():
-        if key not in ("enum", "const", "default", "examples"):
+        if key in _NAMED and isinstance(value, dict):      # (a property may be named "enum")
+            for name, sub in value.items():
+                _check_patterns(sub, f"{pointer}/{escape_token(key)}/{escape_token(name)}")
+        elif key not in _LISTED:
             _check_patterns(value, f"{pointer}/{escape_token(key)}")
 
 

@@ -554,6 +554,15 @@ def ecma_search(pattern: str, text: str) -> bool:
             re.fullmatch(r, encoded) for r in regexes.excluding)
 
 
+def check_readable(pattern: str, pointer: str) -> None:
+    """Raise, naming `pointer`, the UnsupportedSchemaError `ecma_search` meets reading `pattern` (Python-only
+    syntax in a pattern without an automaton)."""
+    try:
+        pattern_regexes(pattern)
+    except UnsupportedSchemaError:
+        _as_python(pattern, pointer)
+
+
 # memoised by the pattern alone: a schema repeats one pattern under many properties (a parse of a pattern of a
 # thousand alternatives takes milliseconds), and the pointer only names where a refused one was met
 @lru_cache(maxsize=MEMO_SIZE)
@@ -609,15 +618,6 @@ _NOT_ECMA = {"\\A": "\\A (write ^)", "\\Z": "\\Z (write $)", "\\a": "\\a (write 
              "(?P": "(?P...) (ECMA names a group (?<name>...))"}
 _INLINE_FLAGS = re.compile(r"\(\?(?:#|[aiLmsux-]+[:)])")    # Python's comments and inline flags; ECMA has neither
 _COUNT = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")      # a counted quantifier, in both
-def check_readable(pattern: str, pointer: str) -> None:
-    """Raise, naming `pointer`, the UnsupportedSchemaError `ecma_search` meets reading `pattern` (Python-only
-    syntax in a pattern without an automaton)."""
-    try:
-        pattern_regexes(pattern)
-    except UnsupportedSchemaError:
-        _as_python(pattern, pointer)
-
-
 _UPPER_BOUND_ONLY = re.compile(r"\{,[0-9]*\}")     # Python's quantifier, ECMA's literal text
 
 

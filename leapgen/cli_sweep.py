@@ -190,6 +190,15 @@ def _check_writable(flag: str, path: str) -> None:
         raise CliError(f"{flag} {path}: no such directory {target.parent}")
 
 
+def _file_of(flag: str, value: str | None) -> str | None:
+    """The file an input flag's value reads, where it names one: not standard input, and of a schema given as
+    `file.py:Model` the module's file."""
+    if value is None or flag == "--prompts-file" and value == "-":
+        return None
+    module, _, _ = value.rpartition(":")
+    return module if flag in ("--schema", "--json-schema") and module.endswith(".py") else value
+
+
 def _refuse_overwrites(written: list[tuple[str, str]], read: list[tuple[str, str]]) -> None:
     """A file the sweep writes must be neither another it writes nor one it reads (by any path to it)."""
     for i, (flag, path) in enumerate(written):
@@ -214,8 +223,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[Cell], str | None, Any]:
     written = [(file_flag, path) for file_flag, path in (("--output", args.output), ("--plot", args.plot)) if path]
     for file_flag, path in written:
         _check_writable(file_flag, path)
-    read = [(f, getattr(args, f[2:].replace("-", "_"), None)) for f in ("--prompts-file", "--schema", "--json-schema",
-                                                                       "--response-format", "--grammar")]
+    read = [(f, _file_of(f, getattr(args, f[2:].replace("-", "_"), None)))
+            for f in ("--prompts-file", "--schema", "--json-schema", "--response-format", "--grammar")]
     _refuse_overwrites(written, [(f, path) for f, path in read if path])
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--plot needs matplotlib: pip install 'leapgen[plot]'")

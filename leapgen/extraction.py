@@ -78,11 +78,12 @@ def template_fields(template: str) -> set[str]:
     except ValueError as exc:
         raise ValueError(f"template: {exc} (write {{{{ and }}}} for literal braces)") from None
     for name in names:
+        if re.search(r"[\"'\n]", name):   # JSON in the prompt: {"color": "red"} reads as the field '"color"'
+            shown = " ".join(name.split())
+            raise ValueError(f"template: {{{shown}...}} reads as a placeholder; write {{{{ and }}}} for the braces of "
+                             "JSON in the prompt")
         if not name or name.isdigit() or re.search(r"[.\[]", name):
             raise ValueError(f"template: placeholder {{{name}}} must be a record field's plain name, like {{text}}")
-        if '"' in name:              # JSON in the prompt: {"color": "red"} reads as the field '"color"'
-            raise ValueError(f"template: {{{name}...}} reads as a placeholder; write {{{{ and }}}} for the braces "
-                             "of JSON in the prompt")
     return set(names) - {"schema"}
 
 
@@ -170,7 +171,8 @@ def _schema_dict(schema: dict | type | str | Path) -> dict:
             raise ValueError(f"{where}: {exc}") from None
     if not isinstance(schema, dict):
         # (a boolean is a schema, but not of the object each record is extracted into)
-        raise ValueError(f"{where}: expected a JSON Schema object, got {type(schema).__name__}")
+        raise ValueError(f"{where}: expected a JSON Schema object (each record is extracted into the properties it "
+                         f"declares), got {type(schema).__name__}")
     return schema
 
 

@@ -101,11 +101,14 @@ def _read_csv(path: Path) -> list[tuple[int, dict]]:
         twice = next((name for i, name in enumerate(header) if name in header[:i] and name != ""), None)
         if twice is not None:        # (one cell of the two would be lost)
             raise InputError(f"{path}:1: the header names the column {twice!r} twice")
+        unnamed = [i for i, name in enumerate(header) if name == ""]
         rows, start = [], reader.line_num + 1
         for cells in reader:
             if any(cells[len(header):]):     # (empty ones past the header, a trailing comma, lose nothing)
                 raise InputError(f"{path}:{start}: {len(cells)} cells in a row under a header of {len(header)} "
                                  "columns (a comma in a field that is not quoted?)")
+            if sum(1 for i in unnamed if i < len(cells) and cells[i]) > 1:    # (empty trailing columns are fine)
+                raise InputError(f"{path}:{start}: cells under two columns the header does not name; name them")
             if any(cells):
                 rows.append((start, {name: cell for name, cell in zip(header, cells) if cell != ""}))
             start = reader.line_num + 1
@@ -197,7 +200,7 @@ def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]
         raise OutputError(f"{path}: no folder {path.parent} to write it in")
     if str(path) == "-":
         raise OutputError("-: the output is appended to and read back to resume, so it is a file, not standard "
-                          "output (give a file name; ./- if that is the name)")
+                          "output (give a file name)")
     if path.exists() and not path.is_file():     # a pipe blocks the read, /dev/zero never ends it
         raise OutputError(f"{path}: not a regular file; the output is appended to and read back to resume, so it "
                           "must be one (write to a file, then copy it where it goes)")

@@ -156,12 +156,15 @@ def test_the_logprob_column_leaves_forced_tokens_out(byte_level_model_dir, tmp_p
 
 
 def test_files_it_writes_are_neither_each_other_nor_its_inputs(cli_model, tmp_path, capsys, no_model_load):
-    prompts = tmp_path / "prompts.txt"
+    prompts, module = tmp_path / "prompts.txt", tmp_path / "models.py"
     prompts.write_text("w3\n")
+    module.write_text("import pydantic\n\n\nclass Model(pydantic.BaseModel):\n    a: int\n")
     for argv, expected in ((["--prompts-file", str(prompts), "--output", str(prompts)],
                             f"--output {prompts}: the file --prompts-file names"),
                            (["--prompt", "w3", "--output", str(tmp_path / "x"), "--plot", str(tmp_path / "x")],
-                            f"--plot {tmp_path / 'x'}: the file --output names")):
+                            f"--plot {tmp_path / 'x'}: the file --output names"),
+                           (["--prompt", "w3", "--schema", f"{module}:Model", "--output", str(module)],
+                            f"--output {module}: the file --schema names")):
         code, _, err = sweep(capsys, "--model", cli_model, *argv)
         assert expected in error_line(code, err, alone=False)
     assert prompts.read_text() == "w3\n"

@@ -15,9 +15,9 @@ import pytest
 import leapgen
 from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
 from leapgen import JsonSchema, SamplingParams
+from leapgen.decoding.speculative import DraftRequest
 from leapgen.engine import llm_engine
 from leapgen.engine.admission import RequestError
-from leapgen.decoding.speculative import DraftRequest
 from leapgen.engine.draft_model import DraftModelProposer
 from stats_util import chi_square_critical, homogeneity_statistic
 from tokenizers_util import byte_level_bpe
@@ -79,6 +79,8 @@ GREEDY_CASES = {
     "stops-penalties-logprobs": SamplingParams(max_tokens=40, repetition_penalty=1.3, frequency_penalty=0.5,
                                                stop=["e t", "c a"], min_tokens=3, logprobs=2),
     "json-schema": SamplingParams(max_tokens=80, constraint=JsonSchema(SCHEMA, {"whitespace": "compact"})),
+    # (a draft ending in eos once a jump has closed the text: the row after the eos allowed nothing, an error)
+    "json-schema-flexible": SamplingParams(max_tokens=80, constraint=JsonSchema(SCHEMA, {"whitespace": "flexible"})),
 }
 
 
@@ -204,6 +206,35 @@ def test_a_proposer_failure_ends_only_its_request(dirs, plain, monkeypatch):
     assert outputs[2].finish_reason == "error" and "the draft broke" in outputs[2].error
     for i in (0, 1, 3, 4):
         assert outputs[i].error is None and outputs[i].token_ids == expected[i].token_ids
+    assert_idle(llm)
+
+
+def test_a_request_whose_second_sample_fails_its_draft_gets_no_more_drafts(dirs, monkeypatch):
+    """n=2 under a constraint: the batch fails, the first sample drafts alone, the second fails and ends the
+    request; the first sample's draft is then not set on its retired sequence."""
+    llm = make_llm(dirs[0], configs(dirs)["draft"])
+    propose = DraftModelProposer.propose
+    second = 2                                   # (the request's sequence ids: 0 reads the prompt, then 1 and 2)
+
+    def failing(self, requests):
+        if len(requests) > 1 or requests[0].seq_id == second and len(requests[0].token_ids) > 30:
+            raise RuntimeError("the draft broke")
+        return propose(self, requests)
+
+    drafted_after_the_end = []
+    set_draft = llm_engine.SequenceState.set_draft
+
+    def watched(state, draft, masks):
+        if state.seq.is_finished:
+            drafted_after_the_end.append(state.seq.seq_id)
+        set_draft(state, draft, masks)
+
+    monkeypatch.setattr(DraftModelProposer, "propose", failing)
+    monkeypatch.setattr(llm_engine.SequenceState, "set_draft", watched)
+    params = SamplingParams(max_tokens=60, n=2, temperature=0.8, seed=3,
+                            constraint=JsonSchema(SCHEMA, {"whitespace": "compact"}))
+    outputs = llm.generate([PROMPTS[4], PROMPTS[1]], params, on_error="return")
+    assert "the draft broke" in outputs[0].error and drafted_after_the_end == []
     assert_idle(llm)
 
 

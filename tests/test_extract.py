@@ -89,7 +89,9 @@ def test_template_placeholders_are_record_fields():
     assert prompt == 'T ["x", 1] {literal} {"type":"object"}'
     assert template_fields("{title}: {text} as {schema}") == {"title", "text"}
     for bad, message in (("{", "literal braces"), ("{}", "plain name"), ("{0}", "plain name"),
-                         ("{a.b}", "plain name"), ('Like {"color": "red"}: {text}', r"write \{\{ and \}\} for the braces")):
+                         ("{a.b}", "plain name"), ('Like {"color": "red"}: {text}', r"\{\"color\"\.\.\.\} reads as a"),
+                         ("Like {'a.b': 1}", r"write \{\{ and \}\} for the braces"),
+                         ('{\n "a": 1}', r"\{\"a\"\.\.\.\}")):
         with pytest.raises(ValueError, match=message):
             template_fields(bad)
 
@@ -131,6 +133,7 @@ def test_jsonl_csv_and_folder_inputs(tmp_path):
     ("notes.txt", "x", None, r"expected a .jsonl file, a .csv file or a folder"),
     ("latin1.jsonl", b'{"text": "x"}\n{"text": "caf\xe9"}\n', None, r"latin1.jsonl:2: not UTF-8"),
     ("twice.csv", "id,text,text\n1,a,b\n", None, r"twice.csv:1: the header names the column 'text' twice"),
+    ("unnamed.csv", "id,text,,\n1,a,,\n2,b,c,d\n", None, r"unnamed.csv:3: cells under two columns the header does not"),
     ("surrogate.jsonl", '{"id": "a\\udc80b", "text": "x"}\n', None,
      r"surrogate.jsonl:1: the id 'a\\udc80b' holds a lone surrogate"),
 ])
@@ -306,7 +309,8 @@ def test_a_bad_schema_fails_before_any_work(llm, tmp_path):
     with pytest.raises(ValueError, match=r"schema .*missing.json: cannot read it"):
         extract(data, str(tmp_path / "missing.json"), out, model=llm, progress=False)
     (tmp_path / "true.json").write_text("true", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"schema .*true.json: expected a JSON Schema object, got bool"):
+    with pytest.raises(ValueError, match=r"schema .*true.json: expected a JSON Schema object \(each record is "
+                                         r"extracted into the properties it declares\), got bool"):
         extract(data, str(tmp_path / "true.json"), out, model=llm, progress=False)
     assert not out.exists()
 
