@@ -205,12 +205,24 @@ def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]
         raise OutputError(f"{path}: not a regular file; the output is appended to and read back to resume, so it "
                           "must be one (write to a file, then copy it where it goes)")
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as file:
+            _lock(file, path)        # a run writing it already is named before any model loads (closing unlocks)
+            data = file.read()
     except FileNotFoundError:
         return set()
     except OSError as exc:
         raise OutputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     return _ids_in(path, data[:data.rfind(b"\n") + 1], retry_errors)
+
+
+def _lock(file: Any, path: Path) -> None:
+    """Lock `file` for this process alone; OutputError when another run holds it."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(f"{path}: another run is writing to it; wait for it or choose another output file") from None
 
 
 # The keys of every line extract writes: an "id" alone is as likely an input record (a .jsonl of documents
@@ -270,7 +282,7 @@ class OutputWriter:
         except OSError as exc:
             raise OutputError(f"{self.path}: cannot write it ({exc.strerror or exc})") from None
         try:
-            self._lock()
+            _lock(self._file, self.path)
             self._file.seek(0)
             data = self._file.read()
             whole = data.rfind(b"\n") + 1
@@ -301,18 +313,9 @@ class OutputWriter:
         os.replace(fresh, self.path)
         self._file.close()
         self._file = open(self.path, "a+b")
-        self._lock()
+        _lock(self._file, self.path)
         self.finished = _ids_in(self.path, b"".join(kept))
         self.dropped_errors = len(lines) - len(kept)
-
-    def _lock(self) -> None:
-        if fcntl is None:
-            return
-        try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputError(f"{self.path}: another run is writing to it; wait for it or choose another "
-                              f"output file") from None
 
     def write(self, line: dict[str, Any]) -> bool:
         """Append one output line (a dict with an "id"); False, writing nothing, when its id is there already."""

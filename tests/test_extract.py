@@ -398,6 +398,8 @@ def test_writer_writes_an_id_once_and_locks_the_file(tmp_path):
         assert not writer.write(result(1, "error"))
         with pytest.raises(OutputError, match="another run is writing"):
             OutputWriter(out).__enter__()
+        with pytest.raises(OutputError, match="another run is writing"):     # (before any model loads)
+            prepare(write_jsonl(tmp_path / "in.jsonl", PEOPLE), SCHEMA, out)
     with OutputWriter(out) as writer:
         assert writer.finished == {1} and not writer.write(result(1))
     assert read_lines(out) == [result(1)]
