@@ -247,7 +247,8 @@ def satisfying(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list
 
 
 _LISTED = frozenset({"enum", "const", "default", "examples"})                    # values, not schemas
-_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})  # name: schema
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",  # name: schema
+                    "dependencies"})
 
 
 def _check_patterns(schema: Any, pointer: str) -> None:

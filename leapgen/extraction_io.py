@@ -107,8 +107,10 @@ def _read_csv(path: Path) -> list[tuple[int, dict]]:
             if any(cells[len(header):]):     # (empty ones past the header, a trailing comma, lose nothing)
                 raise InputError(f"{path}:{start}: {len(cells)} cells in a row under a header of {len(header)} "
                                  "columns (a comma in a field that is not quoted?)")
-            if sum(1 for i in unnamed if i < len(cells) and cells[i]) > 1:    # (empty trailing columns are fine)
-                raise InputError(f"{path}:{start}: cells under two columns the header does not name; name them")
+            filled = [i + 1 for i in unnamed if i < len(cells) and cells[i]]
+            if len(filled) > 1:              # (empty trailing columns are fine)
+                raise InputError(f"{path}:{start}: cells under columns {filled[0]} and {filled[1]}, which the header "
+                                 "does not name; name them")
             if any(cells):
                 rows.append((start, {name: cell for name, cell in zip(header, cells) if cell != ""}))
             start = reader.line_num + 1
@@ -193,8 +195,8 @@ def refuse_input_as_output(input: str | Path, output: str | Path) -> None:
 
 def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]:
     """The ids already in an output file (none when it does not exist yet); a torn last line does not count,
-    nor with `retry_errors` a line whose status is "error".  OutputError when it cannot be read, its
-    folder does not exist, or a line is not one extract writes."""
+    nor with `retry_errors` a line whose status is "error".  OutputError when it cannot be read, another run is
+    writing it, its folder does not exist, or a line is not one extract writes."""
     path = Path(path)
     if not path.parent.is_dir():
         raise OutputError(f"{path}: no folder {path.parent} to write it in")
@@ -206,7 +208,7 @@ def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]
                           "must be one (write to a file, then copy it where it goes)")
     try:
         with open(path, "rb") as file:
-            _lock(file, path)        # a run writing it already is named before any model loads (closing unlocks)
+            _lock(file, path, probe=True)    # a run writing it already is named before any model loads
             data = file.read()
     except FileNotFoundError:
         return set()
@@ -215,12 +217,16 @@ def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]
     return _ids_in(path, data[:data.rfind(b"\n") + 1], retry_errors)
 
 
-def _lock(file: Any, path: Path) -> None:
-    """Lock `file` for this process alone; OutputError when another run holds it."""
+def _lock(file: Any, path: Path, probe: bool = False) -> None:
+    """Lock `file` for this process alone; OutputError when another run holds it.  With `probe`, only check that
+    none does: a shared lock, released at once (it needs no write access, which NFS asks of an exclusive one, and
+    held through a read it would refuse a writer starting meanwhile)."""
     if fcntl is None:
         return
     try:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(file.fileno(), (fcntl.LOCK_SH if probe else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        if probe:
+            fcntl.flock(file.fileno(), fcntl.LOCK_UN)
     except BlockingIOError:
         raise OutputError(f"{path}: another run is writing to it; wait for it or choose another output file") from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 
 import pytest
@@ -155,7 +156,8 @@ def test_the_logprob_column_leaves_forced_tokens_out(byte_level_model_dir, tmp_p
     assert sample["text"] == completion.text and sample["mean_logprob"] == pytest.approx(sum(sampled) / len(sampled))
 
 
-def test_files_it_writes_are_neither_each_other_nor_its_inputs(cli_model, tmp_path, capsys, no_model_load):
+def test_files_it_writes_are_neither_each_other_nor_its_inputs(cli_model, tmp_path, capsys, no_model_load,
+                                                                monkeypatch):
     prompts, module = tmp_path / "prompts.txt", tmp_path / "models.py"
     prompts.write_text("w3\n")
     module.write_text("import pydantic\n\n\nclass Model(pydantic.BaseModel):\n    a: int\n")
@@ -168,6 +170,9 @@ def test_files_it_writes_are_neither_each_other_nor_its_inputs(cli_model, tmp_pa
         code, _, err = sweep(capsys, "--model", cli_model, *argv)
         assert expected in error_line(code, err, alone=False)
     assert prompts.read_text() == "w3\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("w3\n"))
+    with pytest.raises(AssertionError, match="the model was loaded"):    # past the checks: standard input is no file
+        sweep(capsys, "--model", cli_model, "--prompts-file", "-", "--output", "-")
 
 
 def test_failed_requests_are_counted_not_measured(cli_model, capsys):

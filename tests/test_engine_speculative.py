@@ -15,7 +15,7 @@ import pytest
 import leapgen
 from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
 from leapgen import JsonSchema, SamplingParams
-from leapgen.decoding.speculative import DraftRequest
+from leapgen.decoding.speculative import DraftRequest, constrain_draft
 from leapgen.engine import llm_engine
 from leapgen.engine.admission import RequestError
 from leapgen.engine.draft_model import DraftModelProposer
@@ -236,6 +236,22 @@ def test_a_request_whose_second_sample_fails_its_draft_gets_no_more_drafts(dirs,
     outputs = llm.generate([PROMPTS[4], PROMPTS[1]], params, on_error="return")
     assert "the draft broke" in outputs[0].error and drafted_after_the_end == []
     assert_idle(llm)
+
+
+def test_a_draft_ending_in_eos_leaves_the_row_after_it_open(plain):
+    """The verification row after an eos is never sampled from (the sequence ends there if the eos is taken): it is
+    left open, where a matcher past its eos allows nothing, which reads as an error; the matcher ends where it began."""
+    vocabulary = plain.engine.vocabulary
+    matcher = plain.engine.compile(leapgen.Regex("abc")).matcher()
+    before = np.zeros(vocabulary.mask_words, dtype=np.int32)
+    matcher.fill_bitmask(before)
+    tokens = plain.tokenizer.encode("abc") + [vocabulary.eos_ids[0]]
+    draft, masks = constrain_draft(matcher, tokens + [5], vocabulary.mask_words, vocabulary.eos_ids)
+    assert draft == tokens and len(masks) == len(tokens) + 1
+    assert (masks[-1] == -1).all() and all(row.any() for row in masks[:-1])
+    after = np.zeros(vocabulary.mask_words, dtype=np.int32)
+    matcher.fill_bitmask(after)
+    assert (after == before).all()
 
 
 def test_a_request_can_turn_speculation_off(dirs):

@@ -133,7 +133,7 @@ def test_jsonl_csv_and_folder_inputs(tmp_path):
     ("notes.txt", "x", None, r"expected a .jsonl file, a .csv file or a folder"),
     ("latin1.jsonl", b'{"text": "x"}\n{"text": "caf\xe9"}\n', None, r"latin1.jsonl:2: not UTF-8"),
     ("twice.csv", "id,text,text\n1,a,b\n", None, r"twice.csv:1: the header names the column 'text' twice"),
-    ("unnamed.csv", "id,text,,\n1,a,,\n2,b,c,d\n", None, r"unnamed.csv:3: cells under two columns the header does not"),
+    ("unnamed.csv", "id,text,,\n1,a,,\n2,b,c,d\n", None, r"unnamed.csv:3: cells under columns 3 and 4, which the header"),
     ("surrogate.jsonl", '{"id": "a\\udc80b", "text": "x"}\n', None,
      r"surrogate.jsonl:1: the id 'a\\udc80b' holds a lone surrogate"),
 ])

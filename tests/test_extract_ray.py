@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -61,8 +62,13 @@ def test_a_bad_schema_fails_on_the_driver_before_ray_starts(tmp_path):
     build_checkpoint_for_tokenizer(model, byte_level_bpe())
     data = tmp_path / "in.jsonl"
     data.write_text('{"text": "x"}\n')
+    bad = {"type": "object", "unevaluatedProperties": False}
     with pytest.raises(ValueError, match=r"schema: .*'unevaluatedProperties'.*\(at /unevaluatedProperties\)"):
-        prepare(data, {"type": "object", "unevaluatedProperties": False}, tmp_path / "out.jsonl")    # (no model)
+        prepare(data, bad, tmp_path / "out.jsonl")      # (with no model)
+    plan = prepare(data, SCHEMA, tmp_path / "out.jsonl")
+    plan.job = dataclasses.replace(plan.job, schema=bad)     # (a plan made otherwise: the driver compiles it too)
+    with pytest.raises(ValueError, match=r"schema: .*'unevaluatedProperties'.*\(at /unevaluatedProperties\)"):
+        run_on_ray(plan, model, workers=2)
     plan = prepare(data, SCHEMA, tmp_path / "out.jsonl", max_tokens=100_000)     # past the model's context
     with pytest.raises(LimitError, match=r"max_tokens=100000 leaves no room for a prompt"):
         run_on_ray(plan, model, workers=2)
