@@ -266,9 +266,10 @@ class OutputWriter:
     """Appends output lines to a file, locked against a second writer.
 
     Opening cuts off a torn last line (a crash mid-write), with `retry_errors` takes out the error lines, and
-    reads the ids already written; `write` skips those, so no id is written twice.  Each line is one write, flushed at once (a killed process
-    loses no finished line); fsync runs every `sync_every` lines or `sync_seconds`, and on close, so a
-    power cut loses at most that much, which the next run redoes.
+    reads the ids already written; `write` skips those, so no id is written twice.  Each line is one write,
+    flushed at once (a killed process loses no finished line); fsync runs at the line that makes `sync_every`
+    lines or comes `sync_seconds` after the last fsync, and on close, so a power cut loses at most that much,
+    which the next run redoes.
     """
 
     def __init__(self, path: str | Path, sync_every: int = 64, sync_seconds: float = 1.0,
