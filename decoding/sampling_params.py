@@ -17,6 +17,11 @@ SEEDS = range(-2 ** 63, 2 ** 64)    # the seeds torch's generators take (an int;
 
 _MAX_BIAS = 1e6     # past this a bias pushes a float32 logit towards inf, which leaves nothing to sample
 
+def is_integer(value: object) -> bool:
+    """An integer (numpy's too), not a bool: what a token id or a seed may be."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 MAX_LOGPROBS = 20   # top alternatives per token; as OpenAI's API, and bounded so a typo cannot sort the vocabulary
 
 
@@ -63,7 +68,7 @@ class SamplingParams:
         `params.stop = "x"`) is read the same way."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if isinstance(self.seed, Integral) and not isinstance(self.seed, bool):
+        if is_integer(self.seed):
             self.seed = int(self.seed)      # numpy's integers too
         if isinstance(self.logit_bias, dict):
             self.logit_bias = _logit_bias(self.logit_bias)
@@ -142,7 +147,7 @@ def _logit_bias(bias: dict) -> dict:
     numpy's integers, and its biases as floats where numpy's; other keys are left for `validate` to name."""
     out: dict = {}
     for token, value in bias.items():
-        if isinstance(token, Integral) and not isinstance(token, bool):
+        if is_integer(token):
             token = int(token)
         elif isinstance(token, str) and re.fullmatch(r"-?[0-9]{1,18}", token.strip()):
             token = int(token)

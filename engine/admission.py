@@ -8,10 +8,9 @@ step loop only meets failures that depend on what the model generates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral
 
 from leapgen.decoding.constraint import ConstraintSpec, TokenConstraint
-from leapgen.decoding.sampling_params import SamplingParams
+from leapgen.decoding.sampling_params import SamplingParams, is_integer
 from leapgen.engine.block_manager import beam_search_blocks
 
 
@@ -57,17 +56,12 @@ def encode_prompt(prompt: object, tokenizer) -> tuple[str | None, list[int]]:
     if isinstance(prompt, (bytes, bytearray)):
         raise TypeError("a prompt must be a string or a list of token ids, got bytes: decode it to a string first")
     if isinstance(prompt, (list, tuple)):
-        bad = next((j for j, t in enumerate(prompt) if not is_token_id(t)), None)
+        bad = next((j for j, t in enumerate(prompt) if not is_integer(t)), None)
         if bad is None:
             return None, [int(t) for t in prompt]
         raise TypeError(f"a prompt must be a string or a list of token ids, got a {type(prompt).__name__} holding "
                         f"{type(prompt[bad]).__name__} at [{bad}]")
     raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-
-
-def is_token_id(value: object) -> bool:
-    """Whether `value` can be a token id: an integer (numpy's too), not a bool."""
-    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def check_request(prompt: object, params: SamplingParams, tokenizer, limits: EngineLimits) -> CheckedRequest:

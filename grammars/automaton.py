@@ -605,19 +605,14 @@ class _Compiler:
         try:
             if dfa is None:
                 dfa = self._dfas[expr] = terminal_for(expr)
-        except AutomatonTooLargeError as exc:
-            origin = _origin(expr)
-            if origin is None:
-                raise
-            what, pointer = origin
-            raise UnsupportedSchemaError(f"{what} cannot be enforced exactly within {exc.budget}", pointer) from None
         except RegexError as exc:   # a regex the front end wrote (a pattern of the user's is checked there)
             origin = _origin(expr)
             if origin is None:
                 raise
             what, pointer = origin
-            raise UnsupportedSchemaError(f"{what} cannot be enforced exactly (a regex it needs: {exc.reason})",
-                                         pointer) from None
+            why = f"within {exc.budget}" if isinstance(exc, AutomatonTooLargeError) else \
+                f"(a regex it needs: {exc.reason})"
+            raise UnsupportedSchemaError(f"{what} cannot be enforced exactly {why}", pointer) from None
         return dfa
 
     def _label(self, dfa: DFA, expr: ir.Expr, labels: dict[DFA, str], kind: str) -> str:

@@ -11,7 +11,7 @@ import sys
 from typing import Any, Sequence
 
 from leapgen.cli_common import CliError, describe
-from leapgen.text_files import parse_json, read_text
+from leapgen.text_files import lone_surrogate, parse_json, read_text
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,14 +150,11 @@ def decode_escapes(text: str) -> str:
 def check_utf8(flag: str, values: Sequence[str]) -> None:
     """Python hands undecodable argv bytes over as lone surrogates; no tokenizer can take them."""
     for number, value in enumerate(values, 1):
-        bad = next((i for i, ch in enumerate(value) if 0xD800 <= ord(ch) <= 0xDFFF), None)
-        if bad is None:
+        found = lone_surrogate(value)
+        if found is None:
             continue
-        code = ord(value[bad])
-        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
         where = flag if len(values) == 1 else f"{flag} #{number}"
-        raise CliError(f"{where}: the text is not valid UTF-8 ({what} at character {bad}); "
-                       f"check the terminal's or the file's encoding")
+        raise CliError(f"{where}: the text is not valid UTF-8 ({found}); check the terminal's or the file's encoding")
 
 
 # --- the constraint --------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leapgen.text_files import read_text
+from leapgen.text_files import lone_surrogate, read_text
 
 try:
     import fcntl
@@ -127,17 +127,11 @@ def _read_folder(path: Path, text_field: str) -> list[Record]:
     if not files:
         raise InputError(f"{path}: no .txt files in this folder")
     for file in files:
-        bad = _lone_surrogate(file.name)
-        if bad is not None:      # (Python hands undecodable bytes of a name over as lone surrogates)
+        found = lone_surrogate(file.name)
+        if found is not None:
             shown = os.fsencode(file.name).decode("utf-8", "backslashreplace")
-            raise InputError(f"{path / shown}: the file name, its record's id, is not UTF-8 (byte "
-                             f"0x{ord(file.name[bad]) - 0xDC00:02x} at character {bad}); rename the file")
+            raise InputError(f"{path / shown}: the file name, its record's id, is not UTF-8 ({found}); rename the file")
     return [Record(file.name, {text_field: _read_text(file)}, str(file)) for file in files]
-
-
-def _lone_surrogate(text: str) -> int | None:
-    """Where `text` holds a lone surrogate (no UTF-8 encodes it), or None."""
-    return next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), None)
 
 
 def _with_ids(path: Path, rows: list[tuple[int, dict]], id_field: str | None) -> list[Record]:
@@ -154,10 +148,10 @@ def _record_id(fields: dict, field: str | None, number: int, where: str) -> Reco
     value = fields[field]
     if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
         raise InputError(f"{where}: the id field {field!r} must be a non-empty string or an integer, got {value!r}")
-    bad = _lone_surrogate(value) if isinstance(value, str) else None
-    if bad is not None:          # (JSON's \udc80 escape reads as one; the output, UTF-8, could not hold it)
-        raise InputError(f"{where}: the id {value!r} holds a lone surrogate (character {bad}), which no UTF-8 text "
-                         "can; ids must be Unicode text")
+    found = lone_surrogate(value) if isinstance(value, str) else None
+    if found is not None:        # (JSON's \udc80 escape reads as one; the output, UTF-8, could not hold it)
+        raise InputError(f"{where}: the id {value!r} holds a lone surrogate ({found}), which no UTF-8 text can; ids "
+                         "must be Unicode text")
     return value
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from numbers import Integral
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterable, Iterator, Literal, Sequence
 
@@ -13,9 +12,8 @@ import torch
 from jinja2 import TemplateError
 
 from leapgen.constraints import Constraint, as_constraint, from_response_format, pydantic_model
-from leapgen.decoding.sampling_params import SEEDS, SamplingParams
+from leapgen.decoding.sampling_params import SEEDS, SamplingParams, is_integer
 from leapgen.decoding.speculative import SpeculativeConfig
-from leapgen.engine.admission import is_token_id
 from leapgen.engine.default_model import default_model_path
 from leapgen.engine.llm_engine import EngineConfig, LLMEngine
 from leapgen.engine.loader import load_model
@@ -50,7 +48,7 @@ class LLM:
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model must be a path (str or Path) or None for the default model, got "
                             f"{type(model).__name__}")
-        if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
+        if seed is not None and not is_integer(seed):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if seed is not None and int(seed) not in SEEDS:
             raise ValueError(f"seed must fit in 64 bits, got {seed}")
@@ -280,7 +278,7 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         raise TypeError(f"prompts must be a string, a list of token ids or a list of those, got "
                         f"{type(prompts).__name__}")
     prompts = list(prompts)
-    if prompts and all(map(is_token_id, prompts)):
+    if prompts and all(map(is_integer, prompts)):
         return [prompts]              # one prompt given as token ids
     return prompts
 

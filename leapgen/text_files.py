@@ -24,6 +24,17 @@ def read_text(path: str | Path, *, byte_order_mark: bool = False) -> str:
         raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
+def lone_surrogate(text: str) -> str | None:
+    """Where `text` holds a character no UTF-8 encodes, a lone surrogate (Python hands an undecodable byte of argv or
+    of a file name over as one), said as "byte 0xe9 at character 3"; None for Unicode text."""
+    bad = next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+    if bad is None:
+        return None
+    code = ord(text[bad])
+    what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+    return f"{what} at character {bad}"
+
+
 def parse_json(where: str, text: str) -> Any:
     """`text` as JSON; ValueError naming `where` when it is not valid or nests too deeply to read."""
     try:
