@@ -7,7 +7,9 @@ regex terminals are Terminals (with their flags), direct left recursion (which
 lark produces for repetitions) is rewritten as iteration, and `%ignore`d
 terminals may appear between any two symbols and around the whole text.
 The language is the character-level one (as lark's Earley `dynamic_complete`
-lexer sees it), not the one a greedy standard lexer would impose, with one
+lexer sees it), not the one a greedy standard lexer would impose: a regexp
+terminal may end wherever its regex can, except that one with a lazy
+quantifier ends at its first possible end, as lark's lexer ends it.  One
 difference: lark matches an `%ignore`d terminal greedily, here it may end
 wherever it can (a `//` comment followed by code on its line is admitted).
 """
@@ -19,7 +21,7 @@ import re
 
 from . import ir
 from .errors import LarkGrammarError, RegexError
-from .regex import check_group_depth, regex_dfa
+from .regex import FirstEnds, check_group_depth, has_lazy_repeat, regex_dfa
 
 # common.ESCAPED_STRING uses a lookbehind; this is the same set of tokens without one
 # (a quoted run of non-newline characters, backslash escapes, no unescaped inner quote)
@@ -121,6 +123,41 @@ def _load(text: str):
         raise LarkGrammarError(f"invalid lark grammar: {message}", int(m2.group(1)) if m2 else line) from None
     except (AnyLarkError, AssertionError, OSError) as e:     # (lark asserts, or fails to open, where an import fails)
         raise LarkGrammarError(f"invalid lark grammar: {str(e).strip().splitlines()[0]}") from None
+    except _REGEX_ERRORS as e:  # a /regexp/ that lark's regex module cannot compile (it compiles every terminal)
+        found = _bad_regexp(text)
+        if found is None:
+            raise LarkGrammarError(f"invalid regular expression: {e}") from None
+        raise LarkGrammarError(f"invalid regular expression {found[0]}: {found[1] or e}", found[2]) from None
+
+
+def _regex_errors() -> tuple[type[Exception], ...]:
+    try:
+        import regex
+    except ImportError:     # (lark falls back on `re`)
+        return (re.error,)
+    return (re.error, regex.error)
+
+
+_REGEX_ERRORS = _regex_errors()
+# a /regexp/ literal and its flags (outside comments and strings, which `_LEXEMES` steps over)
+_REGEXP_FLAGS = re.compile(r"[a-z]*")
+
+
+def _bad_regexp(text: str) -> tuple[str, str, int] | None:
+    """The first /regexp/flags of `text` that does not compile, what is wrong where that is a flag, and its line."""
+    for m in _LEXEMES.finditer(text):
+        if m.group(1) is None:
+            continue
+        flags = _REGEXP_FLAGS.match(text, m.end()).group()
+        line = text.count("\n", 0, m.start()) + 1
+        unknown = sorted(set(flags) - _FLAGS)
+        if unknown:
+            return f"/{m.group(1)}/{flags}", f"unknown flag {', '.join(map(repr, unknown))}", line
+        try:
+            re.compile(f"(?{flags}){m.group(1)}" if flags else m.group(1))
+        except (re.error, ValueError, OverflowError):
+            return f"/{m.group(1)}/{flags}", "", line
+    return None
 
 
 def _terminal(name: str, pattern, text: str) -> ir.Expr:
@@ -142,7 +179,8 @@ def _terminal(name: str, pattern, text: str) -> ir.Expr:
         regex_dfa(source)
     except RegexError as e:
         raise LarkGrammarError(f"terminal {name}: {e}", _line_of(text, name)) from None
-    return ir.Terminal(source)
+    # lark's lexer ends a lazy regex at its first possible end (`/".*?"/` at the first closing quote)
+    return ir.Terminal(source, (FirstEnds(source),)) if has_lazy_repeat(source) else ir.Terminal(source)
 
 
 def lark_to_ir(text: str) -> ir.Grammar:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
+from dataclasses import dataclass
 from re import _constants as C
 from re import _parser as sre_parse
 
@@ -328,16 +329,50 @@ _ONE_CHARACTER = (C.LITERAL, C.NOT_LITERAL, C.ANY, C.IN)
 
 def _has_anchor(items) -> bool:
     """Whether parsed regex `items` hold an anchor (`^`, `$`, `\\A`, `\\Z`) at any depth."""
+    return _holds(items, C.AT)
+
+
+def _holds(items, wanted) -> bool:
+    """Whether parsed regex `items` hold opcode `wanted` at any depth."""
     for op, av in items:
-        if op is C.AT:
+        if op is wanted:
             return True
-        if op is C.BRANCH and any(_has_anchor(branch.data) for branch in av[1]):
+        if op is C.BRANCH and any(_holds(branch.data, wanted) for branch in av[1]):
             return True
-        if op is C.SUBPATTERN and _has_anchor(av[3].data):
+        if op is C.SUBPATTERN and _holds(av[3].data, wanted):
             return True
-        if op in (C.MAX_REPEAT, C.MIN_REPEAT) and _has_anchor(av[2].data):
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT) and _holds(av[2].data, wanted):
             return True
     return False
+
+
+def has_lazy_repeat(pattern: str) -> bool:
+    """Whether `pattern` (a valid regex) holds a lazy quantifier (`*?`, `+?`, `??`, `{m,n}?`)."""
+    return _holds(parse_quietly(pattern).data, C.MIN_REPEAT)
+
+
+@dataclass(frozen=True)
+class FirstEnds:
+    """The texts of regex `pattern` that no shorter text of it begins: what a lexer that ends a terminal at its
+    regex's first possible end takes (lark's, for a regex with a lazy quantifier: `/".*?"/` ends at the first
+    closing quote).  Sound whatever the rest of the regex prefers: such a text matches nothing shorter, and
+    lark's complete lexer also tries every prefix of what the regex matched."""
+
+    pattern: str
+
+    def dfa(self) -> DFA:
+        return _first_ends(self.pattern)
+
+    def intersect(self, dfa: DFA, max_states: int) -> DFA:
+        return product(dfa, self.dfa(), True, max_states)
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _first_ends(pattern: str) -> DFA:
+    full = regex_dfa(pattern)
+    trans = full.trans.copy()
+    trans[full.accept] = -1     # a text ends at the first accepting state it reaches
+    return minimize(DFA(trans, full.accept.copy()))
 
 
 # what can hold a parenthesis that opens no group: an escape, a character class

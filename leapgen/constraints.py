@@ -177,7 +177,9 @@ def _validator(key: tuple) -> Callable[[str], bool]:
     if kind == "lark":
         from lark import Lark, LarkError
 
-        parser = Lark(source, start="start")
+        # the language leapgen's grammar admits: a regexp terminal may end wherever its regex can (lark's default
+        # lexer takes its longest match, so `/\w+/ "_id"` would refuse `user_id`)
+        parser = Lark(source, start="start", parser="earley", lexer="dynamic_complete")
 
         def parses(text: str) -> bool:
             try:

@@ -128,6 +128,11 @@ def test_matcher_on_cl100k_reaches_a_json_document():
         ("start: X\n%import.other.X\n", r"%import .other.X", 2),
         ("start: X\n%import common.other.X\n", r"%import common.other.X", 2),    # a file common/other.lark
         ("start: X\n%import common . other . X\n", r"%import common.other.X", 2),
+        # lark compiles every /regexp/ with the regex module, whose errors are no LarkError
+        ("start: /a/l\n", r"invalid regular expression /a/l: unknown flag 'l'", 1),
+        ("start: A\n// a comment\nA: /(a/\n", r"invalid regular expression /\(a/: missing \)", 3),
+        ("start: A\nA: /[z-a]/i\n", r"invalid regular expression /\[z-a\]/i: bad character range", 2),
+        ('start: "x" /a{2,1}/\n', r"/a\{2,1\}/: min repeat greater than max repeat", 1),
     ],
 )
 def test_bad_grammars(text, message, line):
@@ -148,3 +153,28 @@ def test_a_comment_may_mention_an_import():
                            tu.byte_level_bpe())
     assert _accepts(grammar, "abc") and not _accepts(grammar, "a1")
 
+
+
+def test_a_lazy_regexp_ends_at_its_first_possible_end_as_larks_lexer_ends_it():
+    """`/".*?"/` is one quoted text without a quote inside (its full-match language also holds `"a","b"`, which
+    lark never lexes as one terminal: outputs failed to parse)."""
+    text = 'start: pair ("," pair)*\npair: STRING ":" STRING\nSTRING: /".*?"/\n'
+    g, parser = compile_lark(text, tu.byte_level_bpe()), Lark(text, parser="earley", lexer="dynamic_complete")
+    for case in ('"a":"b"', '"a":"b","c":""', '"a","b":"c"', '"a"b":"c"', '"a":"b":"c"'):
+        assert _accepts(g, case) == _lark_accepts(parser, case), case
+    comment = "start: C_COMMENT\n%import common.C_COMMENT\n"
+    g, parser = compile_lark(comment, tu.byte_level_bpe()), Lark(comment, parser="earley", lexer="dynamic_complete")
+    for case in ("/* a */", "/* a * / b */", "/* a */ b */", "/**/", "/* a */*/"):
+        assert _accepts(g, case) == _lark_accepts(parser, case), case
+
+
+def test_a_regexp_may_end_before_the_literal_that_follows_and_the_checker_agrees():
+    """The language is lark's `dynamic_complete` one, which `is_valid` (and `leapgen sweep`) checks against: with
+    lark's default lexer `FIELD` took `user_id` whole and every output read as invalid."""
+    from leapgen import Grammar
+    from leapgen.constraints import is_valid
+
+    text = 'start: FIELD "_id"\nFIELD: /\\w+/\n'
+    g = compile_lark(text, tu.byte_level_bpe())
+    assert _accepts(g, "user_id") and is_valid(Grammar(text), "user_id")
+    assert not _accepts(g, "user") and not is_valid(Grammar(text), "user")
