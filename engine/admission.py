@@ -31,6 +31,9 @@ class EngineLimits:
     kv_capacity_tokens: int  # tokens the whole KV cache holds
     kv_block_size: int       # tokens a block of it holds
     max_num_seqs: int        # sequences that run at once
+    # the config field the context comes from: a sliding window caps it (leapgen attends to the whole sequence,
+    # exact up to the window)
+    context_field: str = "max_position_embeddings"
 
 
 @dataclass
@@ -78,10 +81,11 @@ def check_request(prompt: object, params: SamplingParams, tokenizer, limits: Eng
         raise RequestError(f"token id {bad} is outside the vocabulary ({vocab})")
     if len(ids) >= context:
         raise RequestError(f"the prompt has {len(ids)} tokens; the model's context is {context} tokens "
-                           f"(max_position_embeddings), so at most {context - 1} prompt tokens fit")
+                           f"({limits.context_field}), so at most {context - 1} prompt tokens fit")
     if len(ids) + params.max_tokens > context:
         raise RequestError(f"the prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
-                           f"context of {context} tokens; set max_tokens <= {context - len(ids)}")
+                           f"context of {context} tokens ({limits.context_field}); set max_tokens <= "
+                           f"{context - len(ids)}")
     if len(ids) + params.max_tokens > limits.kv_capacity_tokens:
         raise RequestError(f"the prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the KV cache "
                            f"of {limits.kv_capacity_tokens} tokens; raise kv_cache_memory or lower max_tokens")

@@ -191,10 +191,19 @@ def _parse_rope(fields: _Fields) -> tuple[float, RopeScaling | None]:
         if scaling.high_freq_factor <= scaling.low_freq_factor:
             raise ConfigError(f"{fields.source}: field '{field}.high_freq_factor' must exceed 'low_freq_factor'")
         return float(theta), scaling
-    if isinstance(kind, str):
+    if isinstance(kind, str) and kind in _transformers_rope_types():
         raise UnsupportedConfigError(f"{fields.source}: field '{field}.rope_type' is {kind!r}; leapgen implements "
                                      f"'default', 'linear' and 'llama3'")
+    if isinstance(kind, str):   # (no use falling back on transformers: it fails on it with a bare KeyError)
+        raise ConfigError(f"{fields.source}: field '{field}.rope_type' is {kind!r}, which neither leapgen nor the "
+                          f"installed transformers implements")
     raise ConfigError(f"{fields.source}: field '{field}.rope_type' must be a string, got {kind!r}")
+
+
+def _transformers_rope_types() -> frozenset[str]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return frozenset(ROPE_INIT_FUNCTIONS)
 
 
 def _parse_sliding_window(fields: _Fields, model_type: str, max_positions: int) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -46,14 +47,15 @@ CPU_KV_CACHE_CAP = 512 * 2**20
 # request kept each grammar, with its caches of masks (up to hundreds of MB each), for the life of the process.
 # A request holds its own grammar while it runs, so one dropped here only compiles again for a later request.
 CONSTRAINTS_KEPT = 64
-_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
+          "gb": 10**9, "tb": 10**12}
 
 
 def parse_memory(value: int | str) -> int:
     """Bytes from an int or a string like '2GiB' / '512 MiB'."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]i?b|b)?\s*", str(value), re.IGNORECASE)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", str(value), re.IGNORECASE)
     if not match:
         raise ValueError(f"kv_cache_memory must be a positive number of bytes or a size like '2GiB', got {value!r}")
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
@@ -103,6 +105,11 @@ class LLMEngine:
     A request that fails while it is stepped (a matcher error, a user logits processor that
     raises, a failed forward pass) ends alone with finish_reason "error": its blocks are freed and
     the other requests go on.
+
+    Several callers may share one engine (threads, or a stream left open while `generate` runs): each step
+    advances every running request, whoever takes it, and outputs are updated in place, so each caller reads
+    its own requests' progress from their outputs (`iter_generate`, `stream`).  The engine's state changes
+    under one lock.
     """
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, seed: int | None = None) -> None:
@@ -127,8 +134,10 @@ class LLMEngine:
         self.sampler = Sampler(seed=seed, device=loaded.device,
                                row_logsumexp=compiled_row_logsumexp(loaded.device) or torch_row_logsumexp)
         self.vocabulary = vocabulary_for(loaded.tokenizer, size=loaded.vocab_size, eos_ids=loaded.eos_token_ids)
+        windowed = loaded.config is not None and loaded.config.sliding_window is not None
         self.limits = EngineLimits(loaded.vocab_size, loaded.max_model_len, self.block_manager.capacity_tokens,
-                                   self.block_manager.block_size, config.max_num_seqs)
+                                   self.block_manager.block_size, config.max_num_seqs,
+                                   "sliding_window" if windowed else "max_position_embeddings")
         self.proposer = self._proposer(config.speculative)
         self._to_propose: list[tuple[EngineRequest, SequenceState]] = []   # accepted a token this step
         self.requests: dict[int, EngineRequest] = {}
@@ -141,6 +150,8 @@ class LLMEngine:
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
         self.num_steps = 0                       # forward passes
+        self._lock = threading.RLock()
+        self._steps_taken = 0                    # calls of step(), by any caller (see iter_generate)
         self.num_forced_tokens = 0               # tokens appended by forced-token jumps, without sampling
 
     @property
@@ -165,6 +176,10 @@ class LLMEngine:
 
     def check(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> CheckedRequest:
         """Encode and check a request and compile its constraint, queueing nothing; errors say what is wrong."""
+        with self._lock:    # (the memos of compiled constraints)
+            return self._check(prompt, params)
+
+    def _check(self, prompt: str | Seq[int], params: SamplingParams | None) -> CheckedRequest:
         checked = check_request(prompt, params or SamplingParams(), self.tokenizer, self.limits)
         if checked.params.constraint is not None:
             checked.constraint = self.compile(checked.params.constraint)
@@ -188,18 +203,23 @@ class LLMEngine:
         """`spec` compiled for this model's vocabulary, once per spec while it stays among the `CONSTRAINTS_KEPT`
         used last; RequestError when no token of the vocabulary can even start an output inside it."""
         key = spec.key()
-        compiled = self._compiled.get(key)
-        if compiled is not None:
-            self._compiled.move_to_end(key)
-            return compiled
-        compiled = spec.compile(self.vocabulary)
-        if not len(compiled.matcher().allowed_token_ids()):
-            raise RequestError("constraint: no token of this model's vocabulary can start an output that "
-                               "matches it (the vocabulary cannot spell it)")
-        return _kept(self._compiled, key, compiled)
+        with self._lock:
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                self._compiled.move_to_end(key)
+                return compiled
+            compiled = spec.compile(self.vocabulary)
+            if not len(compiled.matcher().allowed_token_ids()):
+                raise RequestError("constraint: no token of this model's vocabulary can start an output that "
+                                   "matches it (the vocabulary cannot spell it)")
+            return _kept(self._compiled, key, compiled)
 
     def add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> int:
         """Queue a prompt (or an already checked request); returns its request id."""
+        with self._lock:
+            return self._add_request(prompt, params)
+
+    def _add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None) -> int:
         checked = prompt if isinstance(prompt, CheckedRequest) else self.check(prompt, params)
         params = checked.params
         request_id = next(self._request_ids)
@@ -243,7 +263,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns the outputs of the requests that advanced (updated in place,
         `delta` = the text this step released)."""
-        with phase("step"):
+        with self._lock, phase("step"):
+            self._steps_taken += 1
             return self._step()
 
     def _step(self) -> list[RequestOutput]:
@@ -549,18 +570,20 @@ class LLMEngine:
 
     def abort(self, request_id: int) -> None:
         """Drop a request that has not finished; its blocks are freed."""
-        request = self.requests.pop(request_id, None)
-        if request is None:
-            return
-        for state in request.samples:
-            if not state.seq.is_finished:
-                self._retire(state, "abort")
-        request.output.finished = True
+        with self._lock:
+            request = self.requests.pop(request_id, None)
+            if request is None:
+                return
+            for state in request.samples:
+                if not state.seq.is_finished:
+                    self._retire(state, "abort")
+            request.output.finished = True
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached KV blocks of finished prompts (e.g. to time prefills from cold, or after the text
         they cached stops recurring); returns how many blocks were forgotten.  Running requests keep theirs."""
-        return self.block_manager.reset_prefix_cache()
+        with self._lock:
+            return self.block_manager.reset_prefix_cache()
 
     # --- whole batches -------------------------------------------------------------------------------
 
@@ -598,8 +621,9 @@ class LLMEngine:
         if max_pending is None:
             checked = [self._checked(index, prompt, sampling, on_error)
                        for index, (prompt, sampling) in enumerate(zip(prompts, params_list))]
-        pending: dict[int, int] = {}             # request id -> prompt index
+        pending: dict[int, tuple[int, RequestOutput]] = {}     # request id -> prompt index, output
         queued = 0
+        seen = self._steps_taken
         try:
             while queued < len(prompts) or pending:
                 while queued < len(prompts) and len(pending) < window:
@@ -608,19 +632,54 @@ class LLMEngine:
                     if isinstance(request, RequestOutput):
                         yield queued, request
                     else:
-                        pending[self.add_request(request)] = queued
+                        with self._lock:
+                            request_id = self.add_request(request)
+                            pending[request_id] = queued, self.requests[request_id].output
                     queued += 1
-                if not self.has_unfinished:
-                    break
-                for output in self.step():
+                with self._lock:
+                    if self._steps_taken == seen and self.has_unfinished:
+                        outputs = self.step()
+                    else:   # another caller stepped since (some of ours may have finished there), or nothing runs
+                        outputs = [output for _, output in pending.values() if output.finished]
+                        if not outputs and not self.has_unfinished:
+                            break
+                    seen = self._steps_taken
+                for output in outputs:
                     if output.finished and output.request_id in pending:
-                        index = pending.pop(output.request_id)
+                        index = pending.pop(output.request_id)[0]
                         if output.error is not None:    # named as a refusal is: by the prompt it came from
                             output.error = str(RequestError(output.error, index))
                         yield index, output
         finally:                                 # an interrupted call leaves nothing running
             for request_id in pending:
                 self.abort(request_id)
+
+    def stream(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> Iterator[str]:
+        """Queue one request (n = 1) and yield its text as it is released; the pieces join to its final text.
+        RuntimeError with its error (after the text so far) where it fails; closing the iterator aborts it."""
+        with self._lock:
+            request_id = self.add_request(prompt, params)
+            output = self.requests[request_id].output
+        sent = 0
+        try:
+            while True:
+                # read from the text, not the step's delta: another caller's steps may have advanced it too
+                text = output.outputs[0].text if output.outputs else ""
+                if len(text) > sent:
+                    piece, sent = text[sent:], len(text)
+                    yield piece
+                    continue    # (read again: more may have come while the caller held this piece)
+                if output.error is not None:
+                    raise RuntimeError(output.error)
+                if output.finished:
+                    return
+                with self._lock:
+                    if not output.finished:
+                        if not self.has_unfinished:
+                            raise RuntimeError(f"request {request_id} left the engine unfinished")
+                        self.step()
+        finally:
+            self.abort(request_id)
 
     def _checked(self, index: int, prompt: str | Seq[int], params: SamplingParams | None,
                  on_error: Literal["raise", "return"]) -> CheckedRequest | RequestOutput:

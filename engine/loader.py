@@ -13,7 +13,7 @@ field or device, so the CLI and scripts can print it instead of a library traceb
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -34,6 +34,7 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # Tensors some checkpoints carry that the model recomputes or shares.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_HEAD, _EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
 
 
 class CheckpointError(ValueError):
@@ -102,6 +103,8 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{directory / 'config.json'}: transformers rejects it: {exc}") from exc
     tokenizer = load_tokenizer(directory)
+    if config.tie_word_embeddings and _own_output_head(directory):
+        config = replace(config, tie_word_embeddings=False)
     with torch.device("meta"):
         model = MODEL_CLASSES[config.model_type](config)
     model = model.to(torch_dtype).to_empty(device=torch_device)
@@ -114,9 +117,19 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "auto", device: str 
 
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     """The HF tokenizer saved in a checkpoint directory."""
-    if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
+    present = [name for name in _TOKENIZER_FILES if (directory / name).is_file()]
+    if not present:
         raise CheckpointError(f"{directory}: no tokenizer files (expected one of {', '.join(_TOKENIZER_FILES)})")
-    return AutoTokenizer.from_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):    # a damaged file, named (transformers does not)
+        if name in present:
+            read_json(directory / name)
+    try:
+        return AutoTokenizer.from_pretrained(directory)
+    except Exception as exc:    # (transformers raises a different kind for every way a tokenizer is incomplete)
+        lines = str(exc).strip().splitlines()
+        raise CheckpointError(f"{directory}: cannot load the tokenizer from {', '.join(present)}"
+                              f"{' (no tokenizer.json)' if 'tokenizer.json' not in present else ''}: "
+                              f"{type(exc).__name__}: {lines[0] if lines else ''}") from exc
 
 
 def load_safetensors_weights(model: nn.Module, directory: Path) -> None:
@@ -182,6 +195,29 @@ def _checkpoint_targets(model: nn.Module) -> dict[str, torch.Tensor]:
             for param_name, param in module.named_parameters(recurse=False):
                 targets[prefix + param_name] = param
     return targets
+
+
+def _own_output_head(directory: Path) -> bool:
+    """Whether a checkpoint whose config ties the output head to the embedding holds an `lm_head.weight` that
+    differs from it: transformers then leaves them untied and reads the logits through lm_head, and so does this
+    (a warning says so)."""
+    where: dict[str, Path] = {}
+    for file, names in _weight_files(directory).items():
+        with _open_safetensors(file) as handle:
+            for name in names if names is not None else handle.keys():
+                if name in (_HEAD, _EMBEDDING):
+                    where[name] = file
+    if len(where) < 2:
+        return False
+    tensors = {}
+    for name, file in where.items():
+        with _open_safetensors(file) as handle:
+            tensors[name] = _read_tensor(handle, file, name)
+    if torch.equal(tensors[_HEAD], tensors[_EMBEDDING]):
+        return False
+    warnings.warn(f"{directory / 'config.json'}: tie_word_embeddings is true, but the checkpoint's {_HEAD} differs "
+                  f"from {_EMBEDDING}; the logits read it, as transformers' do", stacklevel=3)
+    return True
 
 
 def _weight_files(directory: Path) -> dict[Path, list[str] | None]:

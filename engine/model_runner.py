@@ -51,8 +51,13 @@ class PagedModelRunner:
         self.device = loaded.device
         self.block_size = block_size
         # One allocation for every layer's K and V: [layers, 2, blocks, block_size, kv_heads, head_dim].
-        self.kv_cache = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
-                                    dtype=loaded.dtype, device=self.device)
+        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        try:
+            self.kv_cache = torch.zeros(shape, dtype=loaded.dtype, device=self.device)
+        except (RuntimeError, MemoryError) as exc:  # (torch.OutOfMemoryError is a RuntimeError)
+            size = num_blocks * cache_block_bytes(loaded, block_size) / 2**30
+            raise ValueError(f"kv_cache_memory={size:.2f}GiB ({num_blocks} KV blocks) cannot be allocated on "
+                             f"{self.device}: ask for less") from exc
         for i, layer in enumerate(self.model.attention_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
         self.graphs = None if graph_batch < 1 else DecodeGraphs(self.model, self.device, graph_batch,

@@ -120,20 +120,7 @@ class LLM:
             # (the other samples' text would be dropped without a word)
             raise ValueError(f"stream() yields the text of one completion: SamplingParams.n must be 1, got "
                              f"{params.n} (generate() or generate_iter() return every sample)")
-        request_id = self.engine.add_request(prompt, _with_constraint(params, spec))
-        try:
-            while self.engine.has_unfinished:
-                for output in self.engine.step():
-                    if output.request_id != request_id:
-                        continue
-                    if output.outputs and output.outputs[0].delta:
-                        yield output.outputs[0].delta
-                    if output.error is not None:
-                        raise RuntimeError(output.error)
-                    if output.finished:
-                        return
-        finally:
-            self.engine.abort(request_id)
+        return self.engine.stream(prompt, _with_constraint(params, spec))
 
     def reset_prefix_cache(self) -> int:
         """Forget the KV blocks cached from earlier prompts; the number of blocks forgotten."""

@@ -447,6 +447,48 @@ def test_stream_pieces_join_to_the_final_text(text_llm):
     assert_idle(text_llm)
 
 
+def test_two_open_streams_and_a_generate_between_them_each_get_all_their_text(text_llm):
+    """Callers sharing the engine: each step advances every request, so a stream reads its text from its output,
+    not from the steps it took itself (two streams read in turn each lost half their pieces, and a stream paused
+    while generate() ran lost the rest of its text)."""
+    greedy = SamplingParams(max_tokens=30, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=30, ignore_eos=True, temperature=1.0, seed=6)
+    alone = [o.text for o in text_llm.generate(["the story", "once upon"], [greedy, sampled])]
+    first, second = text_llm.stream("the story", greedy), text_llm.stream("once upon", sampled)
+    texts = ["", ""]
+    for _ in range(6):
+        texts[0] += next(first)
+        texts[1] += next(second)
+    middle = text_llm.generate(["a third"], greedy)[0]
+    texts[0] += "".join(first)
+    texts[1] += "".join(second)
+    assert texts == alone
+    assert middle.text == text_llm.generate(["a third"], greedy)[0].text
+    assert_idle(text_llm)
+
+
+def test_threads_sharing_one_llm_get_what_each_would_alone(text_llm):
+    """Two threads calling generate() on one LLM: their steps take turns under the engine's lock and serve both
+    batches (they failed with KeyErrors or ended requests after one token)."""
+    params = [SamplingParams(max_tokens=25, ignore_eos=True),
+              SamplingParams(max_tokens=25, ignore_eos=True, temperature=1.0, seed=2, n=2)]
+    prompts = [["the story", "x y"], ["once upon", "a time there"]]
+    alone = [[[c.token_ids for c in o.outputs] for o in text_llm.generate(p, q)] for p, q in zip(prompts, params)]
+    got: list = [None, None]
+
+    def run(k: int) -> None:
+        got[k] = [[c.token_ids for c in o.outputs] for o in text_llm.generate(prompts[k], params[k])]
+
+    for _ in range(3):
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert got == alone
+    assert_idle(text_llm)
+
+
 def test_stream_refuses_several_samples_instead_of_dropping_all_but_one(text_llm):
     with pytest.raises(ValueError, match=r"stream\(\) yields the text of one completion: SamplingParams.n must be 1"):
         next(text_llm.stream("the story", SamplingParams(max_tokens=8, n=2, temperature=1.0)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 
 import pytest
 import torch
@@ -115,6 +116,38 @@ def test_missing_tokenizer(llama_dir):
         (llama_dir / name).unlink()
     with pytest.raises(CheckpointError, match="no tokenizer files"):
         load_model(llama_dir)
+
+
+def test_a_damaged_or_incomplete_tokenizer_is_named(llama_dir):
+    (llama_dir / "tokenizer.json").write_text("{oops")
+    with pytest.raises(ConfigError, match=r"tokenizer.json: not valid JSON \(line 1, column 2"):
+        load_model(llama_dir)
+    (llama_dir / "tokenizer.json").unlink()     # tokenizer_config.json alone: transformers blamed sentencepiece
+    with pytest.raises(CheckpointError, match=r"cannot load the tokenizer from tokenizer_config.json \(no "
+                                              r"tokenizer.json\)"):
+        load_model(llama_dir)
+
+
+def test_a_rope_type_nobody_implements_is_refused_not_handed_to_the_fallback(llama_dir):
+    edit_config(llama_dir, rope_parameters={"rope_type": "foo", "rope_theta": 10000.0})
+    with pytest.raises(ConfigError, match="rope_type' is 'foo', which neither leapgen nor the installed transformers"):
+        load_model(llama_dir)
+
+
+def test_a_tied_config_beside_its_own_lm_head_reads_the_head_as_transformers_does(llama_dir):
+    """config.json ties the head, the checkpoint holds a different lm_head.weight: transformers leaves them untied
+    (the logits read lm_head); leapgen tied them, and its greedy outputs parted from the first token."""
+    saved = load_file(llama_dir / "model.safetensors")
+    assert not torch.equal(saved["lm_head.weight"], saved["model.embed_tokens.weight"])
+    edit_config(llama_dir, tie_word_embeddings=True)
+    with pytest.warns(UserWarning, match="tie_word_embeddings is true, but the checkpoint's lm_head.weight differs"):
+        loaded = load_model(llama_dir, dtype=torch.float32)
+    assert torch.equal(loaded.model.lm_head.weight, saved["lm_head.weight"])
+    # the head saved beside a tied embedding, equal to it: tied, without a word
+    save_file({**saved, "lm_head.weight": saved["model.embed_tokens.weight"].clone()}, llama_dir / "model.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_model(llama_dir, dtype=torch.float32).model.lm_head is None
 
 
 def test_bad_dtype_names_the_choices():

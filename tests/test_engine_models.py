@@ -17,6 +17,9 @@ from transformers import AutoModelForCausalLM, MistralConfig
 from checkpoints import CHECKPOINTS, SMALL, VOCAB, build_checkpoint, save_tiny_tokenizer
 from leapgen.engine.attention_metadata import AttentionMetadata
 import leapgen
+from leapgen import SamplingParams
+from leapgen.engine.admission import RequestError
+from leapgen.engine.llm_engine import EngineConfig, LLMEngine
 from leapgen.engine.loader import load_model
 import leapgen.engine.models.packed_linear as packing
 from leapgen.engine.models.packed_linear import Linear, packing_supported
@@ -179,3 +182,9 @@ def test_sliding_window_is_enforced_not_ignored(tmp_path):
     cache = PagedCache(loaded.model, loaded.config, num_sequences=1)
     with pytest.raises(ValueError, match="6-token sliding window"):
         loaded.model(*cache.step([list(range(3, 10))], [0]))
+    # a request past the window is refused naming the window, not max_position_embeddings (which is 256 here)
+    engine = LLMEngine(loaded, EngineConfig(kv_cache_memory="4MiB"))
+    with pytest.raises(RequestError, match=r"context is 6 tokens \(sliding_window\)"):
+        engine.check(list(range(3, 10)))
+    with pytest.raises(RequestError, match=r"context of 6 tokens \(sliding_window\)"):
+        engine.check([3, 4], SamplingParams(max_tokens=5))

@@ -13,7 +13,7 @@ import torch
 
 import leapgen
 from leapgen import Regex, SamplingParams
-from leapgen.engine.llm_engine import CPU_KV_CACHE_CAP
+from leapgen.engine.llm_engine import CPU_KV_CACHE_CAP, parse_memory
 from leapgen.engine.model_runner import cache_block_bytes
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -95,6 +95,14 @@ def test_cpu_kv_cache_is_sized_from_the_model(byte_level_model_dir):
     assert engine.block_manager.num_blocks == full_context // block_bytes      # two sequences at full context
     wide = leapgen.LLM(byte_level_model_dir, dtype="float32", max_num_seqs=2048, block_size=8, device="cpu").engine
     assert wide.block_manager.num_blocks * block_bytes <= CPU_KV_CACHE_CAP      # a modest cap, not every sequence
+
+
+def test_a_kv_cache_the_machine_cannot_hold_names_kv_cache_memory(byte_level_model_dir):
+    # (a pebibyte: past any machine's address space, so no allocator can promise it)
+    with pytest.raises(ValueError, match=r"kv_cache_memory=1048576.00GiB \(\d+ KV blocks\) cannot be allocated on "
+                                         r"cpu: ask for less"):
+        leapgen.LLM(byte_level_model_dir, dtype="float32", kv_cache_memory="1024TiB", device="cpu")
+    assert parse_memory("2TiB") == 2 * 2**40 and parse_memory("1tb") == 10**12
 
 
 def test_generate_iter_yields_as_requests_finish_and_bounds_what_is_queued(llm):
