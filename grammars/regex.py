@@ -165,12 +165,26 @@ _UNSUPPORTED_GROUPS = (
 )
 
 
+# flags for the whole pattern, at its start: with `x`, `#` to the end of a line is a comment outside classes
+_GLOBAL_FLAGS = re.compile(r"\(\?([aiLmsux]+)\)")
+
+
 def _scan(pattern: str) -> list[int]:
-    """Refuse unsupported constructs with their position; return the positions of anchors."""
+    """Refuse unsupported constructs with their position; return the positions of anchors.  Comments (`(?#...)`,
+    and `# ...` under a global `(?x)`) are passed over, as Python's parser passes over them."""
     anchors, i, n = [], 0, len(pattern)
     in_class, class_start = False, -1
+    flags = _GLOBAL_FLAGS.match(pattern)
+    verbose = flags is not None and "x" in flags.group(1)
     while i < n:
         c = pattern[i]
+        if verbose and not in_class and c == "#":
+            end = pattern.find("\n", i)
+            i = n if end < 0 else end + 1
+            continue
+        if c == "(" and not in_class and pattern.startswith("?#", i + 1):
+            i = _comment_end(pattern, i + 3)
+            continue
         if c == "\\":
             nxt = pattern[i + 1 : i + 2]
             if not in_class:
@@ -204,6 +218,13 @@ def _scan(pattern: str) -> list[int]:
             raise RegexError("possessive quantifiers are not supported", pattern, i + 1)
         i += 1
     return anchors
+
+
+def _comment_end(pattern: str, i: int) -> int:
+    """Just past the `)` that closes a `(?#` comment whose text starts at `i` (an escaped `\\)` does not)."""
+    while i < len(pattern) and pattern[i] != ")":
+        i += 2 if pattern[i] == "\\" else 1
+    return i + 1
 
 
 class _Builder:
@@ -440,6 +461,9 @@ def regex_dfa(pattern: str) -> DFA:
     """Minimal byte DFA of the UTF-8 encodings of the strings `pattern` fully matches."""
     key = ("regex", pattern)
     _refused_before(key, pattern)
+    words = _alternative_texts(pattern)
+    if words is not None:   # a list of texts: its trie, merged, not a subset construction over thousands of branches
+        return literals_dfa(tuple(sorted(set(words))))
     parsed, anchors = _parse(pattern)
     builder = _Builder(pattern, anchors)
     try:
@@ -517,6 +541,29 @@ def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
 
 #: The characters a regex escapes to mean themselves.
 REGEX_META = frozenset(".^$*+?{}[]\\|()")
+
+
+def _alternative_texts(pattern: str) -> list[str] | None:
+    """The texts of a regex that is only plain texts between `|` (`a|bc`, `(?:a|bc)`, `(a|bc)`), else None."""
+    inner = pattern
+    for opening in ("(?:", "("):
+        if pattern.startswith(opening) and pattern.endswith(")") and not pattern.endswith("\\)"):
+            inner = pattern[len(opening):-1]
+            break
+    pieces, start, i = [], 0, 0
+    while i < len(inner):
+        if inner[i] == "\\":
+            i += 2
+            continue
+        if inner[i] == "|":
+            pieces.append(inner[start:i])
+            start = i + 1
+        i += 1
+    pieces.append(inner[start:])
+    if len(pieces) < 2:
+        return None
+    texts = [literal_text(piece) for piece in pieces]
+    return None if None in texts else texts
 
 
 def literal_text(pattern: str) -> str | None:
