@@ -57,11 +57,18 @@ class GrammarLogitsProcessor(LogitsProcessor):
     sampling and beam search; use a fresh processor per `generate` call.  Where fewer hypotheses inside the grammar
     finish than `num_return_sequences` asks (a language of fewer texts, a `length_penalty` <= 0 that ranks an early
     eos of a dead beam high), transformers fills the rest with dead ones, scored -1e9 in `sequences_scores`
-    (`return_dict_in_generate=True, output_scores=True`): drop those.
+    (`return_dict_in_generate=True, output_scores=True`): drop those.  Pass generate's `max_new_tokens` as
+    `max_new_tokens` too: each row's text then completes within it, as leapgen's own outputs complete within
+    `max_tokens` (without it a row the length limit stops ends where it stands, mid-instance).  transformers'
+    `min_new_tokens` takes eos away from rows the grammar may have finished: leave it out.
     """
 
-    def __init__(self, grammar: TokenConstraint, eos_token_id: int | Sequence[int], vocab_size: int | None = None):
+    def __init__(self, grammar: TokenConstraint, eos_token_id: int | Sequence[int], vocab_size: int | None = None,
+                 max_new_tokens: int | None = None):
+        if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
+            raise ValueError(f"max_new_tokens must be an int >= 1 or None, got {max_new_tokens!r}")
         self.grammar = grammar
+        self.max_new_tokens = max_new_tokens
         self.eos_token_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         if not self.eos_token_ids:
             raise ValueError("GrammarLogitsProcessor needs at least one eos_token_id")
@@ -74,7 +81,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
         """Bring each row's matcher to the row's output so far, then mask the scores to the allowed tokens."""
         batch, length = input_ids.shape
         if not self._matchers:
-            self._matchers = [self.grammar.matcher() for _ in range(batch)]
+            self._matchers = [self.grammar.matcher(self.max_new_tokens) for _ in range(batch)]
             self._fed = [[] for _ in range(batch)]
             self._start = length
         elif batch != len(self._matchers) or length < self._start:

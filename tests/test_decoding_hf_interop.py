@@ -90,6 +90,29 @@ def test_grammar_processor_constrains_transformers_generate(tokenizer, tiny_mode
         assert re.fullmatch(pattern, text), text
 
 
+@pytest.mark.parametrize("do_sample, num_beams", [(False, 1), (True, 1), (False, 2)])
+def test_grammar_processor_with_the_token_budget_completes_every_row_within_it(tokenizer, tiny_model, do_sample,
+                                                                                num_beams):
+    """A random model writes long free text: cut by max_new_tokens alone its rows ended mid-pattern."""
+    from leapgen import grammars
+
+    pattern = r"[a-z ]{1,60}(, [0-9]{1,20})?\."
+    prompts = torch.tensor([tokenizer.encode("say: ", add_special_tokens=False)] * 2)
+    for budget in (4, 9):
+        processor = GrammarLogitsProcessor(grammars.compile_regex(pattern, tokenizer), tokenizer.eos_token_id,
+                                           max_new_tokens=budget)
+        torch.manual_seed(2)
+        with torch.no_grad():
+            out = tiny_model.generate(prompts, attention_mask=torch.ones_like(prompts), logits_processor=[processor],
+                                      do_sample=do_sample, num_beams=num_beams, max_new_tokens=budget,
+                                      pad_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+        for row in out[:, prompts.shape[1]:].tolist():
+            text = tokenizer.decode([t for t in row if t != tokenizer.eos_token_id])
+            assert re.fullmatch(pattern, text), (budget, text)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
+        GrammarLogitsProcessor(grammars.compile_regex(pattern, tokenizer), tokenizer.eos_token_id, max_new_tokens=0)
+
+
 def test_grammar_processor_follows_rows_that_beam_search_reorders(tokenizer):
     grammars = pytest.importorskip("leapgen.grammars")
     grammar = grammars.compile_regex("(ab|ba)c", tokenizer)
