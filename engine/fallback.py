@@ -30,7 +30,10 @@ class FallbackModel(nn.Module):
         self.hf_model = hf_model.eval().requires_grad_(False)
         self.max_cached_sequences = max_cached_sequences
         self._caches: OrderedDict[Hashable, tuple[list[int], Any]] = OrderedDict()
-        self._keeps_logits = "logits_to_keep" in inspect.signature(hf_model.forward).parameters
+        parameters = inspect.signature(hf_model.forward).parameters
+        self._keeps_logits = "logits_to_keep" in parameters
+        # transformers 5 renamed `past_key_values` (in and out) to `cache`, warning of the old name's removal
+        self._cache_name = "cache" if "cache" in parameters else "past_key_values"
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype, device: torch.device) -> FallbackModel:
@@ -68,9 +71,10 @@ class FallbackModel(nn.Module):
         kwargs: dict[str, Any] = {"use_cache": seq_id is not None}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = new
-        out = self.hf_model(input_ids=torch.tensor([tokens[start:]], device=device), past_key_values=past, **kwargs)
+        kwargs[self._cache_name] = past
+        out = self.hf_model(input_ids=torch.tensor([tokens[start:]], device=device), **kwargs)
         if seq_id is not None:
-            self._caches[seq_id] = (tokens, out.past_key_values)
+            self._caches[seq_id] = (tokens, getattr(out, self._cache_name))
             while len(self._caches) > self.max_cached_sequences:
                 self._caches.popitem(last=False)
         return out.logits[0, -new:].float()

@@ -527,7 +527,8 @@ class LLMEngine:
         for state in request.samples:
             if not state.seq.is_finished:
                 self._retire(state, "error")
-        request.fail(f"{type(exc).__name__}: {exc}")
+        # (a refusal says what is wrong in its own words; anything else is named by its kind)
+        request.fail(str(exc) if isinstance(exc, RequestError) else f"{type(exc).__name__}: {exc}")
         self.requests.pop(request.request_id, None)
         self._advanced[request.request_id] = request
 

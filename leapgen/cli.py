@@ -7,7 +7,8 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Any, Sequence
+import warnings
+from typing import Any, Sequence, TextIO
 
 from leapgen.cli_common import (CliError, Parser, add_max_num_seqs_argument, add_model_arguments, check_device,
                                 check_dtype, check_rows, compile_constraint, field_named_in, finite_float, load_llm,
@@ -169,12 +170,20 @@ def _completion(completion) -> dict:
     return record
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: TextIO | None = None, line: str | None = None) -> None:
+    """A warning as one line of its own (Python's shows the file and the source line it came from)."""
+    print(f"leapgen: warning: {str(message).strip()}", file=file or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `leapgen` command; bad input exits with status 2 and one `leapgen: error:` line."""
     try:
         args = _parser().parse_args(argv)
         commands = {"generate": _generate, "extract": run_extract, "sweep": run_sweep, "serve": run_serve}
-        return commands[args.command](args)
+        with warnings.catch_warnings():     # (restores the way warnings show for a caller in this process)
+            warnings.showwarning = _one_line_warning
+            return commands[args.command](args)
     except (ValueError, OSError) as exc:    # CliError, and what the engine refuses (RequestError)
         print_error(exc)
         return 2

@@ -48,6 +48,9 @@ class LLM:
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model must be a path (str or Path) or None for the default model, got "
                             f"{type(model).__name__}")
+        if isinstance(model, str) and not model.strip():     # (Path("") is the working directory)
+            raise ValueError("model is an empty path: give a checkpoint directory or a .gguf file, or None for the "
+                             "default model")
         if seed is not None and not is_integer(seed):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if seed is not None and int(seed) not in SEEDS:

@@ -406,3 +406,20 @@ def test_ctrl_c_is_one_line_and_ends_a_streamed_line(monkeypatch, capsys, wrote)
     out, err = capsys.readouterr()
     assert code == 130 and err == "leapgen: error: interrupted\n"
     assert out == ("half a sente\n" if wrote else "")
+
+
+def test_a_warning_is_one_line_of_its_own(monkeypatch, capsys):
+    """Python shows a warning with its file, line and source line (the loader's fallback notice printed
+    `self.engine = LLMEngine(...)` under it); the command shows its text alone."""
+    import warnings
+
+    import leapgen.cli as cli
+
+    def warns(args):
+        warnings.warn("running it through the transformers fallback\n", UserWarning, stacklevel=2)
+        return 0
+
+    monkeypatch.setattr(cli, "_generate", warns)
+    assert main(["generate", "--prompt", "x"]) == 0
+    assert capsys.readouterr().err == "leapgen: warning: running it through the transformers fallback\n"
+    assert warnings.showwarning is not cli._one_line_warning     # (the process's own way is back)

@@ -169,6 +169,8 @@ def test_wrong_argument_types_name_the_argument(llm, byte_level_model_dir):
         leapgen.LLM(byte_level_model_dir, seed="x")
     with pytest.raises(TypeError, match="model must be a path"):
         leapgen.LLM(123)
+    with pytest.raises(ValueError, match="model is an empty path"):
+        leapgen.LLM(" ")
     with pytest.raises(ValueError, match="num_speculative_tokens missing"):
         leapgen.LLM(byte_level_model_dir, speculative={"method": "ngram"})
 
