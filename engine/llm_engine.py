@@ -403,9 +403,14 @@ class LLMEngine:
             if state.finished:
                 break
         self._advanced[request.request_id] = request
-        if state.constraint is not None and not state.finished and self.config.enable_forced_tokens:
+        # jumps until the next token is a choice: a forced text that completes the output leaves eos forced next
+        # (one jump a step took a forward pass of its own to sample the eos, the only token allowed)
+        while state.constraint is not None and not state.finished and self.config.enable_forced_tokens:
             room = state.seq.params.max_tokens - state.seq.num_output_tokens
-            for forced in state.constraint.jump(self.vocabulary.eos_ids, room):
+            jumped = state.constraint.jump(self.vocabulary.eos_ids, room)
+            if not jumped:
+                break
+            for forced in jumped:
                 if state.completion.logprobs is not None:   # one entry per output token, this one without a forward
                     top = {forced: 0.0} if state.seq.params.logprobs else {}    # its one alternative: itself
                     state.record_logprob(TokenLogprob(forced, 0.0, top, forced=True))

@@ -82,6 +82,17 @@ def test_forced_tokens_take_fewer_forward_passes(engine):
         assert output.text.startswith('{"name":"')
 
 
+def test_a_forced_text_that_completes_the_output_forces_the_eos_after_it_in_the_same_step(engine):
+    """One choice, then a forced text, then eos: one forward pass (the eos, then the only token allowed, took a
+    pass of its own to be sampled)."""
+    params = SamplingParams(max_tokens=20, logprobs=0, constraint=Regex(r"(x|y)hello world"))
+    output = engine.generate(["x"], params)[0]
+    completion = output.outputs[0]
+    assert completion.text in ("xhello world", "yhello world") and completion.finish_reason == "stop"
+    assert [entry.forced for entry in completion.logprobs] == [False] + [True] * (len(completion.token_ids) - 1)
+    assert completion.token_ids[-1] in engine.vocabulary.eos_ids and output.metrics.forward_passes == 1
+
+
 def test_regex_and_lark_constraints(engine):
     pattern = r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
     outputs, _, _ = run(engine, Regex(pattern), SamplingParams(max_tokens=30, temperature=1.0, seed=1))
