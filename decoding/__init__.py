@@ -27,7 +27,8 @@ model's by default (`Sampler(logprobs_mode="processed")` for the sampled distrib
 `prompt_logprobs()` for prompts.
 
 Beam search (num_beams > 1): run the request's live beams as rows; give `beams.step()` their
-next-token log-probs (`[len(beams.running), V]`, log_softmax of the processed logits); fork each new
+next-token log-probs (`[len(beams.running), V]`, the processors applied to the logits' log_softmax, as
+transformers' beam search applies them); fork each new
 beam's KV blocks from `step.parents[j]` and append `step.token_ids[j]`; when `beams.done`, the
 result is `beams.best(params.n)`.  Constraints for `transformers.generate`: `GrammarLogitsProcessor`.
 """

@@ -42,6 +42,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     no_repeat_ngram_size: int = 0
     logit_bias: dict[int, float] | None = None
+    # torch's generators tell 63 bits apart: seeds equal modulo 2**63 draw alike (0 and 2**63, -1 and 2**63 - 1)
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None

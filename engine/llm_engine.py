@@ -475,8 +475,10 @@ class LLMEngine:
                     self._maybe_finish(request)
 
     def _beam_log_probs(self, entries: list[_Entry]) -> tuple[torch.Tensor, dict[int, Exception]]:
+        # the processors act on the log-probs, which stay as they leave them (transformers' beam search): a penalty
+        # scales a log-prob, and what a ban or a constraint takes away is not handed to the tokens left
         logits, batch = self._batch(entries)
-        return self.sampler.pipeline(logits, batch).log_softmax(dim=-1), batch.row_errors
+        return self.sampler.pipeline(logits.float().log_softmax(dim=-1), batch), batch.row_errors
 
     def _batch(self, entries: list[_Entry]) -> tuple[torch.Tensor, SamplingBatch]:
         """The step's logits rows and what the processors need for each: a drafted sequence's row i sees its

@@ -155,6 +155,33 @@ def test_beam_search_matches_transformers(tmp_path, num_beams, length_penalty, e
     assert_no_leaks(engine)
 
 
+@pytest.mark.parametrize("ours, theirs", [
+    ({"repetition_penalty": 1.5}, {"repetition_penalty": 1.5}),
+    ({"repetition_penalty": 0.7}, {"repetition_penalty": 0.7}),
+    ({"no_repeat_ngram_size": 2}, {"no_repeat_ngram_size": 2}),
+    ({"min_tokens": 4}, {"min_new_tokens": 4}),
+])
+def test_beam_search_with_processors_matches_transformers(tmp_path, ours, theirs):
+    """Processors act on the log-probs, not renormalised after (they acted on the logits, renormalised: every beam
+    request with a penalty, a ban or min_tokens parted from transformers' beams and scores)."""
+    hf = build_checkpoint(tmp_path, "llama")
+    prompts = random_prompts(hf.config.vocab_size, [5, 11, 2])
+    eos = hf_greedy(hf, prompts[0], 6)[3]
+    engine = engine_for(tmp_path, eos_token_ids=(eos,), kv_cache_memory="8MiB", block_size=4)
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=8, num_beams=3, n=2, **ours))
+    for prompt, output in zip(prompts, outputs):
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, num_beams=3, num_return_sequences=2,
+                               do_sample=False, eos_token_id=eos, pad_token_id=0, output_scores=True,
+                               return_dict_in_generate=True, **theirs)
+        for completion, row, score in zip(output.outputs, expected.sequences, expected.sequences_scores):
+            ids = row[len(prompt):].tolist()
+            if eos in ids:
+                ids = ids[: ids.index(eos) + 1]
+            assert completion.token_ids == ids
+            assert completion.score == pytest.approx(float(score), abs=1e-4)
+    assert_no_leaks(engine)
+
+
 def test_n_samples_share_prompt_blocks(tmp_path):
     hf = build_checkpoint(tmp_path, "llama")
     prompt = random_prompts(hf.config.vocab_size, [22])[0]
