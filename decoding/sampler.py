@@ -112,12 +112,12 @@ class Sampler:
         when given, went through the warpers too.
         """
         if batch.all_greedy:
-            return _greedy(logits, range(batch.size))
+            return _greedy(logits, range(batch.size), batch.row_errors)
         uniform = self._uniform(batch, logits.device)
         token_ids = torch.zeros(batch.size, dtype=torch.long, device=logits.device)
         greedy = batch.greedy.nonzero()[:, 0]
         if greedy.numel():
-            token_ids[greedy] = _greedy(logits[greedy], greedy.tolist())
+            token_ids[greedy] = _greedy(logits[greedy], greedy.tolist(), batch.row_errors)
         full = [i for i, row in enumerate(batch.rows) if not row.params.greedy]
         if window is not None:
             rows = candidate_rows(batch, window)
@@ -136,7 +136,7 @@ class Sampler:
             else:
                 index = torch.tensor(full, dtype=torch.long, device=logits.device)
                 processed_rows = warpers(self.workspace.rows("warped", logits, index), batch.subset(full))
-            token_ids[full] = _inverse_cdf(processed_rows, uniform[full], full, self.workspace)
+            token_ids[full] = _inverse_cdf(processed_rows, uniform[full], full, self.workspace, batch.row_errors)
         return token_ids
 
     def _uniform(self, batch: SamplingBatch, device: torch.device) -> torch.Tensor:
@@ -171,15 +171,16 @@ def _split_warpers(pipeline: LogitsPipeline) -> tuple[LogitsPipeline, LogitsPipe
 _ARGMAX_CHUNK = 128
 
 
-def _greedy(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
-    """Each row's argmax (`_argmax`); ValueError naming the batch rows (`rows`: those of `logits`) that have no
-    token to take, as a sampled row has none: argmax took a NaN as the maximum, and the first token of a row of
-    -inf."""
+def _greedy(logits: torch.Tensor, rows: Sequence[int], errors: dict[int, Exception]) -> torch.Tensor:
+    """Each row's argmax (`_argmax`); a row with no token to take (argmax would take a NaN as the maximum, or the
+    first token of a row of -inf) gets a ValueError in `errors`, by its batch row (`rows`: those of `logits`), and
+    a token that means nothing: one row's failure is its request's alone (and not even that where the row checks a
+    speculative draft past a token verification rejects)."""
     takeable = logits.amax(dim=-1) > float("-inf")      # (false for a NaN too)
     if not bool(takeable.all()):
-        bad = (~takeable).nonzero()[:, 0].tolist()
-        raise ValueError(f"batch rows {[rows[i] for i in bad]}: no token can be taken "
-                         "(every logit is -inf after processing, or the logits hold NaN)")
+        for i in (~takeable).nonzero()[:, 0].tolist():
+            errors[rows[i]] = ValueError("no token can be taken (every logit is -inf after processing, or the "
+                                         "logits hold NaN)")
     return _argmax(logits)
 
 
@@ -205,10 +206,12 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return ids
 
 
-def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, rows: list[int], workspace: Workspace) -> torch.Tensor:
+def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, rows: list[int], workspace: Workspace,
+                 errors: dict[int, Exception]) -> torch.Tensor:
     """Token at `uniform` [R] of each row's CDF over the vocabulary in id order (float64, exact up to rounding).
 
-    `rows` are the batch rows of `logits`, for the error raised when a row has no token left to sample.
+    A row with no token left to sample gets a ValueError in `errors` by its batch row (`rows`: those of `logits`)
+    and a token that means nothing, as in `_greedy`.
     """
     # Searching to the right of a flat step lands on the token that makes the step, so a zero-probability
     # token is never picked; the target stays below the total for the same reason.
@@ -216,12 +219,11 @@ def _inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor, rows: list[int], w
     cumulative = torch.cumsum(probs, dim=-1, dtype=torch.float64,
                               out=workspace.tensor("cdf", logits.shape, torch.float64, logits.device))
     total = cumulative[:, -1:]
-    bad = (~total.isfinite())[:, 0].nonzero()[:, 0].tolist()
-    if bad:
-        raise ValueError(f"batch rows {[rows[i] for i in bad]}: no token can be sampled "
-                         "(every logit is -inf after processing, or the logits hold NaN)")
+    for i in (~total.isfinite())[:, 0].nonzero()[:, 0].tolist():
+        errors[rows[i]] = ValueError("no token can be sampled (every logit is -inf after processing, or the logits "
+                                     "hold NaN)")
     target = torch.minimum(uniform[:, None] * total, total.nextafter(torch.zeros_like(total)))
-    return torch.searchsorted(cumulative, target, right=True)[:, 0]
+    return torch.searchsorted(cumulative, target, right=True)[:, 0].clamp_(max=logits.shape[-1] - 1)
 
 
 @dataclass

@@ -70,6 +70,9 @@ class SpeculativeConfig:
         if missing:
             raise ValueError(f"speculative needs 'method' and 'num_speculative_tokens': {' and '.join(missing)} "
                              "missing")
+        lookup = sorted({"prompt_lookup_max", "prompt_lookup_min"} & set(value))
+        if value["method"] == "draft" and lookup:     # (they would be ignored: a draft model guesses by itself)
+            raise ValueError(f"speculative: {' and '.join(lookup)} only go with method 'ngram'")
         return cls(**{**value, "model": str(value["model"]) if value.get("model") is not None else None})
 
 

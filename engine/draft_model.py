@@ -31,37 +31,38 @@ class DraftModelError(ValueError):
     """The draft model cannot serve: it does not load, or it cannot draft for the target."""
 
 
+def load_draft(path: str | Path, target: LoadedModel) -> LoadedModel:
+    """The draft model at `path`, loaded like the target (dtype, device); DraftModelError when it does not load,
+    does not share the target's tokenizer or cannot roll back its cache."""
+    try:
+        draft = load_model(path, target.dtype, target.device)
+    except (OSError, ValueError) as exc:
+        raise DraftModelError(f"speculative.model {path}: {exc}") from exc
+    if draft.is_fallback:
+        raise DraftModelError(f"speculative.model {path}: its architecture runs through the transformers "
+                              "fallback, which cannot roll back its cache; use a Llama/Mistral/Qwen-family draft")
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        sizes = (f"{len(draft.tokenizer)} tokens against {len(target.tokenizer)}"
+                 if len(draft.tokenizer) != len(target.tokenizer) else f"as many tokens, {len(draft.tokenizer)}, "
+                 f"not the same ones")
+        raise DraftModelError(f"speculative.model {path}: its tokenizer differs from the target's ({sizes}); a draft "
+                              "must share the vocabulary")
+    return draft
+
+
 class DraftModelProposer:
     """Proposes with a draft model that shares the target's tokenizer (see the module docstring)."""
 
-    def __init__(self, draft: LoadedModel, num_blocks: int, block_size: int, vocab_limit: int, mask_vocab: int,
+    def __init__(self, draft: LoadedModel, target: LoadedModel, num_blocks: int, block_size: int,
                  pack_weights: bool = False) -> None:
+        """`draft` (see `load_draft`) with a cache of `num_blocks`, as many as the target's."""
         self.draft = draft
         self.runner = PagedModelRunner(draft, num_blocks, block_size, pack_weights)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
-        self.vocab_limit = vocab_limit           # ids at or past it (padding) are never proposed
-        self.mask_vocab = mask_vocab             # the width of the constraint's bitmask (the target's logits)
+        # ids at or past it (padding) are never proposed
+        self.vocab_limit = min(len(target.tokenizer), draft.vocab_size, target.vocab_size)
+        self.mask_vocab = target.vocab_size      # the width of the constraint's bitmask (the target's logits)
         self.mirrors: dict[int, Sequence] = {}
-
-    @classmethod
-    def load(cls, path: str | Path, target: LoadedModel, block_size: int, num_blocks: int,
-             pack_weights: bool = False) -> DraftModelProposer:
-        """Load the draft at `path` like the target (dtype, device) with room for as many tokens as the target's
-        cache; DraftModelError when it does not load, does not share the target's tokenizer or cannot roll back
-        its cache."""
-        try:
-            draft = load_model(path, target.dtype, target.device)
-        except (OSError, ValueError) as exc:
-            raise DraftModelError(f"speculative.model {path}: {exc}") from exc
-        if draft.is_fallback:
-            raise DraftModelError(f"speculative.model {path}: its architecture runs through the transformers "
-                                  "fallback, which cannot roll back its cache; use a Llama/Mistral/Qwen-family draft")
-        if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-            raise DraftModelError(f"speculative.model {path}: its tokenizer ({len(draft.tokenizer)} tokens) differs "
-                                  f"from the target's ({len(target.tokenizer)} tokens); a draft must share the "
-                                  "vocabulary")
-        return cls(draft, num_blocks, block_size, min(len(target.tokenizer), draft.vocab_size, target.vocab_size),
-                   target.vocab_size, pack_weights)
 
     def propose(self, requests: Seq[DraftRequest]) -> list[list[int]]:
         """See `decoding.speculative.Proposer.propose`."""

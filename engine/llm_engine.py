@@ -116,7 +116,11 @@ class LLMEngine:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = config = config or EngineConfig()
+        # a draft model's cache holds as many blocks as the target's, out of the same budget: loaded first, its
+        # weights are out of the free memory a GPU's budget is taken from
+        draft = self._draft_model(config.speculative)
         block_bytes = 0 if loaded.is_fallback else cache_block_bytes(loaded, config.block_size)
+        block_bytes += 0 if draft is None else cache_block_bytes(draft, config.block_size)
         budget = config.cache_bytes(loaded.device, block_bytes // config.block_size or 4096, loaded.max_model_len)
         if loaded.is_fallback:
             # The fallback keeps HF caches itself; blocks only bound how many tokens are in flight.
@@ -125,8 +129,9 @@ class LLMEngine:
         else:
             num_blocks = budget // block_bytes
             if num_blocks < 1:
+                held = " (with the draft model's)" if draft is not None else ""
                 raise ValueError(f"kv_cache_memory={config.kv_cache_memory!r} holds no KV block: one block of "
-                                 f"{config.block_size} tokens takes {block_bytes} bytes")
+                                 f"{config.block_size} tokens takes {block_bytes} bytes{held}")
             graph_batch = config.max_num_seqs if config.cuda_graphs and loaded.device.type == "cuda" else 0
             self.runner = PagedModelRunner(loaded, num_blocks, config.block_size, config.pack_weights, graph_batch)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -138,7 +143,7 @@ class LLMEngine:
         self.limits = EngineLimits(loaded.vocab_size, loaded.max_model_len, self.block_manager.capacity_tokens,
                                    self.block_manager.block_size, config.max_num_seqs,
                                    "sliding_window" if windowed else "max_position_embeddings")
-        self.proposer = self._proposer(config.speculative)
+        self.proposer = self._proposer(config.speculative, draft)
         self._to_propose: list[tuple[EngineRequest, SequenceState]] = []   # accepted a token this step
         self.requests: dict[int, EngineRequest] = {}
         self._owner: dict[int, tuple[EngineRequest, SequenceState]] = {}      # seq_id -> its request and state
@@ -159,18 +164,28 @@ class LLMEngine:
         """True while some request is waiting or running."""
         return self.scheduler.has_unfinished
 
-    def _proposer(self, speculative: SpeculativeConfig | None) -> Proposer | None:
+    def _draft_model(self, speculative: SpeculativeConfig | None) -> LoadedModel | None:
+        """The draft model a speculative config names, loaded and checked against the target."""
         if speculative is None:
             return None
-        if isinstance(self.runner, FallbackRunner):
+        if self.loaded.is_fallback:
             raise ValueError("speculative decoding needs leapgen's own model code; this model runs through the "
                              "transformers fallback, which cannot roll back its cache")
-        if speculative.method == "ngram":
+        if speculative.method != "draft":
+            return None
+        from leapgen.engine.draft_model import load_draft
+
+        return load_draft(speculative.model, self.loaded)
+
+    def _proposer(self, speculative: SpeculativeConfig | None, draft: LoadedModel | None) -> Proposer | None:
+        if speculative is None:
+            return None
+        if draft is None:
             return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
         from leapgen.engine.draft_model import DraftModelProposer
 
-        return DraftModelProposer.load(speculative.model, self.loaded, self.config.block_size,
-                                       self.block_manager.num_blocks, self.config.pack_weights)
+        return DraftModelProposer(draft, self.loaded, self.block_manager.num_blocks, self.config.block_size,
+                                  self.config.pack_weights)
 
     # --- admission ---------------------------------------------------------------------------------
 
@@ -362,13 +377,15 @@ class LLMEngine:
             for request, state, rows in group:
                 span = range(first, first + len(rows))
                 first = span.stop
-                error = next((row_errors[row] for row in span if row in row_errors), None)
-                if error is not None:
-                    self._fail(request, error)
+                drawn = tokens[span.start:span.stop]
+                failed = next((row - span.start for row in span if row in row_errors), None)
+                # a row past the first draft token verification rejects is one plain decoding never computes: its
+                # error (a user processor meeting a token it would never see) goes with it
+                if failed is not None and failed <= accepted_length(state.draft, drawn):
+                    self._fail(request, row_errors[span.start + failed])
                 elif not request.finished:      # a sibling sample may have failed it this step
                     with phase("accept"):
-                        self._guarded(request, self._accept, request, state, tokens[span.start:span.stop], sampled,
-                                      span.start)
+                        self._guarded(request, self._accept, request, state, drawn, sampled, span.start)
 
     def _draw(self, entries: list[_Entry]) -> tuple[SamplerOutput, dict[int, Exception]]:
         logits, batch = self._batch(entries)
@@ -384,7 +401,6 @@ class LLMEngine:
         accepted = accepted_length(state.draft, sampled_tokens)
         if state.draft:
             metrics.drafted_tokens += len(state.draft)
-            metrics.accepted_tokens += accepted
             self.block_manager.truncate(state.seq, state.seq.num_tokens - len(state.draft) + accepted)
             state.draft, state.draft_masks = [], None
         if metrics.time_to_first_token is None:
@@ -398,6 +414,7 @@ class LLMEngine:
                 state.record_logprob(_token_logprob(sampled, first_row + i, token, state.seq.params.logprobs))
             if i < accepted:
                 state.accept(token)             # a verified draft token: already in the sequence and the cache
+                metrics.accepted_tokens += 1    # (counted as it joins the output: none past a stop)
             else:
                 state.append(token)
             if state.finished:

@@ -195,8 +195,12 @@ def test_a_row_with_nothing_to_sample_is_named():
     logits = torch.randn(3, VOCAB)
     logits[2] = -float("inf")
     rows = [SamplingRow(SamplingParams(temperature=1.0, top_p=0.9))] * 3
-    with pytest.raises(ValueError, match=r"batch rows \[2\]: no token can be sampled"):
-        Sampler(seed=0)(logits, SamplingBatch.build(rows, VOCAB))
+    batch = SamplingBatch.build(rows, VOCAB)
+    Sampler(seed=0)(logits, batch)
+    assert list(batch.row_errors) == [2] and "no token can be sampled" in str(batch.row_errors[2])
+    greedy = SamplingBatch.build([SamplingRow(SamplingParams())] * 3, VOCAB)
+    Sampler(seed=0)(logits, greedy)
+    assert list(greedy.row_errors) == [2] and "no token can be taken" in str(greedy.row_errors[2])
 
 
 def test_subset_batch_keeps_rows_settings_and_bitmask():

@@ -11,6 +11,7 @@ from collections import Counter
 import jsonschema
 import numpy as np
 import pytest
+import torch
 
 import leapgen
 from checkpoints import build_checkpoint, build_checkpoint_for_tokenizer
@@ -254,6 +255,60 @@ def test_a_draft_ending_in_eos_leaves_the_row_after_it_open(plain):
     assert (after == before).all()
 
 
+def test_a_user_processor_failing_on_a_row_verification_throws_away_fails_nothing(dirs, plain):
+    """Every verification row runs the user's processors, the rows past a rejected draft token too; an error
+    there (a history plain decoding never meets) failed the request.  This processor bans the draft model's first
+    guess and refuses any history holding it: plain decoding never shows it one."""
+    llm = make_llm(dirs[0], configs(dirs)["draft"])
+    prompt = PROMPTS[0]
+    draft_model = make_llm(dirs[1])
+    banned = draft_model.generate([prompt], SamplingParams(max_tokens=1))[0].token_ids[0]
+    start = len(llm.tokenizer.encode(prompt))
+
+    def ban_and_check(input_ids, scores):
+        if banned in input_ids[0, start:].tolist():
+            raise AssertionError("the banned token reached the processor's history")
+        scores = scores.clone()
+        scores[:, banned] = -float("inf")
+        return scores
+
+    params = SamplingParams(max_tokens=20, logits_processors=[ban_and_check])
+    expected, got = plain.generate([prompt], params)[0], llm.generate([prompt], params)[0]
+    assert got.error is None and got.token_ids == expected.token_ids and banned not in got.token_ids
+    assert got.metrics.drafted_tokens > got.metrics.accepted_tokens     # the banned guess was drafted, and rejected
+    # a processor that leaves a row nothing to take, on rows past a rejected draft token: the same
+    bans_all_after = [banned]
+
+    def nothing_after_the_guess(input_ids, scores):
+        if banned in input_ids[0, start:].tolist():
+            return torch.full_like(scores, -float("inf"))
+        scores = scores.clone()
+        scores[:, bans_all_after] = -float("inf")
+        return scores
+
+    params = SamplingParams(max_tokens=20, logits_processors=[nothing_after_the_guess])
+    assert llm.generate([prompt], params)[0].token_ids == plain.generate([prompt], params)[0].token_ids
+    assert_idle(llm)
+
+
+def test_the_draft_models_cache_comes_out_of_the_same_budget(dirs):
+    """kv_cache_memory bounds both caches (the draft's, as many blocks as the target's, came on top of it)."""
+    llm = make_llm(dirs[0], configs(dirs)["draft-is-target"], kv_cache_memory="16MiB")
+    caches = (llm.engine.runner.kv_cache, llm.engine.proposer.runner.kv_cache)
+    assert 15 * 2**20 < sum(cache.numel() * cache.element_size() for cache in caches) <= 16 * 2**20
+    assert llm.engine.block_manager.num_blocks == llm.engine.proposer.block_manager.num_blocks
+
+
+def test_accepted_tokens_count_only_what_joins_the_output(dirs, plain):
+    """A stop inside an accepted draft: the draft tokens past it are not counted as accepted."""
+    llm = make_llm(dirs[0], configs(dirs)["draft-is-target"])
+    free = plain.generate(PROMPTS[:1], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+    output = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=12, stop_token_ids=[free[3]]))[0]
+    assert output.token_ids == free[:free.index(free[3]) + 1]
+    # the first token from the prompt's pass, the rest from the first draft (4 tokens), cut at the stop
+    assert output.metrics.accepted_tokens == len(output.token_ids) - 1 < output.metrics.drafted_tokens
+
+
 def test_a_request_can_turn_speculation_off(dirs):
     llm = make_llm(dirs[0], configs(dirs)["ngram"])
     output = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=20, speculative=False))[0]
@@ -317,12 +372,14 @@ def test_bad_configurations_are_refused_before_any_work(dirs, tmp_path):
              ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an int >= 1"),
              ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, r"unknown key\(s\) \['lookahead'\]"),
              ({"method": "draft", "num_speculative_tokens": 2}, "speculative.model is required"),
-             ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, "must not exceed")]
+             ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, "must not exceed"),
+             ({"method": "draft", "model": str(dirs[1]), "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+              "prompt_lookup_max only go with method 'ngram'")]
     for config, message in cases:
         with pytest.raises(ValueError, match=message):
             make_llm(target, config)
     build_checkpoint(tmp_path, "llama")              # a word-level vocabulary, not the target's
-    with pytest.raises(ValueError, match="tokenizer .* differs from the target's"):
+    with pytest.raises(ValueError, match=r"its tokenizer differs from the target's \(\d+ tokens against \d+\)"):
         make_llm(target, {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2})
 
 
