@@ -11,6 +11,7 @@ guesses stay inside the constraint and are worth verifying.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Sequence as Seq
 
@@ -47,6 +48,10 @@ def load_draft(path: str | Path, target: LoadedModel) -> LoadedModel:
                  f"not the same ones")
         raise DraftModelError(f"speculative.model {path}: its tokenizer differs from the target's ({sizes}); a draft "
                               "must share the vocabulary")
+    size, target_size = (sum(p.numel() for p in model.model.parameters()) for model in (draft, target))
+    if size > target_size:
+        warnings.warn(f"speculative.model {path}: the draft has {size:,} parameters, the target {target_size:,}; a "
+                      f"draft larger than its target can only slow generation down", stacklevel=3)
     return draft
 
 

@@ -487,6 +487,9 @@ class LLMEngine:
                 if request.finished:
                     continue
                 self._advanced[request.request_id] = request
+                metrics = request.output.metrics
+                if metrics.time_to_first_token is None:     # the beams' first tokens
+                    metrics.time_to_first_token = time.perf_counter() - request.arrival
                 if self._guarded(request, advance_beams, request, self.vocabulary.eos_ids, self._fork,
                                  self._retire, self._decode) is True:
                     self._maybe_finish(request)

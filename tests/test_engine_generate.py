@@ -179,6 +179,7 @@ def test_beam_search_with_processors_matches_transformers(tmp_path, ours, theirs
                 ids = ids[: ids.index(eos) + 1]
             assert completion.token_ids == ids
             assert completion.score == pytest.approx(float(score), abs=1e-4)
+        assert 0 < output.metrics.time_to_first_token <= output.metrics.total_time
     assert_no_leaks(engine)
 
 

@@ -383,6 +383,12 @@ def test_bad_configurations_are_refused_before_any_work(dirs, tmp_path):
         make_llm(target, {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2})
 
 
+def test_a_draft_larger_than_its_target_is_named(dirs, tmp_path):
+    build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe(), seed=2, layers=4)
+    with pytest.warns(UserWarning, match="the draft has [0-9,]+ parameters, the target [0-9,]+; a draft larger"):
+        make_llm(dirs[0], {"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2})
+
+
 def test_beam_requests_run_unspeculated_beside_speculating_ones(plain, speculating):
     """Beams read one token a step on a speculating engine (each step ranks a request's candidates together), in
     the same batch as requests that speculate: both give what a plain engine gives."""
