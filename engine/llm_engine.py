@@ -190,11 +190,9 @@ class LLMEngine:
     # --- admission ---------------------------------------------------------------------------------
 
     def check(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> CheckedRequest:
-        """Encode and check a request and compile its constraint, queueing nothing; errors say what is wrong."""
-        with self._lock:    # (the memos of compiled constraints)
-            return self._check(prompt, params)
-
-    def _check(self, prompt: str | Seq[int], params: SamplingParams | None) -> CheckedRequest:
+        """Encode and check a request and compile its constraint, queueing nothing; errors say what is wrong.
+        Touches no engine state but the memos of constraints, under the lock only to read and write them: another
+        thread's steps go on while a constraint compiles."""
         checked = check_request(prompt, params or SamplingParams(), self.tokenizer, self.limits)
         if checked.params.constraint is not None:
             checked.constraint = self.compile(checked.params.constraint)
@@ -208,11 +206,13 @@ class LLMEngine:
         """Tokens in the shortest output `spec` allows (None when the vocabulary cannot tell), worked out once per
         spec while it stays among the `CONSTRAINTS_KEPT` used last."""
         key = spec.key()
-        if key in self._shortest:
-            self._shortest.move_to_end(key)
-            return self._shortest[key]
+        with self._lock:
+            if key in self._shortest:
+                self._shortest.move_to_end(key)
+                return self._shortest[key]
         closing = self.compile(spec).matcher().completion_tokens()
-        return _kept(self._shortest, key, None if closing is None else len(closing))
+        with self._lock:
+            return _kept(self._shortest, key, None if closing is None else len(closing))
 
     def compile(self, spec: ConstraintSpec) -> TokenConstraint:
         """`spec` compiled for this model's vocabulary, once per spec while it stays among the `CONSTRAINTS_KEPT`
@@ -223,11 +223,19 @@ class LLMEngine:
             if compiled is not None:
                 self._compiled.move_to_end(key)
                 return compiled
-            compiled = spec.compile(self.vocabulary)
-            if not len(compiled.matcher().allowed_token_ids()):
-                raise RequestError("constraint: no token of this model's vocabulary can start an output that "
-                                   "matches it (the vocabulary cannot spell it)")
+        # outside the lock: another thread's steps go on while this compiles (a server's loop; the constraint
+        # compiler shares its memos between threads)
+        compiled = spec.compile(self.vocabulary)
+        if not len(compiled.matcher().allowed_token_ids()):
+            raise RequestError("constraint: no token of this model's vocabulary can start an output that "
+                               "matches it (the vocabulary cannot spell it)")
+        with self._lock:
             return _kept(self._compiled, key, compiled)
+
+    def prepare(self, spec: ConstraintSpec) -> None:
+        """Compile `spec` and work out its shortest output, as a request holding it will ask: for another thread
+        to do ahead of the request while this engine steps (RequestError / ValueError where it is refused)."""
+        self._shortest_output(spec)
 
     def add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> int:
         """Queue a prompt (or an already checked request); returns its request id."""

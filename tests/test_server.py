@@ -366,6 +366,42 @@ def test_api_key_body_limit_and_concurrency_limit(llm):
         assert right.completions.create(model=MODEL, prompt="p", max_tokens=2).choices
 
 
+def test_a_new_constraint_compiles_while_the_other_streams_go_on(server, client, monkeypatch):
+    """The loop compiled each new constraint on its own thread, holding every running stream meanwhile (a schema
+    of 100 ms and more stalled them all); now the job joins the batch once its constraint is ready."""
+    engine = server.engine_loop.engine
+    prepare = engine.prepare
+
+    def slow_prepare(spec):
+        time.sleep(1.5)
+        prepare(spec)
+
+    monkeypatch.setattr(engine, "prepare", slow_prepare)
+    schema = {"type": "object", "properties": {"slowly_compiled": {"type": "integer"}}, "required": ["slowly_compiled"]}
+    finished: dict[str, float] = {}
+
+    def constrained() -> None:
+        response = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=20, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        assert "slowly_compiled" in json.loads(response.choices[0].message.content)
+        finished["constrained"] = time.monotonic()
+
+    def streamed() -> None:
+        chunks = client.completions.create(model=MODEL, prompt="the quick", max_tokens=30, temperature=0, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in chunks)
+        finished["streamed"] = time.monotonic()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(constrained)
+        time.sleep(0.2)                        # its compile is under way
+        second = pool.submit(streamed)
+        first.result(), second.result()
+    assert finished["streamed"] < finished["constrained"] and finished["streamed"] - started < 1.5
+    wait_idle(server)
+
+
 def test_a_dropped_stream_is_aborted_and_frees_its_blocks(llm, server, client):
     stream = client.completions.create(model=MODEL, prompt="drop me", max_tokens=1500, stream=True, n=2,
                                        logit_bias=eos_bias(llm, -100))

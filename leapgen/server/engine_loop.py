@@ -1,9 +1,11 @@
 """One thread owns the engine and steps it for every connection; asyncio handlers talk to it by messages.
 
-The engine is not thread-safe, so everything that touches it (tokenizing, compiling a constraint, adding,
-stepping, aborting) happens on the loop's thread.  Handlers submit jobs through a queue and receive
-`Update`s on an asyncio queue: after each engine step, the text, token logprobs and finish reasons each
-completion gained.  A handler that goes away aborts its jobs; their KV blocks are freed at the next turn.
+Everything that changes the engine (adding, stepping, aborting) happens on the loop's thread.  A job's new
+constraint compiles on a thread of its own meanwhile (`LLMEngine.prepare`), and the job joins the batch once it is
+ready: a schema that takes 100 ms to compile no longer holds every running stream for that long.  Handlers submit
+jobs through a queue and receive `Update`s on an asyncio queue: after each engine step, the text, token logprobs
+and finish reasons each completion gained.  A handler that goes away aborts its jobs; their KV blocks are freed at
+the next turn.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import dataclasses
 import queue
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from leapgen.decoding.sampling_params import SamplingParams
@@ -63,6 +66,14 @@ class Job:
     sent_finish: set[int] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A job whose constraint's compile has ended (`compiled`, None for a job without one), back in the inbox."""
+
+    job: Job
+    compiled: Future | None = None
+
+
 _IDLE_WAKE_SECONDS = 0.25
 
 
@@ -77,6 +88,9 @@ class EngineLoop:
         self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Update]]] = {}
         self._thread: threading.Thread | None = None
         self._accepting = True                # jobs submitted before `run` starts wait in the inbox
+        # new constraints compile here, one at a time, while the loop steps the batch; the job comes back to the
+        # inbox as a `_Prepared` once its constraint is ready (or refused)
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapgen-compile")
 
     def run(self) -> None:
         """Run the loop on this thread until `stop()`.  The main thread is the place for it where there is a
@@ -91,6 +105,7 @@ class EngineLoop:
         finally:
             self._accepting = False
             self._fail_all(ApiError("the server is shutting down", status=503))
+            self._compiler.shutdown(wait=True, cancel_futures=True)     # (a compile under way finishes first)
             self._refuse_waiting()
             self._flush()
 
@@ -131,6 +146,8 @@ class EngineLoop:
                 return False
             if isinstance(message, Job):
                 self._add(message)
+            elif isinstance(message, _Prepared):
+                self._admit(message)
             else:
                 self._abort(message)
             try:
@@ -145,22 +162,31 @@ class EngineLoop:
                 message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(message, Job):
-                self._post(message, Update(message.index, [], error=ApiError("the server is shutting down",
-                                                                            status=503)))
+            job = message.job if isinstance(message, _Prepared) else message
+            if isinstance(job, Job):
+                self._post(job, Update(job.index, [], error=ApiError("the server is shutting down", status=503)))
 
     def _add(self, job: Job) -> None:
         if job.cancelled:
             return
-        refused = (ValueError, TypeError, RecursionError)      # the compiler's and the admission's refusals
-        try:
-            if job.params.constraint is not None:
-                self.engine.compile(job.params.constraint)     # once per spec; add_request finds it compiled
-        except refused as exc:
-            self._post(job, Update(job.index, [], error=job.fields.constraint_error(str(exc))))
+        if job.params.constraint is None:
+            self._admit(_Prepared(job))
             return
-        except Exception as exc:         # a bug met while compiling one request's constraint must not end the loop
-            self._post(job, Update(job.index, [], error=ApiError(f"the constraint could not be compiled: {exc!r}",
+        future = self._compiler.submit(self.engine.prepare, job.params.constraint)    # once per spec
+        future.add_done_callback(lambda done: self._inbox.put(_Prepared(job, done)))
+
+    def _admit(self, prepared: _Prepared) -> None:
+        job = prepared.job
+        if job.cancelled:
+            return
+        refused = (ValueError, TypeError, RecursionError)      # the compiler's and the admission's refusals
+        error = None if prepared.compiled is None or prepared.compiled.cancelled() else \
+            prepared.compiled.exception()
+        if isinstance(error, refused):
+            self._post(job, Update(job.index, [], error=job.fields.constraint_error(str(error))))
+            return
+        if error is not None:            # a bug met while compiling one request's constraint must not end the loop
+            self._post(job, Update(job.index, [], error=ApiError(f"the constraint could not be compiled: {error!r}",
                                                                   status=500)))
             return
         try:
