@@ -699,15 +699,17 @@ class LLMEngine:
         sent = 0
         try:
             while True:
-                # read from the text, not the step's delta: another caller's steps may have advanced it too
+                # whether it ended before its text, which another caller's step may finish between the two reads;
+                # and the text, not the step's delta: another caller's steps may have advanced it too
+                finished, error = output.finished, output.error
                 text = output.outputs[0].text if output.outputs else ""
                 if len(text) > sent:
                     piece, sent = text[sent:], len(text)
                     yield piece
                     continue    # (read again: more may have come while the caller held this piece)
-                if output.error is not None:
-                    raise RuntimeError(output.error)
-                if output.finished:
+                if error is not None:
+                    raise RuntimeError(error)
+                if finished:
                     return
                 with self._lock:
                     if not output.finished:

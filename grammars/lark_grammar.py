@@ -21,7 +21,7 @@ import re
 
 from . import ir
 from .errors import LarkGrammarError, RegexError
-from .regex import FirstEnds, check_group_depth, has_lazy_repeat, regex_dfa
+from .regex import FirstEnds, check_group_depth, laziness, regex_dfa
 
 # common.ESCAPED_STRING uses a lookbehind; this is the same set of tokens without one
 # (a quoted run of non-newline characters, backslash escapes, no unescaped inner quote)
@@ -179,8 +179,14 @@ def _terminal(name: str, pattern, text: str) -> ir.Expr:
         regex_dfa(source)
     except RegexError as e:
         raise LarkGrammarError(f"terminal {name}: {e}", _line_of(text, name)) from None
+    kind = laziness(source)
+    if kind == "mixed":
+        raise LarkGrammarError(f"terminal {name}: a lazy quantifier beside a greedy one, or beside alternatives of "
+                               "more than one character, ends where Python's regex engine prefers, which no automaton "
+                               "here follows exactly: write its choices all lazy (single-character alternatives), or "
+                               "none", _line_of(text, name))
     # lark's lexer ends a lazy regex at its first possible end (`/".*?"/` at the first closing quote)
-    return ir.Terminal(source, (FirstEnds(source),)) if has_lazy_repeat(source) else ir.Terminal(source)
+    return ir.Terminal(source, (FirstEnds(source),)) if kind == "first" else ir.Terminal(source)
 
 
 def lark_to_ir(text: str) -> ir.Grammar:

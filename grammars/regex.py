@@ -165,26 +165,37 @@ _UNSUPPORTED_GROUPS = (
 )
 
 
-# flags for the whole pattern, at its start: with `x`, `#` to the end of a line is a comment outside classes
-_GLOBAL_FLAGS = re.compile(r"\(\?([aiLmsux]+)\)")
+# inline flags, for the whole pattern `(?x)` or a group `(?x:...)`, `(?-x:...)`: under `x`, `#` to the end of a
+# line is a comment outside classes
+_INLINE_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?([:)])")
 
 
 def _scan(pattern: str) -> list[int]:
     """Refuse unsupported constructs with their position; return the positions of anchors.  Comments (`(?#...)`,
-    and `# ...` under a global `(?x)`) are passed over, as Python's parser passes over them."""
+    and `# ...` under the `x` flag) are passed over, as Python's parser passes over them."""
     anchors, i, n = [], 0, len(pattern)
     in_class, class_start = False, -1
-    flags = _GLOBAL_FLAGS.match(pattern)
-    verbose = flags is not None and "x" in flags.group(1)
+    verbose, outer = False, []      # the `x` flag here, and outside each open group
     while i < n:
         c = pattern[i]
         if verbose and not in_class and c == "#":
-            end = pattern.find("\n", i)
-            i = n if end < 0 else end + 1
+            i = _line_comment_end(pattern, i)
             continue
         if c == "(" and not in_class and pattern.startswith("?#", i + 1):
             i = _comment_end(pattern, i + 3)
             continue
+        flags = _INLINE_FLAGS.match(pattern, i) if c == "(" and not in_class else None
+        if flags is not None:
+            on, off, kind = flags.groups()
+            if kind == ":":
+                outer.append(verbose)
+            verbose = (verbose or "x" in on) and not (off and "x" in off)
+            i = flags.end()
+            continue
+        if c == "(" and not in_class:
+            outer.append(verbose)
+        elif c == ")" and not in_class and outer:
+            verbose = outer.pop()
         if c == "\\":
             nxt = pattern[i + 1 : i + 2]
             if not in_class:
@@ -218,6 +229,13 @@ def _scan(pattern: str) -> list[int]:
             raise RegexError("possessive quantifiers are not supported", pattern, i + 1)
         i += 1
     return anchors
+
+
+def _line_comment_end(pattern: str, i: int) -> int:
+    """Just past the line end of a `#` comment at `i` (an escaped character, a newline too, does not end it)."""
+    while i < len(pattern) and pattern[i] != "\n":
+        i += 2 if pattern[i] == "\\" else 1
+    return i + 1
 
 
 def _comment_end(pattern: str, i: int) -> int:
@@ -367,17 +385,37 @@ def _holds(items, wanted) -> bool:
     return False
 
 
-def has_lazy_repeat(pattern: str) -> bool:
-    """Whether `pattern` (a valid regex) holds a lazy quantifier (`*?`, `+?`, `??`, `{m,n}?`)."""
-    return _holds(parse_quietly(pattern).data, C.MIN_REPEAT)
+def laziness(pattern: str) -> str:
+    """How a lexer that takes what Python's regex engine prefers (lark's) ends a text of `pattern` (a valid
+    regex): "none" without a lazy quantifier (wherever the language allows: lark's complete lexer tries every
+    prefix of the match); "first" where every choice the regex makes is lazy (its quantifiers lazy or fixed, its
+    alternatives single characters), which ends it at its first possible end (`FirstEnds`); "mixed" where a lazy
+    quantifier meets a greedy one or alternatives of longer texts, whose preferences no language here follows."""
+    items = parse_quietly(pattern).data
+    if not _holds(items, C.MIN_REPEAT):
+        return "none"
+    return "mixed" if _chooses_greedily(items) else "first"
+
+
+def _chooses_greedily(items) -> bool:
+    for op, av in items:
+        if op is C.MAX_REPEAT and av[0] != av[1]:
+            return True
+        if op is C.BRANCH and any(not (len(branch.data) == 1 and branch.data[0][0] in _ONE_CHARACTER)
+                                  for branch in av[1]):
+            return True
+        inner = av[3].data if op is C.SUBPATTERN else av[2].data if op in (C.MAX_REPEAT, C.MIN_REPEAT) else None
+        if inner is not None and _chooses_greedily(inner):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
 class FirstEnds:
-    """The texts of regex `pattern` that no shorter text of it begins: what a lexer that ends a terminal at its
-    regex's first possible end takes (lark's, for a regex with a lazy quantifier: `/".*?"/` ends at the first
-    closing quote).  Sound whatever the rest of the regex prefers: such a text matches nothing shorter, and
-    lark's complete lexer also tries every prefix of what the regex matched."""
+    """The texts of regex `pattern` that no shorter text of it begins: where a lexer that takes what Python's
+    regex engine prefers ends a text of a regex whose every choice is lazy (see `laziness`; `/".*?"/` ends at the
+    first closing quote).  Sound for any regex (such a text matches nothing shorter, and lark's complete lexer
+    also tries every prefix of the match); exact where every choice is lazy."""
 
     pattern: str
 

@@ -173,7 +173,7 @@ def _completion(completion) -> dict:
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                       file: TextIO | None = None, line: str | None = None) -> None:
     """A warning as one line of its own (Python's shows the file and the source line it came from)."""
-    print(f"leapgen: warning: {str(message).strip()}", file=file or sys.stderr)
+    print(f"leapgen: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

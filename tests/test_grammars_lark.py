@@ -168,6 +168,16 @@ def test_a_lazy_regexp_ends_at_its_first_possible_end_as_larks_lexer_ends_it():
         assert _accepts(g, case) == _lark_accepts(parser, case), case
 
 
+@pytest.mark.parametrize("terminal", [r'/\d+?\.\d+/', r'/".*?"x*/', r'/(?:ab|a)c*?/', r'/<!--.*?-->\n*/'])
+def test_a_lazy_quantifier_beside_greedy_choices_is_refused_naming_the_terminal(terminal):
+    """Lark's lexer ends such a text where Python's regex engine prefers, which neither the regex's language nor
+    its first ends follow (the first ends refused `1.55` for the first, the language admitted `"a"b"x` for the
+    second)."""
+    with pytest.raises(LarkGrammarError, match=r"terminal T: a lazy quantifier beside a greedy one") as info:
+        compile_lark(f"start: T\nT: {terminal}\n", tu.byte_level_bpe())
+    assert info.value.line == 2
+
+
 def test_a_regexp_may_end_before_the_literal_that_follows_and_the_checker_agrees():
     """The language is lark's `dynamic_complete` one, which `is_valid` (and `leapgen sweep`) checks against: with
     lark's default lexer `FIELD` took `user_id` whole and every output read as invalid."""

@@ -43,6 +43,9 @@ PATTERNS = [
     "(?x) \\d{2}  # year, e.g. \\b20\\b $\n -[a-z]+ $",
     r"\d+(?# digits, (?=no lookahead here)x|a(?#\)b)c",
     r"(?x) [#a]+ \# b # tail",
+    "(?i)(?x)a # \\b\n b",              # flags before the `x` one, a scoped `x`, an escaped newline in a comment
+    "(?x:a # \\b\n)b",
+    "(?x)a # c \\\n\\b\n b(?-x: #c)",
     # plain texts between bars: their trie, not a subset construction
     r"ab|abc|b\|c|",
     r"(?:x|yz|é|😀|a\.b)",
