@@ -297,7 +297,11 @@ class LLMEngine:
         with phase("schedule"):
             out = self.scheduler.schedule()
         for seq in out.preempted:                # recomputed later without its draft
-            self._owner[seq.seq_id][1].drop_draft()
+            request, state = self._owner[seq.seq_id]
+            state.drop_draft()
+            # and from its first token (a prompt whose logprobs are asked takes no cached block): the prompt rows
+            # gathered so far come again
+            request.prompt_rows = []
         if out.unfit:
             bm = self.block_manager
             why = "" if bm.enable_prefix_caching else " (without prefix caching, preempted beams share no block)"
@@ -308,7 +312,7 @@ class LLMEngine:
         if out.is_empty:
             return self._outputs()
         prompt_rows = frozenset(seq.seq_id for seq, _ in out.scheduled
-                                if self._owner[seq.seq_id][0].output.prompt_logprobs is not None
+                                if _prompt_logprobs_due(self._owner[seq.seq_id][0])
                                 and seq.num_computed_tokens < seq.num_prompt_tokens)
         draft_rows = frozenset(seq.seq_id for seq, _ in out.scheduled if self._owner[seq.seq_id][1].draft)
         try:
@@ -506,7 +510,13 @@ class LLMEngine:
         # the processors act on the log-probs, which stay as they leave them (transformers' beam search): a penalty
         # scales a log-prob, and what a ban or a constraint takes away is not handed to the tokens left
         logits, batch = self._batch(entries)
-        return self.sampler.pipeline(logits.float().log_softmax(dim=-1), batch), batch.row_errors
+        log_probs = self.sampler.pipeline(logits.float().log_softmax(dim=-1), batch)
+        # a row with nothing to take fails its request, as a sampled row's does (beam search would rank a NaN, and
+        # end a request whose beams all met -inf without a word)
+        for row in (~(log_probs.amax(dim=-1) > float("-inf"))).nonzero()[:, 0].tolist():
+            batch.row_errors.setdefault(row, ValueError("no token can be taken (every logit is -inf after processing, "
+                                                        "or the logits hold NaN)"))
+        return log_probs, batch.row_errors
 
     def _batch(self, entries: list[_Entry]) -> tuple[torch.Tensor, SamplingBatch]:
         """The step's logits rows and what the processors need for each: a drafted sequence's row i sees its
@@ -739,6 +749,13 @@ class LLMEngine:
 
 _Entry = tuple[EngineRequest, SequenceState, torch.Tensor]   # a sequence due for tokens, with its [rows, V] logits
 T = TypeVar("T")
+
+
+def _prompt_logprobs_due(request: EngineRequest) -> bool:
+    """Whether the request asked for its prompt's logprobs and has not got them all yet (a preempted request
+    computes its prompt again, whose logprobs it already holds once it got that far)."""
+    logprobs = request.output.prompt_logprobs
+    return logprobs is not None and len(logprobs) < len(request.prompt_token_ids)
 
 
 def _token_logprob(sampled: SamplerOutput, row: int, token: int, top_n: int | None) -> TokenLogprob:

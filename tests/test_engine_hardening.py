@@ -448,6 +448,40 @@ def test_stream_pieces_join_to_the_final_text(text_llm):
     assert_idle(text_llm)
 
 
+@pytest.mark.parametrize("fill", [-float("inf"), float("nan")])
+def test_a_beam_row_with_nothing_to_take_fails_its_request(text_llm, fill):
+    """As a sampled row's does: beam search ranked the NaN log-probs as tokens, and a request whose beams all met
+    -inf came back finished, without an error or a completion."""
+    prompt = "abc abc abc"
+    start = len(text_llm.tokenizer.encode(prompt))
+
+    def nothing_at_the_third(input_ids, scores):
+        return torch.full_like(scores, fill) if input_ids.shape[1] - start == 2 else scores
+
+    params = SamplingParams(max_tokens=6, num_beams=3, n=2, logits_processors=[nothing_at_the_third])
+    outputs = text_llm.generate([prompt, "x y"], [params, SamplingParams(max_tokens=6, num_beams=3)],
+                                on_error="return")
+    assert outputs[0].finish_reason == "error" and "no token can be taken" in outputs[0].error
+    assert outputs[1].error is None and len(outputs[1].token_ids) > 0
+    assert_idle(text_llm)
+
+
+def test_prompt_logprobs_of_a_preempted_request_come_once(tmp_path):
+    """Recomputed after a preemption, the prompt gave its logprobs again (119 entries for 60 tokens)."""
+    build_checkpoint_for_tokenizer(tmp_path, byte_level_bpe())
+    prompts = ["abc abc abc abc abc " * 3, "the cat sat on the mat, the cat sat on the", "one two three four " * 2]
+    params = [SamplingParams(max_tokens=60, prompt_logprobs=1, ignore_eos=True, n=2, seed=1, temperature=0.5),
+              SamplingParams(max_tokens=60, ignore_eos=True), SamplingParams(max_tokens=60, ignore_eos=True)]
+    roomy = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="16MiB", block_size=8)
+    tight = leapgen.LLM(tmp_path, dtype="float32", kv_cache_memory="160KiB", block_size=8)
+    expected, got = roomy.generate(prompts, params)[0], tight.generate(prompts, params)[0]
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert len(got.prompt_logprobs) == len(got.prompt_token_ids)
+    assert [e and (e.token_id, round(e.logprob, 4)) for e in got.prompt_logprobs] == \
+        [e and (e.token_id, round(e.logprob, 4)) for e in expected.prompt_logprobs]
+    assert_idle(tight)
+
+
 def test_two_open_streams_and_a_generate_between_them_each_get_all_their_text(text_llm):
     """Callers sharing the engine: each step advances every request, so a stream reads its text from its output,
     not from the steps it took itself (two streams read in turn each lost half their pieces, and a stream paused

@@ -402,6 +402,33 @@ def test_a_new_constraint_compiles_while_the_other_streams_go_on(server, client,
     wait_idle(server)
 
 
+def test_a_constraint_whose_client_left_before_its_compile_is_not_compiled(server, monkeypatch):
+    """Clients gone while their new schemas waited to compile: those compiles are passed over, not queued one
+    after another ahead of the live requests' (the wait for admission did not watch for the client leaving)."""
+    engine = server.engine_loop.engine
+    prepare, compiled = engine.prepare, []
+
+    def slow_prepare(spec):
+        time.sleep(0.6)
+        prepare(spec)
+        compiled.append(spec)
+
+    monkeypatch.setattr(engine, "prepare", slow_prepare)
+    impatient = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=0.2)
+
+    def leaves(i: int) -> None:
+        schema = {"type": "object", "properties": {f"left_{i}": {"type": "integer"}}, "required": [f"left_{i}"]}
+        with pytest.raises(openai.APITimeoutError):
+            impatient.completions.create(model=MODEL, prompt="x", max_tokens=10, temperature=0, extra_body={
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(leaves, range(3)))
+    time.sleep(1.0)                             # the compile under way when they left ends
+    assert len(compiled) <= 1
+    wait_idle(server)
+
+
 def test_a_dropped_stream_is_aborted_and_frees_its_blocks(llm, server, client):
     stream = client.completions.create(model=MODEL, prompt="drop me", max_tokens=1500, stream=True, n=2,
                                        logit_bias=eos_bias(llm, -100))

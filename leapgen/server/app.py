@@ -143,7 +143,7 @@ class OpenAIServer:
         try:
             for job in jobs:
                 self.engine_loop.submit(job)
-            early = await self._admitted(jobs, updates)
+            early = await self._admitted(request, jobs, updates)
             if parsed.stream:
                 handed_over = True
                 return _EventStream(self._events(shape, jobs, updates, early), on_close=lambda: self._close(jobs))
@@ -160,19 +160,29 @@ class OpenAIServer:
         self.active -= 1
 
     @staticmethod
-    async def _admitted(jobs: list[Job], updates: asyncio.Queue[Update]) -> list[Update]:
+    async def _admitted(request: Request, jobs: list[Job], updates: asyncio.Queue[Update]) -> list[Update]:
         """Wait until the engine took or refused every job; a refusal fails the whole request before any
-        response starts.  Returns the updates of admitted jobs that came meanwhile, in order."""
+        response starts.  Returns the updates of admitted jobs that came meanwhile, in order.  ClientGone where
+        the client leaves first (its jobs' constraints, waiting to compile, are then passed over)."""
         waiting = {job.index for job in jobs}
         early: list[Update] = []
-        while waiting:
-            update = await updates.get()
-            if update.error is not None:
-                raise update.error
-            if update.admitted:
-                waiting.discard(update.job)
-            else:
-                early.append(update)
+        gone = asyncio.ensure_future(_disconnect(request))
+        step: asyncio.Future[Update] | None = None
+        try:
+            while waiting:
+                step = asyncio.ensure_future(updates.get())
+                done, _ = await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if step not in done:
+                    raise ClientGone
+                update = step.result()
+                if update.error is not None:
+                    raise update.error
+                if update.admitted:
+                    waiting.discard(update.job)
+                else:
+                    early.append(update)
+        finally:
+            await _cancelled(gone, step)
         return early
 
     async def _outputs(self, request: Request, jobs: list[Job], updates: asyncio.Queue[Update],

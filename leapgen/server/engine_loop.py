@@ -172,8 +172,14 @@ class EngineLoop:
         if job.params.constraint is None:
             self._admit(_Prepared(job))
             return
-        future = self._compiler.submit(self.engine.prepare, job.params.constraint)    # once per spec
+        future = self._compiler.submit(self._prepare, job)
         future.add_done_callback(lambda done: self._inbox.put(_Prepared(job, done)))
+
+    def _prepare(self, job: Job) -> None:
+        """On the compiling thread: the job's constraint, unless its client has gone meanwhile (cancelled compiles
+        queued ahead of the live ones)."""
+        if not job.cancelled:
+            self.engine.prepare(job.params.constraint)      # once per spec
 
     def _admit(self, prepared: _Prepared) -> None:
         job = prepared.job
