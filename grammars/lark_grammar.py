@@ -181,10 +181,10 @@ def _terminal(name: str, pattern, text: str) -> ir.Expr:
         raise LarkGrammarError(f"terminal {name}: {e}", _line_of(text, name)) from None
     kind = laziness(source)
     if kind == "mixed":
-        raise LarkGrammarError(f"terminal {name}: a lazy quantifier beside a greedy one, or beside alternatives of "
-                               "more than one character, ends where Python's regex engine prefers, which no automaton "
-                               "here follows exactly: write its choices all lazy (single-character alternatives), or "
-                               "none", _line_of(text, name))
+        raise LarkGrammarError(f"terminal {name}: a lazy quantifier beside greedy choices (a greedy quantifier, "
+                               "alternatives that may both go on) ends where Python's regex engine prefers, which no "
+                               "automaton here follows exactly: make its choices all lazy, or none",
+                               _line_of(text, name))
     # lark's lexer ends a lazy regex at its first possible end (`/".*?"/` at the first closing quote)
     return ir.Terminal(source, (FirstEnds(source),)) if kind == "first" else ir.Terminal(source)
 

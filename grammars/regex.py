@@ -387,27 +387,43 @@ def _holds(items, wanted) -> bool:
 
 def laziness(pattern: str) -> str:
     """How a lexer that takes what Python's regex engine prefers (lark's) ends a text of `pattern` (a valid
-    regex): "none" without a lazy quantifier (wherever the language allows: lark's complete lexer tries every
-    prefix of the match); "first" where every choice the regex makes is lazy (its quantifiers lazy or fixed, its
-    alternatives single characters), which ends it at its first possible end (`FirstEnds`); "mixed" where a lazy
-    quantifier meets a greedy one or alternatives of longer texts, whose preferences no language here follows."""
+    regex): "none" where that is wherever the language allows (no lazy quantifier: lark's complete lexer tries
+    every prefix of the match; or no text of the language begins another); "first" where every choice the regex
+    makes is lazy (its quantifiers lazy or fixed, its alternatives single characters or starting with distinct
+    ones), which ends it at its first possible end (`FirstEnds`); "mixed" for the rest, a lazy quantifier beside
+    greedy choices, whose preferences no language here follows."""
     items = parse_quietly(pattern).data
     if not _holds(items, C.MIN_REPEAT):
         return "none"
-    return "mixed" if _chooses_greedily(items) else "first"
+    if not _chooses_greedily(items):
+        return "first"
+    dfa = regex_dfa(pattern)    # minimal and trimmed: an accepting state with a way on has a longer text after it
+    return "mixed" if (dfa.trans[dfa.accept] >= 0).any() else "none"
 
 
 def _chooses_greedily(items) -> bool:
+    """Whether parsed regex `items` make a choice other than a lazy one: a greedy quantifier with a range, or
+    alternatives two of which may both go on from one place (neither single characters nor distinct first
+    characters)."""
     for op, av in items:
         if op is C.MAX_REPEAT and av[0] != av[1]:
             return True
-        if op is C.BRANCH and any(not (len(branch.data) == 1 and branch.data[0][0] in _ONE_CHARACTER)
-                                  for branch in av[1]):
-            return True
+        if op is C.BRANCH:
+            branches = [branch.data for branch in av[1]]
+            if not all(len(b) == 1 and b[0][0] in _ONE_CHARACTER for b in branches) and not _apart(branches):
+                return True
+            if any(_chooses_greedily(b) for b in branches):
+                return True
         inner = av[3].data if op is C.SUBPATTERN else av[2].data if op in (C.MAX_REPEAT, C.MIN_REPEAT) else None
         if inner is not None and _chooses_greedily(inner):
             return True
     return False
+
+
+def _apart(branches) -> bool:
+    """Whether alternatives all start with a literal character, each another."""
+    firsts = [b[0][1] if b and b[0][0] is C.LITERAL else None for b in branches]
+    return None not in firsts and len(set(firsts)) == len(firsts)
 
 
 @dataclass(frozen=True)

@@ -173,9 +173,20 @@ def test_a_lazy_quantifier_beside_greedy_choices_is_refused_naming_the_terminal(
     """Lark's lexer ends such a text where Python's regex engine prefers, which neither the regex's language nor
     its first ends follow (the first ends refused `1.55` for the first, the language admitted `"a"b"x` for the
     second)."""
-    with pytest.raises(LarkGrammarError, match=r"terminal T: a lazy quantifier beside a greedy one") as info:
+    with pytest.raises(LarkGrammarError, match=r"terminal T: a lazy quantifier beside greedy choices") as info:
         compile_lark(f"start: T\nT: {terminal}\n", tu.byte_level_bpe())
     assert info.value.line == 2
+
+
+@pytest.mark.parametrize("terminal, texts", [
+    (r'/"(\\.|[^"\\])*?"/', ['"a"', '"a\\"b"', '"a"b"', '"\\\\"', '""']),  # no text begins another: its language
+    (r'/.*?(END|STOP)/', ["xEND", "xENDyEND", "STOP", "aSTOPEND"]),         # alternatives apart: first ends
+])
+def test_lazy_regexps_whose_ends_are_known_compile_as_lark_lexes_them(terminal, texts):
+    text = f"start: T\nT: {terminal}\n"
+    g, parser = compile_lark(text, tu.byte_level_bpe()), Lark(text, parser="earley", lexer="dynamic_complete")
+    for case in texts:
+        assert _accepts(g, case) == _lark_accepts(parser, case), case
 
 
 def test_a_regexp_may_end_before_the_literal_that_follows_and_the_checker_agrees():

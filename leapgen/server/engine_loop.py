@@ -202,7 +202,8 @@ class EngineLoop:
             self._post(job, Update(job.index, [], error=job.fields.refusal(str(exc), job.index)))
             return
         except Exception as exc:         # a bug met while admitting one request must not end the loop
-            self._post(job, Update(job.index, [], error=ApiError(f"the request could not be admitted: {exc!r}", status=500)))
+            self._post(job, Update(job.index, [], error=ApiError(f"the request could not be admitted: {exc!r}",
+                                                                  status=500)))
             return
         self._jobs[job.request_id] = job
         self._post(job, Update(job.index, [], admitted=True))
