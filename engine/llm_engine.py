@@ -239,11 +239,12 @@ class LLMEngine:
 
     def add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> int:
         """Queue a prompt (or an already checked request); returns its request id."""
-        with self._lock:
-            return self._add_request(prompt, params)
-
-    def _add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None) -> int:
+        # checked before the lock is taken: a constraint's compile must not hold other callers' steps
         checked = prompt if isinstance(prompt, CheckedRequest) else self.check(prompt, params)
+        with self._lock:
+            return self._queue(checked)
+
+    def _queue(self, checked: CheckedRequest) -> int:
         params = checked.params
         request_id = next(self._request_ids)
         output = RequestOutput(request_id, checked.prompt, checked.prompt_token_ids, [],
@@ -703,8 +704,9 @@ class LLMEngine:
     def stream(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> Iterator[str]:
         """Queue one request (n = 1) and yield its text as it is released; the pieces join to its final text.
         RuntimeError with its error (after the text so far) where it fails; closing the iterator aborts it."""
+        checked = prompt if isinstance(prompt, CheckedRequest) else self.check(prompt, params)
         with self._lock:
-            request_id = self.add_request(prompt, params)
+            request_id = self.add_request(checked)
             output = self.requests[request_id].output
         sent = 0
         try:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -499,6 +500,38 @@ def test_two_open_streams_and_a_generate_between_them_each_get_all_their_text(te
     texts[1] += "".join(second)
     assert texts == alone
     assert middle.text == text_llm.generate(["a third"], greedy)[0].text
+    assert_idle(text_llm)
+
+
+class SlowToCompile:
+    """A constraint spec whose compile takes a while, and says when it ended."""
+
+    def __init__(self, inner):
+        self.inner, self.compiled_at = inner, None
+
+    def key(self) -> tuple:
+        return ("slow", id(self), *self.inner.key())
+
+    def compile(self, vocabulary):
+        time.sleep(1.0)
+        compiled = self.inner.compile(vocabulary)
+        self.compiled_at = time.monotonic()
+        return compiled
+
+
+def test_a_constraint_compiling_on_one_thread_holds_no_other_callers_steps(text_llm):
+    """A request is checked (its constraint compiled) before the engine's lock is taken: a thread adding a request
+    whose schema compiles for a second no longer held a stream on another thread for that second."""
+    slow = SlowToCompile(Regex(r"[0-9]{3}"))
+    with ThreadPoolExecutor(1) as pool:
+        constrained = pool.submit(lambda: "".join(text_llm.stream("x", SamplingParams(max_tokens=5,
+                                                                                        constraint=slow))))
+        time.sleep(0.2)                        # its compile is under way
+        text = "".join(text_llm.stream("the story", SamplingParams(max_tokens=20, ignore_eos=True)))
+        streamed_at = time.monotonic()
+        digits = constrained.result()
+    assert text and streamed_at < slow.compiled_at
+    assert len(digits) == 3 and digits.isdigit()
     assert_idle(text_llm)
 
 
