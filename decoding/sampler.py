@@ -171,16 +171,22 @@ def _split_warpers(pipeline: LogitsPipeline) -> tuple[LogitsPipeline, LogitsPipe
 _ARGMAX_CHUNK = 128
 
 
-def _greedy(logits: torch.Tensor, rows: Sequence[int], errors: dict[int, Exception]) -> torch.Tensor:
-    """Each row's argmax (`_argmax`); a row with no token to take (argmax would take a NaN as the maximum, or the
-    first token of a row of -inf) gets a ValueError in `errors`, by its batch row (`rows`: those of `logits`), and
-    a token that means nothing: one row's failure is its request's alone (and not even that where the row checks a
-    speculative draft past a token verification rejects)."""
-    takeable = logits.amax(dim=-1) > float("-inf")      # (false for a NaN too)
+def note_rows_without_a_token(scores: torch.Tensor, rows: Sequence[int], errors: dict[int, Exception]) -> None:
+    """Put a ValueError in `errors`, by batch row (`rows`: those of `scores`), for each row of processed `scores`
+    with no token to take: all -inf, or holding a NaN (which argmax, and beam search's ranking, would take as the
+    best).  Such a row's failure is its request's alone (and not even that where the row checks a speculative
+    draft past a token verification rejects); an error the row met before stays its error."""
+    takeable = scores.amax(dim=-1) > float("-inf")      # (false for a NaN too)
     if not bool(takeable.all()):
         for i in (~takeable).nonzero()[:, 0].tolist():
-            errors[rows[i]] = ValueError("no token can be taken (every logit is -inf after processing, or the "
-                                         "logits hold NaN)")
+            errors.setdefault(rows[i], ValueError("no token can be taken (every logit is -inf after processing, or "
+                                                  "the logits hold NaN)"))
+
+
+def _greedy(logits: torch.Tensor, rows: Sequence[int], errors: dict[int, Exception]) -> torch.Tensor:
+    """Each row's argmax (`_argmax`); a row with no token to take gets its error in `errors` (see
+    `note_rows_without_a_token`) and a token that means nothing."""
+    note_rows_without_a_token(logits, rows, errors)
     return _argmax(logits)
 
 

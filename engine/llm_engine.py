@@ -23,7 +23,8 @@ from leapgen.decoding.bitmask import bitmask_words
 from leapgen.decoding.candidates import torch_row_logsumexp
 from leapgen.decoding.constraint import ConstraintSpec, TokenConstraint
 from leapgen.decoding.detokenizer import IncrementalDetokenizer
-from leapgen.decoding.sampler import Sampler, SamplerOutput, prompt_logprobs, request_generator
+from leapgen.decoding.sampler import (Sampler, SamplerOutput, note_rows_without_a_token, prompt_logprobs,
+                                      request_generator)
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import (DraftRequest, NgramProposer, Proposer, SpeculativeConfig,
                                           accepted_length, constrain_draft)
@@ -239,23 +240,25 @@ class LLMEngine:
 
     def add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> int:
         """Queue a prompt (or an already checked request); returns its request id."""
+        return self._add(prompt, params).request_id
+
+    def _add(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None) -> EngineRequest:
+        """`add_request`, returning the request itself, whose output its caller reads."""
         # checked before the lock is taken: a constraint's compile must not hold other callers' steps
         checked = prompt if isinstance(prompt, CheckedRequest) else self.check(prompt, params)
-        with self._lock:
-            return self._queue(checked)
-
-    def _queue(self, checked: CheckedRequest) -> int:
         params = checked.params
-        request_id = next(self._request_ids)
-        output = RequestOutput(request_id, checked.prompt, checked.prompt_token_ids, [],
-                               prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
-        request = EngineRequest(request_id, params, output, checked.constraint)
-        seq = Sequence(next(self._seq_ids), checked.prompt_token_ids, params)
-        self.scheduler.add(seq)
-        constraint = ConstraintState(checked.constraint, max_tokens=params.max_tokens) if checked.constraint else None
-        self._new_state(request, seq, constraint=constraint)
-        self.requests[request_id] = request
-        return request_id
+        with self._lock:
+            request_id = next(self._request_ids)
+            output = RequestOutput(request_id, checked.prompt, checked.prompt_token_ids, [],
+                                   prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+            request = EngineRequest(request_id, params, output, checked.constraint)
+            seq = Sequence(next(self._seq_ids), checked.prompt_token_ids, params)
+            self.scheduler.add(seq)
+            constraint = ConstraintState(checked.constraint, max_tokens=params.max_tokens) if checked.constraint \
+                else None
+            self._new_state(request, seq, constraint=constraint)
+            self.requests[request_id] = request
+            return request
 
     def _new_state(self, request: EngineRequest, seq: Sequence, constraint: ConstraintState | None) -> SequenceState:
         params, index = request.params, len(request.samples)
@@ -514,9 +517,7 @@ class LLMEngine:
         log_probs = self.sampler.pipeline(logits.float().log_softmax(dim=-1), batch)
         # a row with nothing to take fails its request, as a sampled row's does (beam search would rank a NaN, and
         # end a request whose beams all met -inf without a word)
-        for row in (~(log_probs.amax(dim=-1) > float("-inf"))).nonzero()[:, 0].tolist():
-            batch.row_errors.setdefault(row, ValueError("no token can be taken (every logit is -inf after processing, "
-                                                        "or the logits hold NaN)"))
+        note_rows_without_a_token(log_probs, range(len(log_probs)), batch.row_errors)
         return log_probs, batch.row_errors
 
     def _batch(self, entries: list[_Entry]) -> tuple[torch.Tensor, SamplingBatch]:
@@ -679,9 +680,8 @@ class LLMEngine:
                     if isinstance(request, RequestOutput):
                         yield queued, request
                     else:
-                        with self._lock:
-                            request_id = self.add_request(request)
-                            pending[request_id] = queued, self.requests[request_id].output
+                        added = self._add(request, None)
+                        pending[added.request_id] = queued, added.output
                     queued += 1
                 with self._lock:
                     if self._steps_taken == seen and self.has_unfinished:
@@ -704,10 +704,8 @@ class LLMEngine:
     def stream(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> Iterator[str]:
         """Queue one request (n = 1) and yield its text as it is released; the pieces join to its final text.
         RuntimeError with its error (after the text so far) where it fails; closing the iterator aborts it."""
-        checked = prompt if isinstance(prompt, CheckedRequest) else self.check(prompt, params)
-        with self._lock:
-            request_id = self.add_request(checked)
-            output = self.requests[request_id].output
+        added = self._add(prompt, params)
+        request_id, output = added.request_id, added.output
         sent = 0
         try:
             while True:

@@ -179,10 +179,10 @@ def _scan(pattern: str) -> list[int]:
     while i < n:
         c = pattern[i]
         if verbose and not in_class and c == "#":
-            i = _line_comment_end(pattern, i)
+            i = _past(pattern, i, "\n")
             continue
         if c == "(" and not in_class and pattern.startswith("?#", i + 1):
-            i = _comment_end(pattern, i + 3)
+            i = _past(pattern, i + 3, ")")
             continue
         flags = _INLINE_FLAGS.match(pattern, i) if c == "(" and not in_class else None
         if flags is not None:
@@ -231,16 +231,10 @@ def _scan(pattern: str) -> list[int]:
     return anchors
 
 
-def _line_comment_end(pattern: str, i: int) -> int:
-    """Just past the line end of a `#` comment at `i` (an escaped character, a newline too, does not end it)."""
-    while i < len(pattern) and pattern[i] != "\n":
-        i += 2 if pattern[i] == "\\" else 1
-    return i + 1
-
-
-def _comment_end(pattern: str, i: int) -> int:
-    """Just past the `)` that closes a `(?#` comment whose text starts at `i` (an escaped `\\)` does not)."""
-    while i < len(pattern) and pattern[i] != ")":
+def _past(pattern: str, i: int, end: str) -> int:
+    """Just past the character `end` that closes a comment whose text starts at `i` (a `#` comment's newline, a
+    `(?#` comment's `)`); an escaped character, that one too, does not close it."""
+    while i < len(pattern) and pattern[i] != end:
         i += 2 if pattern[i] == "\\" else 1
     return i + 1
 
@@ -373,16 +367,16 @@ def _has_anchor(items) -> bool:
 
 def _holds(items, wanted) -> bool:
     """Whether parsed regex `items` hold opcode `wanted` at any depth."""
-    for op, av in items:
-        if op is wanted:
-            return True
-        if op is C.BRANCH and any(_holds(branch.data, wanted) for branch in av[1]):
-            return True
-        if op is C.SUBPATTERN and _holds(av[3].data, wanted):
-            return True
-        if op in (C.MAX_REPEAT, C.MIN_REPEAT) and _holds(av[2].data, wanted):
-            return True
-    return False
+    return any(op is wanted or any(_holds(inner, wanted) for inner in _nested(op, av)) for op, av in items)
+
+
+def _nested(op, av) -> list:
+    """The item lists a parsed regex item holds: a branch's alternatives, a group's or a repetition's body."""
+    if op is C.BRANCH:
+        return [branch.data for branch in av[1]]
+    if op is C.SUBPATTERN:
+        return [av[3].data]
+    return [av[2].data] if op in (C.MAX_REPEAT, C.MIN_REPEAT) else []
 
 
 def laziness(pattern: str) -> str:
@@ -409,13 +403,10 @@ def _chooses_greedily(items) -> bool:
         if op is C.MAX_REPEAT and av[0] != av[1]:
             return True
         if op is C.BRANCH:
-            branches = [branch.data for branch in av[1]]
+            branches = _nested(op, av)
             if not all(len(b) == 1 and b[0][0] in _ONE_CHARACTER for b in branches) and not _apart(branches):
                 return True
-            if any(_chooses_greedily(b) for b in branches):
-                return True
-        inner = av[3].data if op is C.SUBPATTERN else av[2].data if op in (C.MAX_REPEAT, C.MIN_REPEAT) else None
-        if inner is not None and _chooses_greedily(inner):
+        if any(_chooses_greedily(inner) for inner in _nested(op, av)):
             return True
     return False
 
