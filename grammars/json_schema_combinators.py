@@ -750,6 +750,12 @@ Resolver = Callable[[dict], "list[Any] | None"]
 NEGATED_CONJUNCT = "/not $ref"
 
 
+def negates_types_only(part: Part) -> bool:
+    """Whether the `not` of `part` constrains types alone (or nothing): what `negate` reads of it is all it says."""
+    inner = part.get("not")
+    return inner is True or isinstance(inner, dict) and _constraining(inner) <= {"type"}
+
+
 def negated_conjunct(conjunct: Part) -> Part:
     """`not` over one conjunct of a negated $ref, named by that conjunct alone (where it is, its base and the
     keywords it skips), not by the path of rewrites that reached it: met again inside its own negation (a

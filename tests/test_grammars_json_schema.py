@@ -1918,3 +1918,59 @@ def test_tokens_end_to_end_and_random_walks_validate():
         jsonschema.validate(json.loads(b"".join(out)), schema)
         done += 1
     assert done >= 5
+
+
+_FEATURES = {"patternProperties": {"^[a-z]+$": {"oneOf": [{}, {"items": {"$ref": "#/definitions/features"}}]}}}
+
+
+@pytest.mark.parametrize("schema", [
+    # a oneOf's exclusions distributed over a recursive schema meet one empty conjunction again beside other
+    # conjuncts (an array item that must fail `features` beside a value that is not an array)
+    {"definitions": {"features": _FEATURES},
+     "items": {"allOf": [{"$ref": "#/definitions/features"}, {"properties": {"tags": {"items": {}}}}]}},
+    {"items": {"anyOf": [{"type": "integer"}, {"allOf": [{"type": "string"}, {"type": "object", "anyOf": [
+        {"required": ["a"]}, {"required": ["b"]}]}]}]}},
+])
+def test_a_conjunction_around_an_empty_one_is_not_compiled(monkeypatch, schema):
+    # once a conjunction came out NEVER, one holding it is NEVER at once; and one of disjoint types (declared or
+    # negated) is NEVER before its combinators distribute
+    compiled, empty, distributed = [], [], []
+    compile_parts, distribute = SchemaCompiler._compile_parts, json_schema_compiler.distribute
+
+    def recorded(self, parts):
+        key = frozenset((self._content.of(p.schema), p.base, p.skip, p.variant) for p in parts)
+        compiled.append((key, [known for known in empty if known < key]))
+        expr = compile_parts(self, parts)
+        if expr == json_schema_compiler.NEVER:
+            empty.append(key)
+        return expr
+
+    def distributing(ctx, parts, *args):
+        distributed.append(parts)
+        return distribute(ctx, parts, *args)
+
+    monkeypatch.setattr(SchemaCompiler, "_compile_parts", recorded)
+    monkeypatch.setattr(json_schema_compiler, "distribute", distributing)
+    grammar = json_schema_to_grammar(schema)
+    assert empty and not [key for key, holding in compiled if holding]
+    assert distributed and all(_admitted_types(parts) for parts in distributed)
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in [[], [{}], [{"a": 1}], [{"a": []}], [{"a": [1]}], [{"a": [{"b": 2}]}], [{"a": [{"b": [[]]}]}],
+                  [{"a": [{}], "tags": [1]}], [{"tags": 1}], [{"A": []}], [1, "x"], [1, 2], ["x"], {}, 3]:
+        assert ir_accepts(grammar, json.dumps(value)) == validator.is_valid(value), value
+
+
+def _admitted_types(parts) -> set:
+    """The JSON types the `type` keywords of `parts` and their `not: {type}`s leave (integers as numbers)."""
+    def names(declared) -> set:
+        return {"number" if name == "integer" else name for name in (declared if isinstance(declared, list)
+                                                                      else [declared])}
+
+    types = {"null", "boolean", "number", "string", "array", "object"}
+    for part in parts:
+        if part.has("type"):
+            types &= names(part.get("type"))
+        negated = part.get("not") if part.has("not") else None
+        if isinstance(negated, dict) and set(negated) == {"type"} and "integer" not in str(negated["type"]):
+            types -= names(negated["type"])
+    return types
