@@ -9,8 +9,9 @@ from typing import Any
 from .errors import SchemaError, UnsupportedSchemaError
 from .ir import Expr, Lit, Members, Ref
 from .json_schema_context import (NUMBER_KEYS, STRING_KEYS, TYPES, VALIDATION, Branches, Part, SchemaContext,
-                                  count_of, enum_values, narrow_types, satisfying)
-from .json_schema_ir import EMPTY, NEVER, Counting, at_most_size, choice, inlined_size, literal, optional, repeat, seq
+                                  count_of, enum_values, is_number, narrow_types, satisfying)
+from .json_schema_ir import (EMPTY, NEVER, Counting, at_most_size, canonical_number, choice, inlined_size, literal,
+                             optional, repeat, seq)
 from .json_schema_scalars import (distinct_texts, fractions_allowed, number, spelled_values, string_terminal,
                                   unordered_objects)
 
@@ -282,10 +283,16 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
     values = _finite_values(ctx, rest)
     pu = ctx.punct
     if values is None or len(values) > _MAX_UNIQUE_VALUES:
-        if values is not None and not all(isinstance(v, str) for v in values):
-            raise UnsupportedSchemaError(f"uniqueItems is enforced only on strings, numbers and at most "
-                                         f"{_MAX_UNIQUE_VALUES} enumerable item values, not {len(values)}", pointer)
-        item = _distinct_items(ctx, rest) if values is None else ctx.nested(rest)
+        if values is None:
+            item = _distinct_items(ctx, rest)
+        elif all(isinstance(v, str) for v in values):
+            item = ctx.nested(rest)
+        elif any(isinstance(v, (list, dict)) for v in values):
+            raise UnsupportedSchemaError(f"uniqueItems is enforced on at most {_MAX_UNIQUE_VALUES} enumerable item "
+                                         f"values where arrays or objects are among them, not {len(values)}",
+                                         pointer)
+        else:   # many scalars: their texts tell them apart, numbers written one way each (1.0 as 1)
+            item = choice([Lit(canonical_number(v)) if is_number(v) else literal(v, pu) for v in values])
         if item is None:
             raise UnsupportedSchemaError("uniqueItems is enforced only on strings, numbers and enumerable items "
                                          "(enum, const, booleans, null)", pointer)

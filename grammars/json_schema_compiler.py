@@ -176,16 +176,20 @@ class SchemaCompiler:
     def expand(self, parts: list[Part]) -> tuple[list[Part], bool] | None:
         """Flatten allOf and $ref into plain conjuncts; None if a conjunct is `false`."""
         out: list[Part] = []
-        seen: set = set()
+        # each conjunct met, by its key, with the conjunct whose $ref or allOf brought it (None for `parts`): met
+        # again below itself it is a cycle that reads nothing, which no instance can ever get to the end of
+        seen: dict[Hashable, Hashable] = {}
         via_ref = False
         ident, expanded = self.refs.id_keyword, self._id_expanded
-        stack = list(reversed(parts))
+        stack = [(part, None) for part in reversed(parts)]
         while stack:
-            part = stack.pop()
+            part, source = stack.pop()
             key = part.key
             if key in seen:
+                if source is not None and _brought_by(seen, source, key):
+                    raise SchemaError("$ref cycle that consumes no input", part.pointer)
                 continue
-            seen.add(key)
+            seen[key] = source
             schema = part.schema
             if schema is True:
                 continue
@@ -214,7 +218,7 @@ class SchemaCompiler:
                 pending.append(Part(target.schema, target.pointer, target.base, frozenset({ident})))
                 via_ref = True
                 if self.legacy:  # before 2019-09 a $ref replaces its siblings
-                    stack.extend(reversed(pending))
+                    stack.extend((p, key) for p in reversed(pending))
                     continue
             if "allOf" in present:
                 subs = schema["allOf"]
@@ -228,7 +232,7 @@ class SchemaCompiler:
             if not _CONSTRAINTS.isdisjoint(present):   # the part with its allOf and $ref expanded, once
                 out.append(Part(schema, pointer, base, self._id_expanded if skip is self._id_only else
                                 skip | _EXPANDED, part.variant))
-            stack.extend(reversed(pending))
+            stack.extend((p, key) for p in reversed(pending))
         return out, via_ref
 
     def compile(self, parts: list[Part]) -> Expr:
@@ -434,6 +438,15 @@ class SchemaCompiler:
         # without `$schema`: jsonschema would take its own class for a part that names one, and lose this one's
         # keywords (the ECMA patterns among them)
         return self._validator.evolve(schema={"allOf": [_without_dialect(p.schema) for p in parts]})
+
+
+def _brought_by(sources: dict[Hashable, Hashable], source: Hashable, key: Hashable) -> bool:
+    """Whether the conjunct `key` is `source` or brought it, through the conjuncts that brought each (`sources`)."""
+    while source is not None:
+        if source == key:
+            return True
+        source = sources[source]
+    return False
 
 
 def _disjoint_types(parts: list[Part]) -> bool:

@@ -7,6 +7,7 @@ compiler, so they depend on this module only and the compiler is the one place t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -104,6 +105,9 @@ class JsonSchemaOptions:
     property_order: str = "schema"
 
     def __post_init__(self) -> None:
+        for name in ("additional_properties", "strict_formats", "check_schema"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"JSON schema option {name} must be True or False, not {getattr(self, name)!r}")
         if self.property_order not in ("schema", "any"):
             raise ValueError("JSON schema option property_order must be 'schema' or 'any', not "
                              f"{self.property_order!r}")
@@ -218,10 +222,23 @@ def enum_values(parts: list[Part]) -> list[Any] | None:
             candidates = [part.get(key)] if key == "const" else part.get(key)
             expect(isinstance(candidates, list), "enum must be an array", part.at(key))
             keyed: dict[Any, Any] = {}
-            for value in candidates:
+            for i, value in enumerate(candidates):
+                expect(_writable(value), f"{key} holds a value JSON cannot write (NaN or Infinity)",
+                       part.at(key) if key == "const" else part.at(key, i))
                 keyed.setdefault(json_key(value), value)
             values = keyed if values is None else {k: v for k, v in values.items() if k in keyed}
     return None if values is None else list(values.values())
+
+
+def _writable(value: Any) -> bool:
+    """Whether `value` holds no NaN or infinity (which Python's json reads, and no JSON text can hold)."""
+    if type(value) is float:
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(map(_writable, value))
+    if isinstance(value, dict):
+        return all(map(_writable, value.values()))
+    return True
 
 
 def satisfying(ctx: SchemaContext, parts: list[Part], values: list[Any]) -> list[Any]:

@@ -205,18 +205,29 @@ def number_literal_regex(value: Any) -> str:
 def number_literal_parts(value: Any) -> tuple[str, str]:
     """`number_literal_regex(value)` as its fixed text (sign and integer digits) and the regex of its
     fraction, which all integers share: an enum of many numbers becomes one set of literals and one tail."""
+    whole, fraction = _digits(value)
+    return whole, rf"\.{fraction}0*" if fraction else INTEGRAL_TAIL
+
+
+INTEGRAL_TAIL = r"(?:\.0+)?"   # an integer's optional zero fraction
+
+
+def canonical_number(value: int | float) -> str:
+    """The one spelling of a number that `json_numbers.CANONICAL` writes: no exponent, no trailing zero."""
+    whole, fraction = _digits(value)
+    return f"{whole}.{fraction}" if fraction else whole
+
+
+def _digits(value: Any) -> tuple[str, str]:
+    """A number's sign and integer digits, and its fraction's digits without trailing zeros."""
     d = Decimal(str(value))
     if not d.is_finite():
         raise ValueError(f"{value!r} is not a JSON number")
     sign = "-" if d < 0 else ""
     d = abs(d)
     whole = int(d)
-    frac = format(d - whole, "f")
-    frac = frac.split(".")[1].rstrip("0") if "." in frac else ""
-    return f"{sign}{whole}", rf"\.{frac}0*" if frac else INTEGRAL_TAIL
-
-
-INTEGRAL_TAIL = r"(?:\.0+)?"   # an integer's optional zero fraction
+    fraction = format(d - whole, "f")
+    return f"{sign}{whole}", fraction.split(".")[1].rstrip("0") if "." in fraction else ""
 
 
 def literal(value: Any, punct: Punctuation, fractions: bool = True,

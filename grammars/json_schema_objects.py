@@ -301,7 +301,9 @@ class _ObjectBuilder:
         else:
             result = self._members(names, members, *extra_without(()), self.required)
         if result == NEVER:
-            return self.ctx.never("no object satisfies the property constraints", self.pointer)
+            closed = "" if self.ctx.options.additional_properties else \
+                " once additional_properties=False closes it to its declared keys"
+            return self.ctx.never(f"no object satisfies the property constraints{closed}", self.pointer)
         return result
 
     def _member(self, name: str, value: Expr) -> Expr:

@@ -301,6 +301,7 @@ def string_keywords(ctx: SchemaContext, part: Part) -> StringKeywords:
         patterns.append((part.get("pattern"), part.at("pattern")))
         named.append((f"pattern {part.get('pattern')!r}", part.at("pattern")))
     fmt = part.get("format")
+    expect(fmt is None or isinstance(fmt, str), "format must be a string", part.at("format"))
     if fmt in FORMATS:
         formats.append((format_pattern(fmt), ""))
         named.append((f"format {fmt!r}", part.at("format")))

@@ -581,6 +581,9 @@ def _pattern_regexes(pattern: str) -> PatternRegexes:
             direction, body = av
             if direction != 1:
                 raise tr.unsupported("a lookbehind")
+            body = list(body)
+            while body and _is_start(body[0]):   # it looks from the start already (pydantic's decimals: `(?!^...)`)
+                body.pop(0)
             (also if op is _c.ASSERT else excluding).append(_search_regex(tr, [start, *body]))
     return PatternRegexes(_search_regex(tr, [start, *_inline_trailing_lookahead(rest)]), tuple(also),
                           tuple(excluding))

@@ -318,4 +318,7 @@ def as_vocabulary(tokenizer_or_vocabulary) -> Vocabulary:
     """A Vocabulary as given, or the default one of an HF tokenizer (what the compile functions accept)."""
     if isinstance(tokenizer_or_vocabulary, Vocabulary):
         return tokenizer_or_vocabulary
+    if not callable(getattr(tokenizer_or_vocabulary, "convert_ids_to_tokens", None)):
+        raise TypeError(f"expected a transformers tokenizer or a leapgen Vocabulary, not "
+                        f"{type(tokenizer_or_vocabulary).__name__}")
     return vocabulary_for(tokenizer_or_vocabulary)

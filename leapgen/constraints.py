@@ -40,8 +40,10 @@ class JsonSchema:
                         f"got {type(self.schema).__name__}")
 
     def key(self) -> tuple:
+        # the schema's own key order: properties are generated in it (two schemas listing them in two orders
+        # must not share a grammar), and enum or const objects are spelled in it
         options = self._compiler_options()
-        return ("json", json.dumps(self.as_dict(), sort_keys=True), json.dumps(options, sort_keys=True))
+        return ("json", json.dumps(self.as_dict()), json.dumps(options, sort_keys=True))
 
     def compile(self, vocabulary):
         from leapgen.grammars import compile_json_schema

@@ -145,6 +145,19 @@ def test_the_engine_keeps_only_the_most_recently_used_compiled_constraints(engin
     assert len(engine._compiled) == 2 and len(engine._shortest) <= 2
 
 
+def test_schemas_listing_their_properties_in_two_orders_keep_their_own_orders(engine):
+    """Properties come in the schema's order: the same properties listed the other way round are another grammar,
+    not the one compiled for the first order."""
+    first = {"type": "object", "properties": {"first": {"type": "integer"}, "second": {"type": "integer"}},
+             "required": ["first", "second"], "additionalProperties": False}
+    second = {**first, "properties": dict(reversed(first["properties"].items()))}
+    params = SamplingParams(max_tokens=40)
+    for schema in (first, second, first):
+        outputs, _, _ = run(engine, JsonSchema(schema, {"whitespace": "compact"}), params)
+        for out in outputs:
+            assert list(json.loads(out.outputs[0].text)) == list(schema["properties"])
+
+
 def test_constraint_errors_are_clear(engine):
     with pytest.raises(ValueError, match="ignore_eos"):
         engine.add_request("x", SamplingParams(ignore_eos=True, constraint=Regex("a+")))

@@ -153,14 +153,16 @@ def test_pattern_is_search_over_decoded_text(pattern):
 
 @pytest.mark.parametrize("pattern", [r"^(?!foo)[a-z]+$", r"^(?=[^=]+$)(?!\s+$)(.|\n)+$", r"^(?!.*/)^(.*[^.]+.*)$",
                                      r"^(?![ \t\n]*\(default(.*)\))[\s\S]*", r"^(?!a|b$)", r"^(?=a)(?=.*b)(?!.*c$)",
-                                     r"((?:[^/]*/)*)(?=\.(fo|b))", r"^(?!f)o*(?=a|b)"])
+                                     r"((?:[^/]*/)*)(?=\.(fo|b))", r"^(?!f)o*(?=a|b)",
+                                     r"^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$", r"^(?=^a|^1)(?=^^.*b)"])
 def test_leading_lookaheads_become_intersections_and_exclusions(pattern):
-    """Patterns from JsonSchemaStore (and harder ones) against Python's search, through the compiled schema; a
-    lookahead that ends a pattern is consumed, since search never looks past a match."""
+    """Patterns from JsonSchemaStore and pydantic's decimals (and harder ones) against Python's search, through the
+    compiled schema; a lookahead that ends a pattern is consumed, since search never looks past a match, and a `^`
+    opening a leading lookahead's body says what it says already."""
     grammar = json_schema_to_grammar({"type": "string", "pattern": pattern})
     python = re.compile(pattern.replace("$", r"\Z"))
     rng = random.Random(1)
-    alphabet = list("abcfo=/. \n(deult)")
+    alphabet = list("abcfo=/. \n(deult)01+-")
     for _ in range(400):
         text = rng.choice(["", "", "foo", "a", " (default"]) + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
         assert ir_accepts(grammar, json.dumps(text, ensure_ascii=False)) == bool(python.search(text)), text
@@ -557,8 +559,13 @@ def test_unique_items_over_many_values_claim_each_once_in_linear_states():
     assert not accepts(compiled, tokenizer, json.dumps(["v5", None, "v5"]))
     check({"items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3}, valid=[], invalid=[[True, False]])
     check({"items": {"enum": list(range(300))}, "uniqueItems": True, "maxItems": 0}, valid=[[]], invalid=[[1]])
-    with pytest.raises(UnsupportedSchemaError, match="at most 256 enumerable item values, not 300"):
-        json_schema_to_grammar({"items": {"enum": list(range(300))}, "uniqueItems": True})
+    # past 256 values, scalars are told apart by their texts (a number written one way), as strings are
+    check({"items": {"enum": [*range(299), "x"]}, "uniqueItems": True},
+          valid=[[], [1, 299 - 1], ["x", 0, 5]], invalid=[[1, 1], [1, 1.0], [299], ["x", "x"], [0.5]])
+    check({"items": {"enum": [i / 4 for i in range(300)]}, "uniqueItems": True, "maxItems": 3},
+          valid=[[0.25, 0.5, 74.75]], invalid=[[0.5, 0.5], [0.3], [0.25, 0.5, 1, 2]])
+    with pytest.raises(UnsupportedSchemaError, match="arrays or objects are among them, not 300"):
+        json_schema_to_grammar({"items": {"enum": [*range(299), [1]]}, "uniqueItems": True})
     with pytest.raises(UnsupportedSchemaError, match="only on strings, numbers and enumerable items") as error:
         json_schema_to_grammar({"items": {"type": "object"}, "uniqueItems": True})
     assert error.value.pointer == "/uniqueItems"
@@ -1571,6 +1578,35 @@ def test_enum_values_are_filtered_by_the_numeric_bounds_a_negation_writes_in_dra
     assert [ir_accepts(grammar, v) for v in ("3", "7")] == [True, False]
 
 
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},
+    {"allOf": [{"$ref": "#"}], "type": "object"},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"},
+    {"definitions": {"a": {"$ref": "#/definitions/a"}}, "properties": {"x": {"$ref": "#/definitions/a"}}},
+])
+def test_a_ref_cycle_through_refs_and_all_of_alone_is_refused(schema):
+    # a schema that is itself, through $refs and allOf, reads nothing before it is met again: no instance is ever
+    # checked to the end (jsonschema recurses without end), and the compiler did not read it as any value
+    with pytest.raises(SchemaError, match="cycle that consumes no input"):
+        json_schema_to_grammar(schema)
+
+
+def test_a_conjunct_met_twice_without_a_cycle_is_one_conjunct():
+    check({"$defs": {"x": {"type": "integer"}, "y": {"allOf": [{"$ref": "#/$defs/x"}, {"minimum": 2}]}},
+           "allOf": [{"$ref": "#/$defs/x"}, {"$ref": "#/$defs/y"}, {"$ref": "#/$defs/x"}]},
+          valid=[2, 30], invalid=[1, 2.5, "a"])
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"const": float("nan")}, "/const"),
+    ({"properties": {"x": {"enum": [1, {"a": [float("inf")]}]}}}, "/properties/x/enum/1"),
+])
+def test_enum_values_json_cannot_write_are_refused_where_they_are(schema, pointer):
+    with pytest.raises(SchemaError, match="NaN or Infinity") as error:
+        json_schema_to_grammar(schema)
+    assert error.value.pointer == pointer
+
+
 def test_sizing_a_recursive_one_of_for_negation_visits_each_subschema_once(monkeypatch):
     # each $ref level leads to `node` three ways, so sizing every path would take thousands of visits; the sizes
     # are memoised per subschema (one met again while it is sized counts one), and compiling the oneOf then
@@ -1703,6 +1739,7 @@ def test_compact_layout_has_no_whitespace():
     ({"properties": {"p": {"type": "string", "pattern": "(?=a)b"}}}, UnsupportedSchemaError, "/properties/p/pattern"),
     ({"type": "integer", "exclusiveMinimum": 1, "maximum": 1.5}, SchemaError, ""),
     ({"required": "a"}, SchemaError, "/required"),
+    ({"properties": {"d": {"type": "string", "format": 5}}}, SchemaError, "/properties/d/format"),
 ])
 def test_bad_schemas_raise_with_pointer(schema, error, pointer):
     with pytest.raises(error) as info:
@@ -1714,6 +1751,16 @@ def test_bad_schemas_raise_with_pointer(schema, error, pointer):
 def test_unsatisfiable_schema_names_the_reason():
     with pytest.raises(SchemaError, match="minLength 5 is above maxLength 2"):
         json_schema_to_grammar({"type": "string", "minLength": 5, "maxLength": 2})
+    # satisfiable but for the option: the message says which
+    with pytest.raises(SchemaError, match="once additional_properties=False closes it"):
+        json_schema_to_grammar({"type": "object", "minProperties": 1}, additional_properties=False)
+
+
+def test_bad_options_and_tokenizers_are_named():
+    with pytest.raises(ValueError, match="additional_properties must be True or False, not 'no'"):
+        json_schema_to_grammar({}, additional_properties="no")
+    with pytest.raises(TypeError, match="a transformers tokenizer or a leapgen Vocabulary, not NoneType"):
+        compile_json_schema({}, None)
 
 
 _NO_TEXT = {"type": "string", "maxLength": 0, "pattern": "^x$"}   # empty only once the automaton is built
