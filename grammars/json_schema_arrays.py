@@ -285,6 +285,9 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
     if values is None or len(values) > _MAX_UNIQUE_VALUES:
         if values is None:
             item = _distinct_items(ctx, rest)
+            if item is None:
+                raise UnsupportedSchemaError("uniqueItems is enforced only on strings, numbers and enumerable items "
+                                             "(enum, const, booleans, null)", pointer)
         elif all(isinstance(v, str) for v in values):
             item = ctx.nested(rest)
         elif any(isinstance(v, (list, dict)) for v in values):
@@ -293,9 +296,6 @@ def _unique_array(ctx: SchemaContext, parts, prefixes, rest, lo, hi) -> Expr:
                                          pointer)
         else:   # many scalars: their texts tell them apart, numbers written one way each (1.0 as 1)
             item = choice([Lit(canonical_number(v)) if is_number(v) else literal(v, pu) for v in values])
-        if item is None:
-            raise UnsupportedSchemaError("uniqueItems is enforced only on strings, numbers and enumerable items "
-                                         "(enum, const, booleans, null)", pointer)
         if item == NEVER:
             return pu.arr_empty if lo == 0 else ctx.never("no item satisfies the items schema", pointer)
         item, count = distinct_texts(ctx, item, "uniqueItems: the items", pointer)

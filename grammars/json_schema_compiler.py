@@ -56,6 +56,7 @@ _EXPANDED = frozenset({"allOf", "$ref"})
 _ENUMERATED = frozenset({"enum", "const"})
 _REWRITTEN = frozenset({"not", "dependentSchemas", "dependencies"})
 _TYPED = frozenset({"type", "not"})
+_NO_TYPE = "no type is allowed by all of the conjuncts"
 _SCALARS = frozenset({int, bool, type(None)})   # JSON values whose equality, with their type, is their text's
 # The any_value rule's body per set of options (a handful in a process: each whitespace style and cap a caller uses),
 # and the rules it made
@@ -98,8 +99,10 @@ class SchemaCompiler:
         # the conjunctions that came out NEVER, as sets of conjunct keys, each filed under one of its conjuncts: a
         # conjunction holding one of them admits nothing either.  The negations a oneOf distributes over recursive
         # branches meet the same empty pair again beside other conjuncts (Github_hard's o44959: 604 of its 957
-        # conjunctions NEVER, 325 of them around an empty one known before)
-        self._empty: dict[Hashable, list[frozenset]] = {}
+        # conjunctions NEVER, 325 of them around an empty one known before).  Not where additional_properties=False
+        # closes objects to the keys their conjuncts declare together: there a conjunct may admit objects that one
+        # of its parts alone leaves empty (`minProperties: 1` with no key of its own, beside one declaring `id`)
+        self._empty: dict[Hashable, list[frozenset]] | None = {} if options.additional_properties else None
         self._active: dict[Hashable, int] = {}
         self._depth = 0
         self._nesting = 0
@@ -276,7 +279,7 @@ class SchemaCompiler:
                 parts = list(unique.values())
             key = frozenset(unique) if len(parts) > 1 else next(iter(unique))
             if len(parts) > 1 and self._holds_empty(key):
-                return NEVER
+                return self.never("a conjunction it holds admits nothing", parts[0].pointer)
         if not via_ref and not any(p.variant.startswith(NEGATED_CONJUNCT) for p in parts):
             expr = self._conjunctions.get(key)
             if expr is None:
@@ -316,11 +319,12 @@ class SchemaCompiler:
     def _holds_empty(self, key: frozenset) -> bool:
         """Whether the conjunction of the conjuncts `key` holds one known to admit nothing."""
         empty = self._empty
-        return any(known <= key for conjunct in key for known in empty.get(conjunct, ()))
+        return empty is not None and any(known <= key for conjunct in key for known in empty.get(conjunct, ()))
 
     def _file_empty(self, key: Hashable) -> None:
-        known = key if type(key) is frozenset else frozenset((key,))
-        self._empty.setdefault(next(iter(known)), []).append(known)
+        if self._empty is not None:
+            known = key if type(key) is frozenset else frozenset((key,))
+            self._empty.setdefault(next(iter(known)), []).append(known)
 
     def _any_value(self) -> Expr:
         """Any JSON value (one shared recursive rule)."""
@@ -373,8 +377,9 @@ class SchemaCompiler:
         # the keywords of all parts at once: most conjunctions have none of those read one part at a time below
         present = set().union(*(p.schema.keys() - p.skip for p in parts))
         if len(parts) > 1 and not _TYPED.isdisjoint(present) and _disjoint_types(parts):
-            # before the combinators distribute: conjuncts of two types admit nothing, whatever their branches
-            return self.never("no type is allowed by all of the conjuncts", parts[0].pointer)
+            # before the combinators distribute: conjuncts whose `type`s and `not: {type}`s leave no type admit
+            # nothing, whatever their branches
+            return self.never(_NO_TYPE, parts[0].pointer)
         if not _ENUMERATED.isdisjoint(present):
             return enumerated(self, parts)
         formula = string_formula(self, parts)
@@ -409,7 +414,7 @@ class SchemaCompiler:
                 alternatives.append(self._type_branch(t, parts, branches, excluded))
         if not any(a != NEVER for a in alternatives):
             if not branches.types:
-                return self.never("no type is allowed by all of the conjuncts", parts[0].pointer if parts else "")
+                return self.never(_NO_TYPE, parts[0].pointer if parts else "")
         return choice(alternatives)
 
     def _type_branch(self, t: str, parts: list[Part], branches: Branches, excluded: list[Any]) -> Expr:

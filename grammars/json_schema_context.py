@@ -232,7 +232,7 @@ def enum_values(parts: list[Part]) -> list[Any] | None:
 
 def _writable(value: Any) -> bool:
     """Whether `value` holds no NaN or infinity (which Python's json reads, and no JSON text can hold)."""
-    if type(value) is float:
+    if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, list):
         return all(map(_writable, value))

@@ -301,7 +301,8 @@ class _ObjectBuilder:
         else:
             result = self._members(names, members, *extra_without(()), self.required)
         if result == NEVER:
-            closed = "" if self.ctx.options.additional_properties else \
+            closed = "" if self.ctx.options.additional_properties or any(
+                p.has("additionalProperties") for p in self.parts) else \
                 " once additional_properties=False closes it to its declared keys"
             return self.ctx.never(f"no object satisfies the property constraints{closed}", self.pointer)
         return result

@@ -2007,6 +2007,23 @@ def test_a_conjunction_around_an_empty_one_is_not_compiled(monkeypatch, schema):
         assert ir_accepts(grammar, json.dumps(value)) == validator.is_valid(value), value
 
 
+def test_an_empty_conjunct_under_additional_properties_false_is_not_taken_for_every_conjunction_holding_it():
+    # there objects close to the keys their conjuncts declare together: `base` alone admits no object, `base` beside
+    # a conjunct declaring `id` admits {"id": 1}
+    defs = {"base": {"type": "object", "minProperties": 1},
+            "record": {"allOf": [{"$ref": "#/$defs/base"},
+                                 {"properties": {"id": {"type": "integer"}}, "required": ["id"]}]}}
+    schema = {"$defs": defs, "type": "object", "required": ["meta", "rec"],
+              "properties": {"meta": {"anyOf": [{"$ref": "#/$defs/base"}, {"type": "null"}]},
+                             "rec": {"$ref": "#/$defs/record"}}}
+    grammar = json_schema_to_grammar(schema, additional_properties=False)
+    assert ir_accepts(grammar, '{"meta": null, "rec": {"id": 1}}')
+    assert not ir_accepts(grammar, '{"meta": {}, "rec": {"id": 1}}')
+    with pytest.raises(SchemaError, match="no object satisfies the property constraints [(]at"):
+        json_schema_to_grammar({"type": "object", "additionalProperties": False, "minProperties": 1},
+                               additional_properties=False)
+
+
 def _admitted_types(parts) -> set:
     """The JSON types the `type` keywords of `parts` and their `not: {type}`s leave (integers as numbers)."""
     def names(declared) -> set:
