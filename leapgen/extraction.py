@@ -150,6 +150,9 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
         missing = sorted(name for name in needed if record.fields.get(name) is None)
         if missing:
             raise ValueError(f"{record.where}: no {missing[0]!r} field (the template uses it)")
+        if all(isinstance(record.fields[name], str) and not record.fields[name].strip() for name in needed):
+            # the model would make a record up from the instructions alone, and its line would read ok
+            raise ValueError(f"{record.where}: the {sorted(needed)[0]!r} field is empty: nothing to extract from")
     refuse_input_as_output(input, output)
     finished = read_finished(output, retry_errors)
     pending = [record for record in records if record.id not in finished]
@@ -287,8 +290,10 @@ def _prompt_tokens(tokenizer: Any, prompt: str) -> int | None:
 
 def output_line(record_id: Any, output: RequestOutput, validator: Any, speculating: bool,
                 prompt_tokens: int | None = None) -> dict[str, Any]:
-    """One record's output line: its data when the text parses and validates, else the reason it failed.
-    `prompt_tokens`: the prompt's length where `output` holds no prompt (a request refused before it ran)."""
+    """One record's output line: its data when the text parses and validates, else the reason it failed; an
+    output cut at max_tokens is an error too, with the data it was closed to (a pipeline keeps the rows whose status
+    is ok, and `--retry-errors` runs the others again).  `prompt_tokens`: the prompt's length where `output` holds
+    no prompt (a request refused before it ran)."""
     data, error = _checked_data(output, validator)
     metrics = output.metrics
     if prompt_tokens is None:
@@ -314,7 +319,12 @@ def _checked_data(output: RequestOutput, validator: Any) -> tuple[Any, str | Non
     problem = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if problem is not None:
         return None, f"does not match the schema at /{'/'.join(map(str, problem.absolute_path))}: {problem.message}"
+    if output.finish_reason == "length":    # valid, but its last values may be the shortest ones that close it
+        return data, CUT_SHORT
     return data, None
+
+
+CUT_SHORT = "cut at max_tokens: the JSON was closed to fit, so its last values may be cut short (raise --max-tokens)"
 
 
 def _rounded(seconds: float | None) -> float | None:

@@ -82,7 +82,8 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            at = "" if exc.msg.endswith(" at") else " at"    # ("Unterminated string starting at")
+            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg}{at} column {exc.colno})") from None
         except RecursionError:
             raise InputError(f"{path}:{number}: JSON nested too deeply to read") from None
         if not isinstance(value, dict):
