@@ -96,7 +96,7 @@ def run_extract(args: argparse.Namespace) -> int:
                                 max_string_length=args.max_string_length, max_items=args.max_items,
                                 retry_errors=args.retry_errors, max_tokens=args.max_tokens)
     except ValueError as exc:            # the schema's refusals name the flag that gave it
-        if str(exc).startswith("schema "):   # (`file.py:Model`'s name only the file where it is missing)
+        if str(exc).startswith("schema "):   # (naming the value, or a missing `file.py:Model`'s file)
             raise CliError(f"--{exc}") from None
         raise
     try:

@@ -152,7 +152,9 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
             raise ValueError(f"{record.where}: no {missing[0]!r} field (the template uses it)")
         if all(isinstance(record.fields[name], str) and not record.fields[name].strip() for name in needed):
             # the model would make a record up from the instructions alone, and its line would read ok
-            raise ValueError(f"{record.where}: the {sorted(needed)[0]!r} field is empty: nothing to extract from")
+            fields = " and ".join(map(repr, sorted(needed)))
+            raise ValueError(f"{record.where}: {'the fields' if len(needed) > 1 else 'the'} {fields} "
+                             f"{'are' if len(needed) > 1 else 'field is'} empty: nothing to extract from")
     refuse_input_as_output(input, output)
     finished = read_finished(output, retry_errors)
     pending = [record for record in records if record.id not in finished]
@@ -320,11 +322,11 @@ def _checked_data(output: RequestOutput, validator: Any) -> tuple[Any, str | Non
     if problem is not None:
         return None, f"does not match the schema at /{'/'.join(map(str, problem.absolute_path))}: {problem.message}"
     if output.finish_reason == "length":    # valid, but its last values may be the shortest ones that close it
-        return data, CUT_SHORT
+        return data, _CUT_SHORT
     return data, None
 
 
-CUT_SHORT = "cut at max_tokens: the JSON was closed to fit, so its last values may be cut short (raise --max-tokens)"
+_CUT_SHORT = "cut at max_tokens: the JSON was closed to fit, so its last values may be cut short (raise max_tokens)"
 
 
 def _rounded(seconds: float | None) -> float | None:
