@@ -8,10 +8,13 @@ import os
 import signal
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leapgen.cli_common import (CliError, add_max_num_seqs_argument, add_model_arguments, check_device, check_dtype,
                                 frozen_startup_heap, load_llm, memory_size, positive_int, speculative_method)
+
+if TYPE_CHECKING:
+    from leapgen.server.engine_loop import EngineLoop
 
 _SERVE_DESCRIPTION = """Serve the model over HTTP with OpenAI's API: GET /v1/models, POST /v1/completions,
 POST /v1/chat/completions (streaming with stream: true) and GET /health.  Requests from every connection
@@ -60,9 +63,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.api_key is None and not _is_loopback(args.host):
         print(f"leapgen: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
               file=sys.stderr)
-    # HTTP on a thread, the engine on the main thread (torch's CPU kernels are fastest there), where
-    # Ctrl-C and SIGTERM end the engine loop.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # HTTP on a thread, the engine on the main thread (torch's CPU kernels are fastest there), where the first
+    # Ctrl-C or SIGTERM lets the running requests finish (SHUTDOWN_GRACE_SECONDS at most) and a second ends them
+    stopping = _Stopping(server.engine_loop, SHUTDOWN_GRACE_SECONDS)
+    signal.signal(signal.SIGTERM, stopping)
+    signal.signal(signal.SIGINT, stopping)
     try:
         http, http_thread = serve_in_thread(server.app(), sock)
     except RuntimeError as exc:
@@ -72,7 +77,7 @@ def run_serve(args: argparse.Namespace) -> int:
         with frozen_startup_heap():
             server.engine_loop.run()          # until the app shuts down, or an interrupt
     except KeyboardInterrupt:
-        print("leapgen: stopping the server", file=sys.stderr)
+        print("leapgen: stopping the server now", file=sys.stderr)
     finally:
         http.should_exit = True
         # The grace for running responses, plus uvicorn's own steps; past that the (daemon) thread is left behind
@@ -83,8 +88,21 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+class _Stopping:
+    """The serve command's handler of SIGINT and SIGTERM: the first drains the engine loop, the next interrupts."""
+
+    def __init__(self, engine_loop: EngineLoop, grace_seconds: float):
+        self.engine_loop = engine_loop
+        self.grace_seconds = grace_seconds
+        self.asked = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+        print(f"leapgen: stopping the server: running requests get {self.grace_seconds} s to finish (again to stop "
+              "now)", file=sys.stderr)
+        self.engine_loop.drain(self.grace_seconds)
 
 
 def _listen(host: str, port: int) -> socket.socket:

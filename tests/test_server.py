@@ -262,6 +262,8 @@ def test_beam_search_as_an_extra(llm, client):
 @pytest.mark.parametrize("kwargs, param, fragment", [
     ({"temperature": "hot"}, "temperature", "expected a finite number"),
     ({"top_p": 1.5}, "top_p", "between 0 and 1"),
+    ({"top_p": 0}, "top_p", "top_p: must be in"),
+    ({"seed": 2 ** 70}, "seed", "seed: must be an int of 64 bits"),
     ({"temperature": 10 ** 400}, "temperature", "expected a finite number"),
     ({"extra_body": {"repetition_penalty": 1e-300}}, "repetition_penalty", "between 1e-06 and 1e+06"),
     ({"extra_body": {"num_beams": 2, "length_penalty": 1e300}}, "length_penalty", "between -10 and 10"),
@@ -530,6 +532,47 @@ def test_a_constraint_whose_compile_hits_a_bug_is_a_500_for_it_alone(server, cli
     assert "a file the grammar named" in body["message"]
     monkeypatch.undo()
     assert client.completions.create(model=MODEL, prompt="p", max_tokens=3, temperature=0).choices
+
+
+def test_a_draining_server_finishes_its_running_requests_and_takes_no_new_ones(byte_level_model_dir):
+    """What the first Ctrl-C or SIGTERM does to `leapgen serve`: responses under way complete (they were ended with
+    a 503 "shutting down"), health says 503 so that a load balancer looks elsewhere, new requests get 503."""
+    server = OpenAIServer(_load(byte_level_model_dir), MODEL)
+    engine = server.engine_loop.engine
+    with serving(server) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(client.completions.create, model=MODEL, prompt="p", max_tokens=80, temperature=0,
+                                  logit_bias=eos_bias(server.llm, -100))
+            deadline = time.monotonic() + 60
+            while not engine.has_unfinished:
+                assert time.monotonic() < deadline and not running.done(), "the request did not start"
+                time.sleep(0.01)
+            server.engine_loop.drain(60)
+            health = httpx.get(url.removesuffix("/v1") + "/health", timeout=30)
+            assert health.status_code == 503 and health.json()["status"] == "shutting down"
+            with pytest.raises(openai.APIStatusError) as refused:
+                client.completions.create(model=MODEL, prompt="late", max_tokens=3)
+            assert refused.value.status_code == 503 and "shutting down" in refused.value.message
+            choice = running.result().choices[0]
+    assert choice.finish_reason == "length" and server.llm.tokenizer.encode(choice.text, add_special_tokens=False)
+
+
+def test_the_first_stop_signal_drains_and_the_second_interrupts(capsys):
+    from leapgen.cli_serve import _Stopping
+
+    drained = []
+
+    class Loop:
+        def drain(self, seconds):
+            drained.append(seconds)
+
+    stopping = _Stopping(Loop(), 5)
+    stopping(signal.SIGTERM, None)
+    assert drained == [5] and "running requests get 5 s to finish" in capsys.readouterr().err
+    with pytest.raises(KeyboardInterrupt):
+        stopping(signal.SIGINT, None)
+    assert drained == [5]
 
 
 def _sigint_raises() -> None:

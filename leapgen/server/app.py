@@ -75,6 +75,8 @@ class OpenAIServer:
     # --- routes -------------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        if not self.engine_loop.accepting:       # draining: a load balancer sends new requests elsewhere
+            return JSONResponse({"status": "shutting down", "running_requests": self.active}, status_code=503)
         return JSONResponse({"status": "ok", "running_requests": self.active})
 
     async def models(self, request: Request) -> Response:

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import queue
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -88,6 +89,7 @@ class EngineLoop:
         self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Update]]] = {}
         self._thread: threading.Thread | None = None
         self._accepting = True                # jobs submitted before `run` starts wait in the inbox
+        self._drain_until: float | None = None    # once `drain` is asked: when what still runs is aborted
         # new constraints compile here, one at a time, while the loop steps the batch; the job comes back to the
         # inbox as a `_Prepared` once its constraint is ready (or refused)
         self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapgen-compile")
@@ -102,6 +104,8 @@ class EngineLoop:
                 if self.engine.has_unfinished:
                     self._step()
                     self._flush()
+                if self._drain_until is not None and (not self._jobs or time.monotonic() > self._drain_until):
+                    break
         finally:
             self._accepting = False
             self._fail_all(ApiError("the server is shutting down", status=503))
@@ -120,9 +124,20 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join()
 
+    def drain(self, seconds: float) -> None:
+        """Take no more jobs, and end `run` once the running ones finish, or `seconds` from now (aborting the rest):
+        a server told to stop lets its responses complete.  Safe from a signal handler on the loop's thread."""
+        self._accepting = False
+        self._drain_until = time.monotonic() + seconds
+
+    @property
+    def accepting(self) -> bool:
+        """Whether new jobs are taken (False once draining or stopped)."""
+        return self._accepting
+
     def submit(self, job: Job) -> None:
         if not self._accepting:
-            raise ApiError("the engine is not running", status=503)
+            raise ApiError("the server is shutting down", status=503)
         self._inbox.put(job)
 
     def cancel(self, jobs: list[Job]) -> None:
