@@ -25,7 +25,8 @@ from leapgen.constraints import JsonSchema, load_schema, model_json_schema
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.grammars.json_schema import JsonSchemaOptions
-from leapgen.extraction_io import OutputWriter, Record, read_finished, read_records, refuse_input_as_output
+from leapgen.extraction_io import (OutputWriter, Record, check_same_run, read_finished, read_records,
+                                   refuse_input_as_output, write_run_record)
 
 if TYPE_CHECKING:
     from leapgen.decoding.constraint import TokenConstraint
@@ -123,6 +124,7 @@ class ExtractPlan:
     skipped: int
     output: Path
     retry_errors: bool = False           # error lines already in the output run again
+    run: dict[str, Any] = dataclasses.field(default_factory=dict)    # the input and schema, kept beside the output
 
 
 def prepare(input: str | Path, schema: dict | type | str | Path, output: str | Path, *,
@@ -157,8 +159,10 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
                              f"{'are' if len(needed) > 1 else 'field is'} empty: nothing to extract from")
     refuse_input_as_output(input, output)
     finished = read_finished(output, retry_errors)
+    run = {"input": str(Path(input).resolve()), "schema": job.schema}
+    check_same_run(output, run)
     pending = [record for record in records if record.id not in finished]
-    return ExtractPlan(job, pending, len(records) - len(pending), Path(output), retry_errors)
+    return ExtractPlan(job, pending, len(records) - len(pending), Path(output), retry_errors, run)
 
 
 def _schema_dict(schema: dict | type | str | Path) -> dict:
@@ -382,6 +386,8 @@ def write_lines(lines: Iterable[dict[str, Any]], plan: ExtractPlan, progress: bo
                disable=not progress or not sys.stderr.isatty())
     with OutputWriter(plan.output, retry_errors=plan.retry_errors) as writer, bar:
         summary.repaired_bytes = writer.repaired_bytes
+        if plan.run:
+            write_run_record(plan.output, plan.run)
         for line in lines:
             if not writer.write(line):
                 continue                 # written meanwhile (by a retried Ray task): never twice

@@ -6,7 +6,8 @@ before any work starts.
 
 The output holds one JSON line per finished record.  Lines are written whole, one `write` each, so a
 crash leaves at most a torn last line, which the next run cuts off; the ids already there are skipped,
-and an id is never written twice.
+and an id is never written twice.  Beside it, OUTPUT.run.json keeps the input and schema that wrote it: a resume
+with others is refused.
 """
 
 from __future__ import annotations
@@ -210,6 +211,40 @@ def read_finished(path: str | Path, retry_errors: bool = False) -> set[RecordId]
     except OSError as exc:
         raise OutputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     return _ids_in(path, data[:data.rfind(b"\n") + 1], retry_errors)
+
+
+def run_record_path(output: str | Path) -> Path:
+    """Where the input and schema that wrote `output` are kept: `OUTPUT.run.json` beside it."""
+    output = Path(output)
+    return output.with_name(output.name + ".run.json")
+
+
+def check_same_run(output: str | Path, run: dict[str, Any]) -> None:
+    """OutputError when the lines already in `output` came from another input or schema than `run`'s (its
+    `input` and `schema`): a resume would skip the new input's records under the old ones' ids, or keep lines the
+    new schema does not validate.  An output without a run record (written before they were kept) is taken as is."""
+    output = Path(output)
+    if not output.is_file() or output.stat().st_size == 0:
+        return
+    record = run_record_path(output)
+    try:
+        known = json.loads(record.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        raise OutputError(f"{record}: cannot read the run record of {output} ({exc}); remove it to resume as is")
+    for key in ("input", "schema"):
+        if isinstance(known, dict) and key in known and known[key] != run[key]:
+            raise OutputError(f"{output}: its lines came from another {key} ({record} names it); resume with the "
+                              f"same {key}, or write to another output")
+
+
+def write_run_record(output: str | Path, run: dict[str, Any]) -> None:
+    """Keep `run` (its input and schema) beside `output`, whole or not at all."""
+    record = run_record_path(output)
+    partial = record.with_name(record.name + ".partial")
+    partial.write_text(json.dumps(run, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, record)
 
 
 def _lock(file: Any, path: Path, probe: bool = False) -> None:

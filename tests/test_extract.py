@@ -24,7 +24,7 @@ import leapgen
 from leapgen.cli import main
 from leapgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from leapgen.extraction import (LimitError, check_limits, extract, extraction_prompt, output_line, prepare,
-                                template_fields)
+                                template_fields, write_lines)
 from leapgen.extraction_io import InputError, OutputError, OutputWriter, read_records
 from tokenizers_util import byte_level_bpe
 
@@ -340,6 +340,28 @@ def test_a_pydantic_model_is_a_schema(llm, eos_bias, tmp_path):
 
 
 # --- resume ---------------------------------------------------------------------------------------------------
+
+def test_an_output_resumes_only_with_the_input_and_schema_that_wrote_it(tmp_path):
+    """A second input's records under the same ids would be skipped, and lines of another schema kept: the input
+    and schema are kept beside the output (OUTPUT.run.json), and another one is refused before any work."""
+    data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
+    other_input = write_jsonl(tmp_path / "more.jsonl", PEOPLE)
+    other_schema = {**SCHEMA, "required": ["name"]}
+    out = tmp_path / "out.jsonl"
+    plan = prepare(data, SCHEMA, out)
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    write_lines([output_line("a", fake_output('{"name":"Al","age":3}'), validator, speculating=False)], plan)
+    assert json.loads((tmp_path / "out.jsonl.run.json").read_text())["schema"] == SCHEMA
+    assert [r.id for r in prepare(data, SCHEMA, out, max_tokens=64, retry_errors=True).pending] == ["b", "c"]
+    with pytest.raises(OutputError, match=r"out.jsonl: its lines came from another schema \(.*out.jsonl.run.json"):
+        prepare(data, other_schema, out)
+    with pytest.raises(OutputError, match=r"out.jsonl: its lines came from another input"):
+        prepare(other_input, SCHEMA, out)
+    (tmp_path / "out.jsonl.run.json").unlink()         # an output written before runs were recorded
+    assert len(prepare(other_input, other_schema, out).pending) == 2
+    out.unlink()                                       # no lines: any run may start it again
+    assert len(prepare(other_input, other_schema, out).pending) == 3
+
 
 def test_rerun_skips_finished_ids_and_repairs_a_torn_line(llm, eos_bias, tmp_path):
     data = write_jsonl(tmp_path / "in.jsonl", PEOPLE)
