@@ -96,7 +96,8 @@ def run_extract(args: argparse.Namespace) -> int:
                                 max_string_length=args.max_string_length, max_items=args.max_items,
                                 retry_errors=args.retry_errors, max_tokens=args.max_tokens)
     except ValueError as exc:            # the schema's refusals name the flag that gave it
-        if str(exc).startswith("schema "):   # (naming the value, or a missing `file.py:Model`'s file)
+        named = (f"schema {args.schema}:", f"schema {args.schema.rpartition(':')[0]}:")   # (`file.py:Model`'s file)
+        if str(exc).startswith(named):
             raise CliError(f"--{exc}") from None
         raise
     try:

@@ -81,8 +81,13 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         http.should_exit = True
         # The grace for running responses, plus uvicorn's own steps; past that the (daemon) thread is left behind
-        # so that Ctrl-C always ends the process.
-        http_thread.join(timeout=SHUTDOWN_GRACE_SECONDS + 5)
+        # so that Ctrl-C always ends the process.  A signal from here on stops the wait, and the exit is still 0.
+        try:
+            http_thread.join(timeout=SHUTDOWN_GRACE_SECONDS + 5)
+        except KeyboardInterrupt:
+            pass
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if http_thread.is_alive():
             print("leapgen: the HTTP server did not stop in time; exiting without it", file=sys.stderr)
     return 0

@@ -26,7 +26,7 @@ from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.grammars.json_schema import JsonSchemaOptions
 from leapgen.extraction_io import (OutputWriter, Record, check_same_run, read_finished, read_records,
-                                   refuse_input_as_output, write_run_record)
+                                   refuse_input_as_output, run_record_path, write_run_record)
 
 if TYPE_CHECKING:
     from leapgen.decoding.constraint import TokenConstraint
@@ -159,7 +159,8 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
                              f"{'are' if len(needed) > 1 else 'field is'} empty: nothing to extract from")
     refuse_input_as_output(input, output)
     finished = read_finished(output, retry_errors)
-    run = {"input": str(Path(input).resolve()), "schema": job.schema}
+    # the schema as the record reads it back (a tuple is a list there, a date a string)
+    run = {"input": str(Path(input).resolve()), "schema": json.loads(json.dumps(job.schema, default=str))}
     check_same_run(output, run)
     pending = [record for record in records if record.id not in finished]
     return ExtractPlan(job, pending, len(records) - len(pending), Path(output), retry_errors, run)
@@ -384,9 +385,12 @@ def write_lines(lines: Iterable[dict[str, Any]], plan: ExtractPlan, progress: bo
     started = time.perf_counter()
     bar = tqdm(total=len(plan.pending), unit="rec", file=sys.stderr, dynamic_ncols=True,
                disable=not progress or not sys.stderr.isatty())
+    # recorded for an output this run starts, or one recorded before (an older output's input is not known)
+    recorded = plan.run and (not plan.output.is_file() or plan.output.stat().st_size == 0
+                             or run_record_path(plan.output).is_file())
     with OutputWriter(plan.output, retry_errors=plan.retry_errors) as writer, bar:
         summary.repaired_bytes = writer.repaired_bytes
-        if plan.run:
+        if recorded:
             write_run_record(plan.output, plan.run)
         for line in lines:
             if not writer.write(line):

@@ -236,14 +236,14 @@ def check_same_run(output: str | Path, run: dict[str, Any]) -> None:
     for key in ("input", "schema"):
         if isinstance(known, dict) and key in known and known[key] != run[key]:
             raise OutputError(f"{output}: its lines came from another {key} ({record} names it); resume with the "
-                              f"same {key}, or write to another output")
+                              f"same {key}, write to another output, or remove {record.name} to resume as is")
 
 
 def write_run_record(output: str | Path, run: dict[str, Any]) -> None:
     """Keep `run` (its input and schema) beside `output`, whole or not at all."""
     record = run_record_path(output)
     partial = record.with_name(record.name + ".partial")
-    partial.write_text(json.dumps(run, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    partial.write_text(json.dumps(run, indent=1) + "\n", encoding="ascii")    # (a path's undecodable bytes too)
     os.replace(partial, record)
 
 

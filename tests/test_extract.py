@@ -358,9 +358,18 @@ def test_an_output_resumes_only_with_the_input_and_schema_that_wrote_it(tmp_path
     with pytest.raises(OutputError, match=r"out.jsonl: its lines came from another input"):
         prepare(other_input, SCHEMA, out)
     (tmp_path / "out.jsonl.run.json").unlink()         # an output written before runs were recorded
-    assert len(prepare(other_input, other_schema, out).pending) == 2
+    older = prepare(other_input, other_schema, out)
+    assert len(older.pending) == 2
+    write_lines([], older)                             # vouches for no input: nothing recorded
+    assert not (tmp_path / "out.jsonl.run.json").exists()
     out.unlink()                                       # no lines: any run may start it again
     assert len(prepare(other_input, other_schema, out).pending) == 3
+    # the schema as JSON has it (a tuple is a list there), and an input path JSON cannot spell in UTF-8
+    odd = write_jsonl(tmp_path / "caf\udce9.jsonl", PEOPLE)
+    listed = {**SCHEMA, "examples": ({"name": "Al", "age": 3},)}
+    plan = prepare(odd, listed, tmp_path / "odd.jsonl")
+    write_lines([output_line("a", fake_output('{"name":"Al","age":3}'), validator, speculating=False)], plan)
+    assert [r.id for r in prepare(odd, listed, tmp_path / "odd.jsonl").pending] == ["b", "c"]
 
 
 def test_rerun_skips_finished_ids_and_repairs_a_torn_line(llm, eos_bias, tmp_path):

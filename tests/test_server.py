@@ -558,6 +558,29 @@ def test_a_draining_server_finishes_its_running_requests_and_takes_no_new_ones(b
     assert choice.finish_reason == "length" and server.llm.tokenizer.encode(choice.text, add_special_tokens=False)
 
 
+def test_a_draining_server_runs_a_request_it_took_while_its_constraint_compiles(byte_level_model_dir, monkeypatch):
+    server = OpenAIServer(_load(byte_level_model_dir), MODEL)
+    engine = server.engine_loop.engine
+    compiling = threading.Event()
+    prepare = engine.prepare
+
+    def slow_prepare(constraint):
+        compiling.set()
+        time.sleep(1.0)                       # a schema that takes a second to compile
+        return prepare(constraint)
+
+    monkeypatch.setattr(engine, "prepare", slow_prepare)
+    with serving(server) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+        with ThreadPoolExecutor(1) as pool:
+            taken = pool.submit(client.chat.completions.create, model=MODEL, max_tokens=30, temperature=0,
+                                messages=[{"role": "user", "content": "p"}],
+                                response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
+            assert compiling.wait(60)
+            server.engine_loop.drain(60)
+            assert taken.result().choices[0].message.content
+
+
 def test_the_first_stop_signal_drains_and_the_second_interrupts(capsys):
     from leapgen.cli_serve import _Stopping
 

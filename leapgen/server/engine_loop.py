@@ -90,6 +90,7 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._accepting = True                # jobs submitted before `run` starts wait in the inbox
         self._drain_until: float | None = None    # once `drain` is asked: when what still runs is aborted
+        self._compiling = 0                   # jobs whose constraint is compiling (taken, not yet admitted)
         # new constraints compile here, one at a time, while the loop steps the batch; the job comes back to the
         # inbox as a `_Prepared` once its constraint is ready (or refused)
         self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapgen-compile")
@@ -104,7 +105,7 @@ class EngineLoop:
                 if self.engine.has_unfinished:
                     self._step()
                     self._flush()
-                if self._drain_until is not None and (not self._jobs or time.monotonic() > self._drain_until):
+                if self._drain_until is not None and (self._drained() or time.monotonic() > self._drain_until):
                     break
         finally:
             self._accepting = False
@@ -123,6 +124,10 @@ class EngineLoop:
         self._inbox.put(None)
         if self._thread is not None:
             self._thread.join()
+
+    def _drained(self) -> bool:
+        """Whether every job taken has ended: none running, compiling, or still in the inbox."""
+        return not self._jobs and not self._compiling and self._inbox.empty()
 
     def drain(self, seconds: float) -> None:
         """Take no more jobs, and end `run` once the running ones finish, or `seconds` from now (aborting the rest):
@@ -187,6 +192,7 @@ class EngineLoop:
         if job.params.constraint is None:
             self._admit(_Prepared(job))
             return
+        self._compiling += 1
         future = self._compiler.submit(self._prepare, job)
         future.add_done_callback(lambda done: self._inbox.put(_Prepared(job, done)))
 
@@ -198,6 +204,8 @@ class EngineLoop:
 
     def _admit(self, prepared: _Prepared) -> None:
         job = prepared.job
+        if prepared.compiled is not None:
+            self._compiling -= 1
         if job.cancelled:
             return
         refused = (ValueError, TypeError, RecursionError)      # the compiler's and the admission's refusals

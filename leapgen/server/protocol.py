@@ -369,6 +369,6 @@ def _sampling_error(message: str, length_field: str) -> ApiError:
     name = field.group(1) if field else next((n for n in names if re.search(rf"\b{n}\b", message)), None)
     param = length_field if name == "max_tokens" else name
     text = message.replace("SamplingParams.", "").replace("max_tokens", length_field)
-    if param is not None and text.startswith(param + " "):    # "top_p must be ..." as the parser words it
+    if param is not None and text.startswith(param + " must "):    # "top_p must be ..." as the parser words it
         text = f"{param}: {text[len(param) + 1:]}"
     return ApiError(text, param=param)
