@@ -26,7 +26,7 @@ from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.grammars.json_schema import JsonSchemaOptions
 from leapgen.extraction_io import (OutputWriter, Record, check_same_run, read_finished, read_records,
-                                   refuse_input_as_output, run_record_path, write_run_record)
+                                   refuse_input_as_output, write_run_record)
 
 if TYPE_CHECKING:
     from leapgen.decoding.constraint import TokenConstraint
@@ -124,7 +124,8 @@ class ExtractPlan:
     skipped: int
     output: Path
     retry_errors: bool = False           # error lines already in the output run again
-    run: dict[str, Any] = dataclasses.field(default_factory=dict)    # the input and schema, kept beside the output
+    # the input and schema, kept beside the output (empty beside an older output's lines, whose run is not known)
+    run: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def prepare(input: str | Path, schema: dict | type | str | Path, output: str | Path, *,
@@ -161,7 +162,8 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
     finished = read_finished(output, retry_errors)
     # the schema as the record reads it back (a tuple is a list there, a date a string)
     run = {"input": str(Path(input).resolve()), "schema": json.loads(json.dumps(job.schema, default=str))}
-    check_same_run(output, run)
+    if not check_same_run(output, run):
+        run = {}
     pending = [record for record in records if record.id not in finished]
     return ExtractPlan(job, pending, len(records) - len(pending), Path(output), retry_errors, run)
 
@@ -385,12 +387,9 @@ def write_lines(lines: Iterable[dict[str, Any]], plan: ExtractPlan, progress: bo
     started = time.perf_counter()
     bar = tqdm(total=len(plan.pending), unit="rec", file=sys.stderr, dynamic_ncols=True,
                disable=not progress or not sys.stderr.isatty())
-    # recorded for an output this run starts, or one recorded before (an older output's input is not known)
-    recorded = plan.run and (not plan.output.is_file() or plan.output.stat().st_size == 0
-                             or run_record_path(plan.output).is_file())
     with OutputWriter(plan.output, retry_errors=plan.retry_errors) as writer, bar:
         summary.repaired_bytes = writer.repaired_bytes
-        if recorded:
+        if plan.run:
             write_run_record(plan.output, plan.run)
         for line in lines:
             if not writer.write(line):

@@ -219,24 +219,27 @@ def run_record_path(output: str | Path) -> Path:
     return output.with_name(output.name + ".run.json")
 
 
-def check_same_run(output: str | Path, run: dict[str, Any]) -> None:
-    """OutputError when the lines already in `output` came from another input or schema than `run`'s (its
-    `input` and `schema`): a resume would skip the new input's records under the old ones' ids, or keep lines the
-    new schema does not validate.  An output without a run record (written before they were kept) is taken as is."""
+def check_same_run(output: str | Path, run: dict[str, Any]) -> bool:
+    """Whether `run` (its `input` and `schema`) is to be kept beside `output`: yes where the output holds no line
+    yet or a record of the same run, no where it holds lines without a record (written before they were kept: taken
+    as is, since what wrote them is not known).  OutputError when its lines came from another input or schema: a
+    resume would skip the new input's records under the old ones' ids, or keep lines the new schema does not
+    validate."""
     output = Path(output)
     if not output.is_file() or output.stat().st_size == 0:
-        return
+        return True
     record = run_record_path(output)
     try:
         known = json.loads(record.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return
+        return False
     except (OSError, ValueError) as exc:
         raise OutputError(f"{record}: cannot read the run record of {output} ({exc}); remove it to resume as is")
     for key in ("input", "schema"):
         if isinstance(known, dict) and key in known and known[key] != run[key]:
             raise OutputError(f"{output}: its lines came from another {key} ({record} names it); resume with the "
                               f"same {key}, write to another output, or remove {record.name} to resume as is")
+    return True
 
 
 def write_run_record(output: str | Path, run: dict[str, Any]) -> None:
