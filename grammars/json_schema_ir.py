@@ -11,7 +11,7 @@ import functools
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 from .ir import Choice, Expr, Grammar, Lit, Members, Ref, Repeat, Seq, Terminal
 from .json_strings import regex_escape
@@ -151,8 +151,36 @@ def inlined_size(expr: Expr, rules: dict[str, Expr], sizes: dict[str, int]) -> i
 
 
 def grammar_size(grammar: Grammar) -> int:
-    """inlined_size of a whole grammar."""
-    return inlined_size(Ref(grammar.start), grammar.rules, {})
+    """About how many automaton nodes a whole grammar takes: the inlined_size of its start rule and of each rule it
+    calls (`Ref.call`: a member's value, an array's counted items), once each."""
+    sizes: dict[str, int] = {}
+    total, todo, seen = 0, [grammar.start], {grammar.start}
+    while todo:
+        name = todo.pop()
+        total += inlined_size(Ref(name), grammar.rules, sizes)
+        for called in _called(grammar.rules.get(name), grammar.rules, set()):
+            if called not in seen:
+                seen.add(called)
+                todo.append(called)
+    return total
+
+
+def _called(expr: Expr | None, rules: dict[str, Expr], inlined: set[str]) -> Iterator[str]:
+    """The rules `expr` calls, once the rules it inlines are written out (`inlined`: those met)."""
+    if isinstance(expr, Ref):
+        if expr.call:
+            yield expr.name
+        elif expr.name not in inlined:
+            inlined.add(expr.name)
+            yield from _called(rules.get(expr.name), rules, inlined)
+    elif isinstance(expr, Repeat):
+        yield from _called(expr.item, rules, inlined)
+    elif isinstance(expr, (Seq, Choice)):
+        for item in expr.items:
+            yield from _called(item, rules, inlined)
+    elif isinstance(expr, Members):
+        for part in expr.parts():
+            yield from _called(part, rules, inlined)
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from itertools import islice, product
 from typing import Any, Iterator
 
-from .automaton import terminal_for
+from .automaton import is_terminal, terminal_for
 from .completion import accepted_in_order
 from .errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
-from .ir import Expr, Lit, Members, Ref
+from .ir import Capture, Choice, Expr, Lit, Members, Ref, Repeat, Seq, Terminal
 from .json_schema_context import (ONE_KEY_OF, SOME_KEY, STRING_KEYS, VALIDATION, Part, SchemaContext, count_of,
                                   enum_values, expect, key_matches, witness_admits)
 from .json_schema_ir import NEVER, choice, json_text, seq
@@ -308,6 +308,14 @@ class _ObjectBuilder:
         return result
 
     def _member(self, name: str, value: Expr) -> Expr:
+        if not _chained(value, self.ctx.rules):
+            # a value that chooses or repeats (a nullable type, an array) called as a rule of its own: the member is
+            # then a chain of calls, whose automaton needs no subset construction, and the value's rule, one
+            # expression in every member and schema that writes it, is built once (`automaton._RULE_DFAS`).  It
+            # ends the member, so the call pushes no frame.
+            shared = value if type(value) is Ref else self.ctx.share(value, self.pointer)
+            if type(shared) is Ref:     # (not an empty choice, which matches nothing)
+                value = Ref(shared.name, call=True)
         return self.ctx.share(seq(Lit(json_text(name)), self.ctx.punct.colon, value), self.pointer)
 
     def _fixed_keys(self, declared: list[str], witness: dict) -> list[str] | None:
@@ -457,3 +465,15 @@ def build_object(ctx: SchemaContext, parts: list[Part]) -> Expr:
         return _ObjectBuilder(ctx, parts).build()
     except re.error as exc:
         raise SchemaError(f"bad patternProperties regex: {exc}", parts[0].pointer if parts else "") from None
+
+
+def _chained(expr: Expr, rules: dict[str, Expr]) -> bool:
+    """Whether the automaton writes `expr` out as a chain of calls: no choice or repetition but within one terminal,
+    its references followed (a reference not defined yet is a recursive one, which is called)."""
+    kind = type(expr)
+    if kind is Seq:
+        return all(_chained(item, rules) for item in expr.items)
+    if kind is Ref:
+        body = rules.get(expr.name)
+        return expr.call or body is None or type(body) is Members or _chained(body, rules)
+    return kind is Lit or kind is Terminal or kind is Capture or (kind is Choice or kind is Repeat) and is_terminal(expr)
