@@ -58,6 +58,16 @@ _REWRITTEN = frozenset({"not", "dependentSchemas", "dependencies"})
 _TYPED = frozenset({"type", "not"})
 _NO_TYPE = "no type is allowed by all of the conjuncts"
 _SCALARS = frozenset({int, bool, type(None)})   # JSON values whose equality, with their type, is their text's
+# keywords no instance can fail (`_ContentIds.schema` reads past them)
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+                          "writeOnly"})
+# keywords holding subschemas: one or a list of them, or (_NAMED_SCHEMAS) an object of them by name
+_NAMED_SCHEMAS = "named"
+_SUBSCHEMAS = {**dict.fromkeys(("items", "prefixItems", "additionalItems", "additionalProperties", "propertyNames",
+                                "contains", "not", "if", "then", "else", "allOf", "anyOf", "oneOf",
+                                "unevaluatedItems", "unevaluatedProperties"), "schemas"),
+               **dict.fromkeys(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                                "dependencies"), _NAMED_SCHEMAS)}
 # The any_value rule's body per set of options (a handful in a process: each whitespace style and cap a caller uses),
 # and the rules it made
 _ANY_VALUE: dict[JsonSchemaOptions, tuple[Expr, dict[str, Expr]]] = {}
@@ -264,7 +274,7 @@ class SchemaCompiler:
         # Conjunctions are named by their content, not their place: a subschema written out at several places
         # (a definition pasted into each resource, the negations a oneOf distributes over its branches) compiles
         # once.  Its base (relative $refs), skipped keywords and rewrite are part of what it means.
-        of = self._content.of
+        of = self._content.schema
         if len(parts) == 1:     # (most conjunctions)
             only = parts[0]
             key: Hashable = (of(only.schema), only.base, only.skip, only.variant)
@@ -472,6 +482,7 @@ class _ContentIds:
     def __init__(self) -> None:
         self._ids: dict[tuple, int] = {}
         self._known: dict[int, tuple[Hashable, Any]] = {}   # id(value) -> its id, the value kept so id() stays its
+        self._schemas: dict[int, tuple[Hashable, Any]] = {}     # the same, for values read as schemas
 
     def of(self, value: Any) -> Hashable:
         """Equal for equal values (1 and 1.0, or true and 1, are not equal: the text they admit differs)."""
@@ -493,6 +504,30 @@ class _ContentIds:
             else:
                 shape.append(repr(value) if kind is float else id(value))
             known = self._known[id(value)] = self._ids.setdefault(tuple(shape), len(self._ids)), value
+        return known[0]
+
+    def schema(self, value: Any) -> Hashable:
+        """`of` for a schema, blind to its annotations and its subschemas' (`_ANNOTATIONS`): every instance satisfies
+        two schemas that differ only in those alike (members that differ in their descriptions alone compile once).
+        The values it holds (enum, const, keywords it does not know) are read as `of` reads them."""
+        if type(value) is not dict:
+            return self.of(value)
+        known = self._schemas.get(id(value))
+        if known is None:
+            shape: list = ["schema"]    # (a string: never equal to the type opening a value's shape)
+            for k, v in value.items():
+                if k in _ANNOTATIONS:
+                    continue
+                kind = _SUBSCHEMAS.get(k)
+                if kind is None or type(v) is str:
+                    shape += (k, v if type(v) is str else self.of(v))
+                elif kind is _NAMED_SCHEMAS and type(v) is dict:
+                    shape += (k, tuple(x for name, sub in v.items() for x in (name, self.schema(sub))))
+                elif type(v) is list:
+                    shape += (k, ("list", *map(self.schema, v)))
+                else:
+                    shape += (k, self.schema(v))
+            known = self._schemas[id(value)] = self._ids.setdefault(tuple(shape), len(self._ids)), value
         return known[0]
 
 

@@ -16,12 +16,13 @@ from leapgen.grammars import (automaton, json_schema_combinators, json_schema_co
                                json_schema_scalars, regex)
 from leapgen.grammars.automaton import _Compiler, compile_automaton
 from leapgen.grammars.fsm import MEMO_SIZE, NFA, BudgetExceeded, determinize_calls, product
-from leapgen.grammars.ir import Capture, Choice, Lit, Members, Ref, Repeat, Seq, Terminal
+from leapgen.grammars.ir import Capture, Choice, Grammar, Lit, Members, Ref, Repeat, Seq, Terminal
 from leapgen.grammars.json_numbers import Multiples, at_least, at_most, common_multiple, natural_range
 from leapgen.grammars.json_schema import (MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS,
                                           json_schema_to_grammar)
 from leapgen.grammars.json_schema_compiler import SchemaCompiler
 from leapgen.grammars.json_schema_context import JsonSchemaOptions
+from leapgen.grammars.json_schema_ir import grammar_size
 from leapgen.grammars.json_strings import (ANY_CHARS, ANY_STRING_END, FORMATS, Chars, Length, StringEnd, chars_regex,
                                           format_regex, length_dfa, pattern_regex, pattern_regexes, string_regex)
 from leapgen.grammars.regex import dfa_fullmatch, regex_dfa
@@ -1076,6 +1077,48 @@ def test_a_subschema_written_out_at_many_places_compiles_once():
     assert len(nine.rules) == len(one.rules) + 8
     check(_pasted(9), valid=[{"m0": {"id": 3}, "m8": {"id": 30, "tags": ["b"]}}],
           invalid=[{"m0": {"id": 30}}, {"m5": {"id": 3, "tags": ["a"]}}, {"m8": {"tags": []}}])
+
+
+def test_subschemas_differing_only_in_annotations_compile_once():
+    """Descriptions, titles, defaults and examples constrain nothing: members whose values differ only in those (a
+    nested object documented at each place) share one compile.  Only where they are annotations: a property or
+    an enum value named like one still tells schemas apart."""
+    item = {"type": "object", "properties": {"id": {"type": "integer"}, "tags": {"type": "array"}}}
+    documented = {"type": "object", "properties": {
+        f"m{i}": dict(item, description=f"the {i}th", title=f"M{i}", default={"id": i}, examples=[{"id": i}])
+        for i in range(6)}}
+    plain = {"type": "object", "properties": {f"m{i}": item for i in range(6)}}
+    assert len(json_schema_to_grammar(documented).rules) == len(json_schema_to_grammar(plain).rules)
+    check(documented, valid=[{"m0": {"id": 1}, "m5": {"tags": [1]}}], invalid=[{"m3": {"id": "x"}}])
+    named = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"description": {"type": "integer"}}, "required": ["description"]},
+        "b": {"type": "object", "properties": {"title": {"type": "integer"}}, "required": ["title"]},
+        "c": {"enum": [{"description": 1}]}, "d": {"enum": [{"description": 2}]}}}
+    check(named, valid=[{"a": {"description": 1}, "b": {"title": 2}, "c": {"description": 1}, "d": {"description": 2}}],
+          invalid=[{"a": {"title": 1}}, {"b": {"description": 2}}, {"c": {"description": 2}}, {"d": {"description": 1}}])
+
+
+def test_a_value_that_chooses_or_repeats_is_called_from_its_member():
+    """A nullable or array value is a rule of its own, called at the end of its member: the member is a plain chain
+    of calls (no subset construction), and members with equal values call one rule."""
+    schema = {"type": "object", "properties": {
+        "a": {"type": ["string", "null"]}, "b": {"type": ["string", "null"], "description": "B"},
+        "c": {"type": "array", "items": {"type": "integer"}}, "d": {"type": "string"}}}
+    grammar = json_schema_to_grammar(schema)
+    members = {body.items[0].text: body for body in grammar.rules.values()
+               if isinstance(body, Seq) and isinstance(body.items[0], Lit)}
+    values = {key: body.items[-1] for key, body in members.items()}
+    assert all(isinstance(values[key], Ref) and values[key].call for key in ('"a"', '"b"', '"c"'))
+    assert values['"a"'] == values['"b"'] and isinstance(values['"d"'], Terminal)
+    check(schema, valid=[{"a": None, "b": "x", "c": [1, 2], "d": "y"}, {"c": []}],
+          invalid=[{"a": 1}, {"c": [1, "x"]}, {"b": []}])
+
+
+def test_the_size_of_a_grammar_counts_each_called_rule_once():
+    grammar = Grammar(rules={"start": Seq((Ref("value", call=True), Ref("value", call=True), Ref("inline"))),
+                             "value": Seq(tuple(Lit(c) for c in "abcde")),
+                             "inline": Seq((Lit("x"), Ref("value", call=True)))}, start="start")
+    assert grammar_size(grammar) == 4 + 5   # start's two calls and its inlined rule's two items; the called rule once
 
 
 def test_the_variants_of_an_object_share_the_members_they_leave_alone():
