@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover
     import sre_parse as _sre  # type: ignore[no-redef]
 
 from .errors import RegexError, UnsupportedSchemaError
-from .fsm import DFA, MEMO_SIZE, RUN_CAP, BudgetExceeded, counted_product, minimize, product
+from .fsm import DFA, MEMO_SIZE, RUN_CAP, BudgetExceeded, counted_product, minimize, product, without_words
 from .regex import (REGEX_META, check_group_depth, complement_ranges, dfa_fullmatch, normalize_ranges, parse_quietly,
                     regex_dfa, terminal_dfa)
 
@@ -144,6 +144,15 @@ class Length:
             if self.num_states > max_states:
                 raise BudgetExceeded(max_states, "automaton states")
             return length_dfa(self.min, self.max) if self.max is not None else minimize(self.dfa())
+        if self.max is None and self.min <= 1:
+            # no bound but that a string be written, or be not empty: at most the empty string to take out, where
+            # the counted product copied the whole automaton (a 3,800-state pattern under minLength 1: 18 ms)
+            if self.min == 0 or not dfa_fullmatch(dfa, b'""'):
+                return dfa
+            fewer = without_words(dfa, [b'""'], max_states)
+            if fewer is None:
+                raise BudgetExceeded(max_states, "automaton states")
+            return minimize(fewer)
         anything = length_dfa(0, None)   # state 0: before the opening quote; 1: between two characters
         ends_character = anything.trans == 1
         ends_character[0] = False

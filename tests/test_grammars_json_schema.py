@@ -259,6 +259,7 @@ def test_chunk_automaton_laid_out_directly_is_the_regex_s(count):
 
 
 @pytest.mark.parametrize("pattern", [r"^\S+@\S+$", r"^[a-z][-a-z0-9.+]*$", "ab", "^(a|é)+$", "x$", "[\u00e9\n]",
+                                     r"^[a-z]*$", "^(|abc)$",     # the empty string among them
                                      # bounded: past some characters, the rest can no longer pass maxLength
                                      r"^[a-zé]{1,4}(\.[a-z]{1,4}){1,3}$", r"^(\d{3}-)?\d{4}$"])
 def test_lengths_counted_along_a_pattern_are_the_product_with_the_length_automaton(pattern):
