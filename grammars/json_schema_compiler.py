@@ -121,6 +121,7 @@ class SchemaCompiler:
         # every name handed out, and the fixed ones: a hint's name may be another's numbered one (`a_1` after `a`)
         self._issued = {"start", "any_value"}
         self.sizes: dict[str, int] = {}  # inlined_size of each rule
+        self.chained: dict[str, bool] = {}
         self._shared: dict[Hashable, tuple[str, Expr]] = {}
         self._validator = None
         self.why_never: list[tuple[str, str]] = []     # (reason, pointer) of each NEVER met
@@ -522,7 +523,7 @@ class _ContentIds:
                 if kind is None or type(v) is str:
                     shape += (k, v if type(v) is str else self.of(v))
                 elif kind is _NAMED_SCHEMAS and type(v) is dict:
-                    shape += (k, tuple(x for name, sub in v.items() for x in (name, self.schema(sub))))
+                    shape += (k, ("named", *(x for name, sub in v.items() for x in (name, self.schema(sub)))))
                 elif type(v) is list:
                     shape += (k, ("list", *map(self.schema, v)))
                 else:

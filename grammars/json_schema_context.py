@@ -177,6 +177,7 @@ class SchemaContext(Protocol):
     legacy: bool  # draft-07 or older: a $ref replaces the keywords beside it
     rules: dict[str, Expr]
     sizes: dict[str, int]  # inlined_size of each rule
+    chained: dict[str, bool]  # whether the automaton writes each rule out as a chain of calls (json_schema_objects)
 
     def compile(self, parts: list[Part]) -> Expr:
         """The IR for instances valid against every part."""

@@ -308,7 +308,7 @@ class _ObjectBuilder:
         return result
 
     def _member(self, name: str, value: Expr) -> Expr:
-        if not _chained(value, self.ctx.rules):
+        if not _chained(value, self.ctx.rules, self.ctx.chained):
             # a value that chooses or repeats (a nullable type, an array) called as a rule of its own: the member is
             # then a chain of calls, whose automaton needs no subset construction, and the value's rule, one
             # expression in every member and schema that writes it, is built once (`automaton._RULE_DFAS`).  It
@@ -467,13 +467,20 @@ def build_object(ctx: SchemaContext, parts: list[Part]) -> Expr:
         raise SchemaError(f"bad patternProperties regex: {exc}", parts[0].pointer if parts else "") from None
 
 
-def _chained(expr: Expr, rules: dict[str, Expr]) -> bool:
+def _chained(expr: Expr, rules: dict[str, Expr], known: dict[str, bool]) -> bool:
     """Whether the automaton writes `expr` out as a chain of calls: no choice or repetition but within one terminal,
-    its references followed (a reference not defined yet is a recursive one, which is called)."""
+    its references followed (a reference not defined yet, or met again inside itself, is a recursive one, which is
+    called).  `known`: the answers for rules, each rule asked once."""
     kind = type(expr)
     if kind is Seq:
-        return all(_chained(item, rules) for item in expr.items)
+        return all(_chained(item, rules, known) for item in expr.items)
     if kind is Ref:
-        body = rules.get(expr.name)
-        return expr.call or body is None or type(body) is Members or _chained(body, rules)
+        if expr.call:
+            return True
+        answer = known.get(expr.name)
+        if answer is None:
+            known[expr.name] = True     # (while it is asked: a cycle is called)
+            body = rules.get(expr.name)
+            answer = known[expr.name] = body is None or type(body) is Members or _chained(body, rules, known)
+        return answer
     return kind is Lit or kind is Terminal or kind is Capture or (kind is Choice or kind is Repeat) and is_terminal(expr)

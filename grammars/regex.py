@@ -570,7 +570,7 @@ def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
     they exclude)."""
     key = ("meet", pattern, also)
     _refused_before(key, pattern)
-    dfa = regex_dfa(pattern)
+    dfa = start = regex_dfa(pattern)
     built = dfa.num_states
     try:
         for other in also:
@@ -579,7 +579,8 @@ def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
             built += dfa.num_states
     except BudgetExceeded as e:
         raise _refusal(key, f"regex combination too complex to compile ({e})", pattern, e.budget) from None
-    if dfa.built_states == 0:   # a fresh product (a shared regex DFA keeps its own count)
+    # a fresh product (a shared regex DFA keeps its own count, also where an intersection hands it back unchanged)
+    if dfa is not start and dfa.built_states == 0:
         dfa.built_states = built
     return dfa
 

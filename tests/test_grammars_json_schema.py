@@ -1115,6 +1115,30 @@ def test_a_value_that_chooses_or_repeats_is_called_from_its_member():
           invalid=[{"a": 1}, {"c": [1, "x"]}, {"b": []}])
 
 
+def test_a_member_value_recursing_through_sequences_alone_compiles():
+    """Whether a value is a chain of calls follows its rules once each: a rule met again inside itself is
+    recursive (called), where the walk recursed until the stack ran out."""
+    schema = {"$defs": {"a": {"type": "array", "prefixItems": [{"$ref": "#/$defs/a"}], "minItems": 1, "items": False}},
+              "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}
+    check(schema, valid=[{}], invalid=[{"x": []}, {"x": [[]]}])
+
+
+def test_a_keyword_map_and_its_list_form_are_told_apart():
+    """An invalid `properties` (a list) never shares the compile of a valid one whose single key reads 'list'."""
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"list": {"type": "integer"}}},
+                                               "b": {"type": "object", "properties": [{"type": "integer"}]}}}
+    with pytest.raises(SchemaError, match="properties must be an object"):
+        json_schema_to_grammar(schema)
+
+
+def test_a_shared_pattern_automaton_keeps_its_own_build_count():
+    """A length bound that leaves a pattern's automaton as it is hands back the memoised automaton: what the
+    intersection cost is not written onto it (later schemas would be charged it against the build budget)."""
+    grammar = json_schema_to_grammar({"type": "string", "pattern": "^[a-z]+q{3}$", "minLength": 1})
+    compile_automaton(grammar)
+    assert regex_dfa(grammar.rules["start"].pattern).built_states == 0
+
+
 def test_the_size_of_a_grammar_counts_each_called_rule_once():
     grammar = Grammar(rules={"start": Seq((Ref("value", call=True), Ref("value", call=True), Ref("inline"))),
                              "value": Seq(tuple(Lit(c) for c in "abcde")),
