@@ -266,6 +266,15 @@ class SchemaCompiler:
             self._nesting -= 1
 
     def _compile(self, parts: list[Part]) -> Expr:
+        if len(parts) == 1:     # a subschema compiled before, by its content (a third of all): nothing to expand
+            part = parts[0]
+            schema = part.schema
+            if type(schema) is dict and (not part.skip or part.skip is self._id_only) and "$ref" not in schema \
+                    and "allOf" not in schema and self.refs.id_keyword not in schema:
+                known = self._conjunctions.get((self._content.schema(schema), part.base, self._id_expanded,
+                                                part.variant))
+                if known is not None:
+                    return known
         expanded = self.expand(parts)
         if expanded is None:
             return NEVER
