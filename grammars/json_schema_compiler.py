@@ -283,18 +283,19 @@ class SchemaCompiler:
             return self._any_value()
         # Conjunctions are named by their content, not their place: a subschema written out at several places
         # (a definition pasted into each resource, the negations a oneOf distributes over its branches) compiles
-        # once.  Its base (relative $refs), skipped keywords and rewrite are part of what it means.
-        of = self._content.schema
+        # once (its annotations aside).  Its base (relative $refs), skipped keywords and rewrite are part of what it
+        # means.
+        content = self._content.schema
         if len(parts) == 1:     # (most conjunctions)
             only = parts[0]
-            key: Hashable = (of(only.schema), only.base, only.skip, only.variant)
+            key: Hashable = (content(only.schema), only.base, only.skip, only.variant)
         else:
             # equal conjuncts are one (A and A is A): a rewrite that drops one of two would otherwise come back to
             # the same conjunction at the same depth, which reads as a cycle (two `$ref`s whose negations both
             # became `not: {type: object}` beside an array were refused as "$ref cycle that consumes no input")
             unique: dict[Hashable, Part] = {}
             for p in parts:
-                unique.setdefault((of(p.schema), p.base, p.skip, p.variant), p)
+                unique.setdefault((content(p.schema), p.base, p.skip, p.variant), p)
             if len(unique) < len(parts):
                 parts = list(unique.values())
             key = frozenset(unique) if len(parts) > 1 else next(iter(unique))
@@ -532,7 +533,7 @@ class _ContentIds:
                 if kind is None or type(v) is str:
                     shape += (k, v if type(v) is str else self.of(v))
                 elif kind is _NAMED_SCHEMAS and type(v) is dict:
-                    shape += (k, ("named", *(x for name, sub in v.items() for x in (name, self.schema(sub)))))
+                    shape += (k, (_NAMED_SCHEMAS, *(x for name, sub in v.items() for x in (name, self.schema(sub)))))
                 elif type(v) is list:
                     shape += (k, ("list", *map(self.schema, v)))
                 else:
