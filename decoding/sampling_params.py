@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
@@ -24,6 +25,10 @@ def is_integer(value: object) -> bool:
 
 MAX_LOGPROBS = 20   # top alternatives per token; as OpenAI's API, and bounded so a typo cannot sort the vocabulary
 
+
+# the fields that hold lists, as their refusals describe them
+_LISTS = {"stop": "a string or a list of strings", "stop_token_ids": "a list of token ids",
+          "logits_processors": "a list of callables"}
 
 @dataclass
 class SamplingParams:
@@ -69,6 +74,10 @@ class SamplingParams:
         `params.stop = "x"`) is read the same way."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.logits_processors is None:
+            self.logits_processors = []
+        for name in _LISTS:
+            self._listed(name)
         if is_integer(self.seed):
             self.seed = int(self.seed)      # numpy's integers too
         if isinstance(self.logit_bias, dict):
@@ -129,6 +138,16 @@ class SamplingParams:
         """True when decoding picks the argmax: temperature 0, or so close to it (below 1e-5, as in vLLM) that
         dividing the logits by it would overflow them to infinity (1e-38 left no token to sample)."""
         return self.temperature < _GREEDY_BELOW
+
+    def _listed(self, name: str) -> None:
+        """A list field given as another iterable (a tuple, a generator) kept as a list, read once: checked as it
+        came, a generator was used up by the check and the request then read it empty."""
+        value = getattr(self, name)
+        if value is None or isinstance(value, list):
+            return
+        if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+            raise ValueError(f"SamplingParams.{name} must be {_LISTS[name]}, got {value!r}")
+        setattr(self, name, list(value))
 
     def _check_int(self, name: str, minimum: int) -> None:
         value = getattr(self, name)

@@ -171,8 +171,11 @@ def _terminal(name: str, pattern, text: str) -> ir.Expr:
         source = re.escape(pattern.value)
     else:
         source = pattern.value
-        if source == _lark_escaped_string_pattern():
+        lark_string = _lark_escaped_string_pattern()
+        if source == lark_string:
             source = _ESCAPED_STRING
+        elif lark_string in source:     # inlined into a larger terminal (`VALUE: INT | ESCAPED_STRING`)
+            source = source.replace(lark_string, f"(?:{_ESCAPED_STRING})")
     if flags:
         source = f"(?{''.join(sorted(flags))}:{source})"
     try:

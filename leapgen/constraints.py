@@ -28,6 +28,11 @@ class JsonSchema:
     schema: dict | str | type
     options: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, dict):
+            raise TypeError(f"JsonSchema options must be a dict of compiler options (such as {{'whitespace': "
+                            f"'dumps'}}), got {type(self.options).__name__}")
+
     def as_dict(self) -> dict:
         """The schema as a dict."""
         if isinstance(self.schema, str):

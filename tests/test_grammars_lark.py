@@ -100,6 +100,18 @@ def test_hand_written_cases():
         assert _accepts(j, text) == ok, text
 
 
+def test_escaped_string_inlined_into_a_larger_terminal():
+    """lark writes an imported terminal's regex into the terminal using it; its ESCAPED_STRING (a lookbehind) is
+    read as the equivalent regex there too, where it was refused as a negative lookbehind the user never wrote."""
+    tok = tu.byte_level_bpe()
+    value = compile_lark("start: VALUE\nVALUE: INT | ESCAPED_STRING\n%import common.INT\n%import common.ESCAPED_STRING",
+                         tok)
+    pair = compile_lark('start: KV\nKV: "k=" ESCAPED_STRING\n%import common.ESCAPED_STRING', tok)
+    for g, text, ok in [(value, "12", True), (value, '"a\\"b"', True), (value, '"a\nb"', False), (value, "k", False),
+                        (pair, 'k="x y"', True), (pair, 'k="x', False), (pair, "k=12", False)]:
+        assert _accepts(g, text) == ok, text
+
+
 def test_matcher_on_cl100k_reaches_a_json_document():
     tok = tu.cl100k()
     g = compile_lark(JSON, tok)

@@ -138,6 +138,19 @@ def test_params_changed_after_they_were_made_are_checked_again(llm):
     assert not llm.engine.has_unfinished
 
 
+def test_list_fields_take_any_iterable_once_and_refuse_a_single_value():
+    """A generator of stop strings was used up by the check and the request then read none of them."""
+    params = SamplingParams(stop=(s for s in [" 6"]), stop_token_ids=iter([38]), logits_processors=None)
+    assert params.stop == [" 6"] and params.stop_token_ids == [38] and params.logits_processors == []
+    for field_name, value, what in (("stop", 5, "a string or a list of strings"),
+                                    ("stop_token_ids", 38, "a list of token ids"),
+                                    ("logits_processors", print, "a list of callables")):
+        with pytest.raises(ValueError, match=f"SamplingParams.{field_name} must be {what}"):
+            SamplingParams(**{field_name: value})
+    with pytest.raises(TypeError, match="JsonSchema options must be a dict"):
+        leapgen.JsonSchema({"type": "integer"}, "dumps")
+
+
 def test_token_ids_as_json_or_numpy_gives_them(llm):
     import numpy as np
     assert SamplingParams(logit_bias={"5": 1.5, np.int64(6): -2}).logit_bias == {5: 1.5, 6: -2}
