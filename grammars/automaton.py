@@ -733,8 +733,8 @@ class _Compiler:
                     todo.append(self.rules[expr.name])   # inlined refs are never cyclic: those are called
             elif kind is ir.Capture:
                 labels.append(self.capture_label(expr))
-            elif kind is ir.Choice and is_terminal(expr):
-                labels.append(self.terminal_label(expr))
+            elif (kind is ir.Choice or kind is ir.Repeat and not bad_bounds(expr)) and is_terminal(expr):
+                labels.append(self.terminal_label(expr))    # one call, as `build` writes it
             else:
                 return None
         return labels
