@@ -123,7 +123,7 @@ def grammar_shape(grammar: ir.Grammar) -> GrammarShape | None:
                         return None     # (an empty text is a terminal the compile labels there, not nothing)
                     extend((_MEMBERS, len(expr.members), expr.extra is not None, _bits(expr.required), expr.min,
                             -1 if expr.max is None else expr.max, expr.ordered,
-                            -1 if expr.max_extras is None else expr.max_extras, expr.held, len(expr.dependents)))
+                            -1 if expr.max_extras is None else expr.max_extras, expr.loose, len(expr.dependents)))
                     for trigger, needed in expr.dependents:
                         extend((trigger, _bits(needed)))
                     todo += reversed(expr.parts())

@@ -102,7 +102,9 @@ class Members:
     max: int | None = None
     ordered: bool = False
     max_extras: int | None = None   # where the extras' keys must differ and only so many exist
-    held: int = 0   # the last members are extra keys the object must hold: in schema order they go among the extras
+    # the last members are keys no `properties` declares (required or dependent keys, extra keys the object must
+    # hold): in schema order they go among the extras, in any order
+    loose: int = 0
 
     def parts(self) -> list["Expr"]:
         """What the rule calls: open, members, separator, close, extra."""

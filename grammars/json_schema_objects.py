@@ -43,7 +43,7 @@ class _ObjectBuilder:
         self.ctx = ctx
         self.parts = parts
         self.pointer = parts[0].pointer if parts else ""
-        self.order: list[str] = []
+        self.order: list[str] = []     # the keys `properties` declare
         self.required: list[str] = []
         self.patterns: list[tuple[str, Part, Any]] = []  # (regex source, owner part, subschema)
         self.dependents: dict[str, list[str]] = {}
@@ -51,6 +51,7 @@ class _ObjectBuilder:
         self.distinct_keys = False   # every extra key differs from the others (and from the held ones)
         for p in parts:
             self._read(p)
+        self.declared = set(self.order)
 
     def _read(self, p: Part) -> None:
         # the checks make their pointers only where they fail: every object is read here
@@ -399,7 +400,8 @@ class _ObjectBuilder:
     def _members(self, names: list[str], members: dict[str, Expr], extra: Expr, max_extras: int | None,
                  required: list[str], held: tuple[Expr, ...] = ()) -> Expr:
         """The object as one rule over its members (`ir.Members`): in schema order, extras last, or in any order;
-        `held`: extra members it must write (after the declared ones, each once)."""
+        `held`: extra members it must write (after the declared ones, each once).  In schema order the keys no
+        `properties` declares (`names` holds them after the declared ones) go among the extras, in any order."""
         keys = [n for n in names if n in members]
         while True:  # a trigger whose dependents cannot appear cannot appear either
             present = set(keys)
@@ -421,7 +423,7 @@ class _ObjectBuilder:
                                                                                       len(keys) + len(held))),
                         dependents=tuple((index[t], frozenset(index[n] for n in self.dependents[t])) for t in triggers),
                         min=self.min_props, max=self.max_props, ordered=self.ctx.options.property_order == "schema",
-                        max_extras=max_extras, held=len(held))
+                        max_extras=max_extras, loose=len(keys) - len(self.declared.intersection(keys)) + len(held))
         alternatives = [pu.obj_empty] if not required and not held and self.min_props == 0 else []
         # without counts or dependencies any member or extra completes the object: no plan to search for
         plain = not triggers and self.min_props == 0 and self.max_props is None and max_extras != 0

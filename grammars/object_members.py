@@ -6,8 +6,8 @@ many extra keys.  Its call edges are guarded: a member may be claimed once, and 
 still be completed after it (its required members, dependencies and counts); a separator only where another
 member can follow; the closing brace only where the object is complete.  Every guard and every shortest
 completion comes from one plan: the cheapest set of members and extras that completes the object from a tag.
-In schema order (`ordered`) a member may only follow the members before it, and extras only follow them all (held
-members, extra keys the object must hold, go among the extras).
+In schema order (`ordered`) a member may only follow the members before it, and extras only follow them all (loose
+members, keys no `properties` declares, go among the extras in any order).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class MemberSet:
         self.optional_triggers = [t for t in self.needs if not self.required >> t & 1]
         self.extra = spec.extra is not None and extra_live
         self.ordered = spec.ordered
-        self.held = self.all & ~((1 << (self.size - spec.held)) - 1)
+        self.loose = self.all & ~((1 << (self.size - spec.loose)) - 1)
         self.min, self.max = spec.min, spec.max
         self.max_extras = spec.max_extras
         # beyond this many extras the count no longer changes what may follow
@@ -175,12 +175,12 @@ class MemberSet:
 
     def _open(self, tag: Tag) -> int:
         """The members that may still be written: those not written yet; in schema order, only those after the
-        last one written, and none once an extra key was, but for the held ones (extra keys themselves)."""
+        last one written, and none once an extra key was, but for the loose ones (written as extra keys are)."""
         seen, extras, _ = tag
         if not self.ordered:
             return self.all & ~seen
-        held = self.held & ~seen
-        return held if extras else held | (self.all & ~((1 << seen.bit_length()) - 1))
+        loose = self.loose & ~seen
+        return loose if extras else loose | (self.all & ~((1 << seen.bit_length()) - 1))
 
     def _extras_left(self, extras: int) -> int:
         """How many more extras may be written (a large number for any number)."""

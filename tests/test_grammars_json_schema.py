@@ -112,8 +112,8 @@ def ir_accepts(grammar, text: str) -> bool:
                 out |= ends(e.close, pos)
             for start in [pos] if first else ends(e.separator, pos):
                 for k, member in enumerate(e.members):
-                    held = k >= len(e.members) - e.held    # an extra key the object must hold: among the extras
-                    if k in written or (e.ordered and not held and (extras or any(w > k for w in written))):
+                    loose = k >= len(e.members) - e.loose    # a key no `properties` declares: among the extras
+                    if k in written or (e.ordered and not loose and (extras or any(w > k for w in written))):
                         continue
                     todo += [(q, written | {k}, extras, False, texts) for q in ends(member, start)]
                 if e.extra is not None and (e.max_extras is None or extras < e.max_extras):
@@ -356,6 +356,27 @@ def test_objects_follow_schema_order_with_optional_and_extra_keys():
     check(schema, valid=[{"b": "x"}, {"a": 1, "b": "x"}, {"a": 1, "b": "x", "zz": [1, {"q": None}]}],
           invalid=[{"a": 1}, {"b": 2}, {}, {"b": "x", "a": 1}, {"b": "x", "b2": 1, "a": 2}])
     check(schema, valid=[{"a": 1, "b": "x"}], invalid=[{"b": "x", "zz": 1}], additional_properties=False)
+
+
+def test_keys_no_properties_declare_come_among_the_extras_in_any_order():
+    """In schema order a required, dependent or listed key that no `properties` declares is written as extra keys
+    are: after the declared members, in any order among the extras (the JSON-Schema-Test-Suite's dependencies with
+    escaped characters)."""
+    cases = [({"dependencies": {"x": ["y"]}},
+              [{"x": 1, "y": 1}, {"y": 1, "x": 1}, {"y": 1}, {"z": 0, "y": 1, "x": 1}], [{"x": 1}, {"x": 1, "z": 0}]),
+             ({"required": ["b", "a"], "properties": {"c": {}}, "additionalProperties": {"type": "integer"}},
+              [{"a": 1, "b": 2}, {"c": 0, "b": 1, "z": 3, "a": 2}], [{"a": 1, "c": 0, "b": 2}, {"a": 1}]),
+             ({"propertyNames": {"enum": ["p", "q"]}}, [{"q": 1, "p": 2}, {"p": 1, "q": 2}], [{"p": 1, "r": 2}]),
+             # declared members keep their order
+             ({"properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["w"]}},
+              [{"a": 1, "b": 2, "w": 3}, {"a": 1, "w": 3}], [{"b": 2, "a": 1, "w": 3}, {"w": 3, "a": 1}])]
+    tokenizer = byte_level_bpe()
+    for schema, valid, invalid in cases:
+        check(schema, valid=valid, invalid=invalid)
+        grammar = compile_json_schema(schema, tokenizer)
+        for texts, expected in (([json.dumps(v) for v in valid], True), ([json.dumps(v) for v in invalid], False)):
+            for text in texts:      # (as texts: dicts equal whatever their order)
+                assert accepts(grammar, tokenizer, text) == expected, (schema, text)
 
 
 def test_pattern_properties_property_names_and_counts():
