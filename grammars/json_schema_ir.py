@@ -225,9 +225,9 @@ def punctuation(style: str, max_indent: int) -> Punctuation:
 
 
 def number_literal_regex(value: Any) -> str:
-    """Every JSON spelling (without exponent) of the number `value`: 2 matches 2, 2.0, 2.00."""
+    """Every JSON spelling (without exponent) of the number `value`: 2 matches 2, 2.0, 2.00; 0 also -0, -0.0."""
     whole, tail = number_literal_parts(value)
-    return whole + tail
+    return ("-?" if whole == "0" else "") + whole + tail
 
 
 def number_literal_parts(value: Any) -> tuple[str, str]:

@@ -261,7 +261,7 @@ class _ObjectBuilder:
         names = list(self.order)
         names += [n for n in self.required if n not in names]
         for trigger, needed in self.dependents.items():
-            names += [n for n in [*needed, trigger] if n not in names]  # dependents usually come first
+            names += [n for n in dict.fromkeys([*needed, trigger]) if n not in names]  # dependents usually come first
         listed = self._listed_names()
         if listed is not None:      # every key is one of these: each a member, and no other key
             names += [n for n in listed if n not in names]

@@ -173,8 +173,9 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
     if integral:
         main = INTEGER if integer_only and ctx.draft4 else INTEGER_VALUE
     else:
-        # bounds and multiples are written over decimals (an exponent would escape an excluded multiple)
-        main = DECIMAL if also or refused else NUMBER
+        # bounds, multiples and excluded values are written over decimals (an exponent would escape an excluded
+        # multiple, and 2e0 or 20e-1 an excluded 2: the spellings of a number with exponents are no regular language)
+        main = DECIMAL if also or refused or any(is_number(v) for v in excluded) else NUMBER
     if ctx.options.max_number_digits is not None:
         bounds = [b[0] for b in (lo, hi) if b is not None]
         also.append(_digit_cap(ctx.options.max_number_digits, bounds, [k for k, _ in multiples],

@@ -634,6 +634,33 @@ def test_contains_counts_matching_items_exactly(schema):
     assert not wrong, wrong
 
 
+@pytest.mark.parametrize("schema", [{"not": {"const": 0}}, {"not": {"enum": [2, "a"]}}, {"type": "integer", "not": {"const": 0}},
+                                    {"type": "object", "not": {"additionalProperties": {"const": 0}}}])
+def test_an_excluded_number_is_excluded_in_every_spelling(schema):
+    """-0 and -0.0 are 0, and 2e0, 20e-1, 0e1 the numbers they look like: beside excluded values numbers are written
+    without an exponent (as under bounds), and an excluded 0 with its sign; the shortest completion validates."""
+    tokenizer = byte_level_bpe()
+    grammar = compile_json_schema(schema, tokenizer)
+    validator = jsonschema.Draft202012Validator(schema)
+    wrap = (lambda t: '{"a":' + t + "}") if schema.get("type") == "object" else (lambda t: t)
+    for text in ["-0", "-0.0", "0", "0e1", "0E0", "2", "2e0", "20e-1", "2.00", "5", "1.5", "-3"]:
+        text = wrap(text)
+        if not validator.is_valid(json.loads(text)):
+            assert not accepts(grammar, tokenizer, text), text
+        elif "e" not in text.lower():
+            assert accepts(grammar, tokenizer, text), text
+    if schema.get("type") == "object":     # the shortest completion of {"a":0 validates (it was {"a":0E0})
+        matcher = grammar.matcher()
+        for token in tokenizer.encode('{"a":0', add_special_tokens=False):
+            matcher.advance(token)
+        assert validator.is_valid(json.loads('{"a":0' + tokenizer.decode(matcher.completion_tokens())))
+
+
+def test_a_key_that_depends_on_itself_compiles():
+    check({"dependentRequired": {"a": ["a"]}}, valid=[{}, {"a": 1}, {"b": 1, "a": 2}])
+    check({"dependencies": {"a": ["a", "b"]}}, valid=[{"b": 1, "a": 1}, {"a": 1, "b": 1}], invalid=[{"a": 1}])
+
+
 def test_a_negated_contains_and_a_contains_inside_a_negation_stay_apart():
     # counting a contains item twice over, its negation ("not contains" at /contains) and the negation of the
     # contains inside it (split from the minItems beside it, also at /contains) are two conjunctions: compiled
