@@ -324,7 +324,8 @@ def count_of(part: Part, key: str) -> int | None:
     value = part.get(key)
     if value is None:
         return None
-    if not (is_number(value) and value >= 0 and value == int(value)):   # the message only on failure: a hot path
+    # (the message only on failure: a hot path; 1e400 reads as infinity, which no int() takes)
+    if not (is_number(value) and value >= 0 and (isinstance(value, int) or value.is_integer())):
         raise SchemaError(f"{key} must be a non-negative integer", part.at(key))
     return int(value)
 

@@ -394,7 +394,9 @@ class Matcher:
         return plan if plan is not None else self._known_completion()
 
     def allowed_token_ids(self) -> np.ndarray:
-        """Sorted ids of the tokens allowed next (EOS exactly when the text so far is complete)."""
+        """Sorted ids of the tokens allowed next (EOS exactly when the text so far is complete).  Under a budget,
+        until closing begins, a token here may still be refused by `is_token_allowed`: one after which the text
+        could not close in the tokens left (the engine then takes the shortest completion's first token)."""
         if self._ended:
             return np.zeros(0, np.int64)
         plan = self._closing()

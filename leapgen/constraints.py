@@ -22,10 +22,10 @@ from leapgen.text_files import parse_json
 
 @dataclass(frozen=True)
 class JsonSchema:
-    """Output is one JSON value valid against `schema` (a dict, a JSON string or a pydantic model class);
+    """Output is one JSON value valid against `schema` (a dict, a boolean, a JSON string or a pydantic model class);
     `options` go to the compiler (`whitespace="flexible"|"dumps"|"compact"`, `additional_properties=False`, ...)."""
 
-    schema: dict | str | type
+    schema: dict | bool | str | type
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -34,15 +34,18 @@ class JsonSchema:
                             f"'dumps'}}), got {type(self.options).__name__}")
 
     def as_dict(self) -> dict:
-        """The schema as a dict."""
-        if isinstance(self.schema, str):
-            return json.loads(self.schema)
-        if _is_pydantic_model(self.schema):
-            return _with_pydantic_formats(model_json_schema(self.schema))
-        if isinstance(self.schema, dict):
-            return self.schema
-        raise TypeError(f"JsonSchema takes a dict, a JSON string or a pydantic model class, "
-                        f"got {type(self.schema).__name__}")
+        """The schema as a dict (`true`, which every value satisfies, as {}; `false` as {"not": {}})."""
+        schema = json.loads(self.schema) if isinstance(self.schema, str) else self.schema
+        if _is_pydantic_model(schema):
+            return _with_pydantic_formats(model_json_schema(schema))
+        if isinstance(schema, bool):
+            return {} if schema else {"not": {}}
+        if isinstance(schema, dict):
+            return schema
+        held = f"a JSON string holding {type(schema).__name__}" if isinstance(self.schema, str) else (
+            type(schema).__name__)
+        raise TypeError(f"JsonSchema takes a dict, a boolean, a JSON string of one or a pydantic model class, "
+                        f"got {held}")
 
     def key(self) -> tuple:
         # the schema's own key order: properties are generated in it (two schemas listing them in two orders

@@ -656,6 +656,15 @@ def test_an_excluded_number_is_excluded_in_every_spelling(schema):
         assert validator.is_valid(json.loads('{"a":0' + tokenizer.decode(matcher.completion_tokens())))
 
 
+@pytest.mark.parametrize("key", ["minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
+                                 "minContains"])
+def test_a_count_past_any_float_is_refused_naming_its_keyword(key):
+    """json.loads reads 1e400 as infinity: a count of it is no integer (it raised OverflowError from int())."""
+    schema = json.loads(f'{{"contains": {{}}, "{key}": 1e400}}')
+    with pytest.raises(SchemaError, match=rf"{key} must be a non-negative integer \(at /{key}\)"):
+        json_schema_to_grammar(schema)
+
+
 def test_a_key_that_depends_on_itself_compiles():
     check({"dependentRequired": {"a": ["a"]}}, valid=[{}, {"a": 1}, {"b": 1, "a": 2}])
     check({"dependencies": {"a": ["a", "b"]}}, valid=[{"b": 1, "a": 1}, {"a": 1, "b": 1}], invalid=[{"a": 1}])

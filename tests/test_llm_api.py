@@ -3,6 +3,7 @@ settings (threads, the KV cache's default size)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -149,6 +150,18 @@ def test_list_fields_take_any_iterable_once_and_refuse_a_single_value():
             SamplingParams(**{field_name: value})
     with pytest.raises(TypeError, match="JsonSchema options must be a dict"):
         leapgen.JsonSchema({"type": "integer"}, "dumps")
+
+
+def test_a_boolean_json_schema_is_a_schema(llm):
+    """`true` (any JSON value) and `false` (none) are schemas, as a value or a JSON string; they were refused."""
+    assert leapgen.JsonSchema(True).as_dict() == leapgen.JsonSchema("true").as_dict() == {}
+    out = llm.generate("a", SamplingParams(max_tokens=8), constraint=leapgen.JsonSchema(True))[0]
+    if out.finish_reason == "stop":
+        json.loads(out.text)    # any JSON value
+    with pytest.raises(leapgen.RequestError, match="unsatisfiable"):
+        llm.generate("a", SamplingParams(max_tokens=8), constraint=leapgen.JsonSchema(False))
+    with pytest.raises(TypeError, match="got a JSON string holding str"):
+        leapgen.JsonSchema('"person"').as_dict()
 
 
 def test_token_ids_as_json_or_numpy_gives_them(llm):
