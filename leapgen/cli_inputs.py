@@ -205,10 +205,13 @@ def _parse_json(where: str, text: str) -> Any:
 
 def _schema(flag: str, source: str) -> Any:
     """--schema's spec: a JSON Schema file, or a pydantic model class named `module:Model` or `file.py:Model`."""
-    from leapgen.constraints import JsonSchema, load_schema
+    from leapgen.constraints import JsonSchema, checked_schema, load_schema
 
     if ":" not in source:            # surely a file: read it with the messages every file flag gives
-        return JsonSchema(_read_json(flag, source))
+        try:
+            return JsonSchema(checked_schema(f"{flag} {source}", _read_json(flag, source)))
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     try:
         return JsonSchema(load_schema(source))
     except ValueError as exc:        # load_schema's messages start with the source

@@ -303,7 +303,11 @@ def load_schema(source: str) -> dict | type:
         raise ValueError(f"{source}: cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise ValueError(f"{source}: not UTF-8 text") from None
-    schema = parse_json(source, text)
+    return checked_schema(source, parse_json(source, text))
+
+
+def checked_schema(source: str, schema: Any) -> dict | bool:
+    """`schema`, read from `source`, where it can be a JSON Schema at all (ValueError naming `source` if not)."""
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"{source}: a JSON Schema is an object or a boolean, not {type(schema).__name__}")
     return schema

@@ -226,6 +226,15 @@ def test_bad_operations_flags_name_the_flag(cli_model, capsys, flag, value):
     assert flag in line and repr(value) in line
 
 
+def test_a_schema_file_holding_no_schema_is_one_line(cli_model, tmp_path, capsys):
+    """A file holding a JSON string was decoded as a schema's text again ("Expecting value")."""
+    for text, kind in (('"person"', "str"), ("[1]", "list")):
+        path = tmp_path / f"{kind}.json"
+        path.write_text(text)
+        code, _, err = run(capsys, "--model", cli_model, "--prompt", "w3", "--schema", str(path))
+        assert f"--schema {path}: a JSON Schema is an object or a boolean, not {kind}" in error_line(code, err)
+
+
 @pytest.mark.parametrize("flag", ["--json-schema", "--grammar"])
 def test_missing_or_directory_constraint_file(cli_model, tmp_path, capsys, flag):
     missing = tmp_path / "nowhere.txt"
