@@ -166,6 +166,7 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
         also.append(multiples_of(step, multiples[0][1] if len(multiples) == 1 else pointer))
         integral = integral or step == step.to_integral_value()
     refused = _fewest_multiples([x for x in excluded if isinstance(x, Multiples)])
+    values = [v for v in excluded if is_number(v)]
     if multiples:
         for x in refused:
             if step % x.step == 0:
@@ -175,12 +176,12 @@ def number(ctx: SchemaContext, parts: list[Part], integer_only: bool, excluded: 
     else:
         # bounds, multiples and excluded values are written over decimals (an exponent would escape an excluded
         # multiple, and 2e0 or 20e-1 an excluded 2: the spellings of a number with exponents are no regular language)
-        main = DECIMAL if also or refused or any(is_number(v) for v in excluded) else NUMBER
+        main = DECIMAL if also or refused or values else NUMBER
     if ctx.options.max_number_digits is not None:
         bounds = [b[0] for b in (lo, hi) if b is not None]
         also.append(_digit_cap(ctx.options.max_number_digits, bounds, [k for k, _ in multiples],
                                whole_open=len(bounds) < 2))
-    exclude = tuple(number_literal_regex(v) for v in excluded if is_number(v)) + tuple(refused)
+    exclude = tuple(number_literal_regex(v) for v in values) + tuple(refused)
     if ("non-integer",) in excluded:
         if integer_only or (integral and not ctx.draft4):
             return NEVER

@@ -170,12 +170,8 @@ def _terminal(name: str, pattern, text: str) -> ir.Expr:
             return ir.Lit(pattern.value)
         source = re.escape(pattern.value)
     else:
-        source = pattern.value
-        lark_string = _lark_escaped_string_pattern()
-        if source == lark_string:
-            source = _ESCAPED_STRING
-        elif lark_string in source:     # inlined into a larger terminal (`VALUE: INT | ESCAPED_STRING`)
-            source = source.replace(lark_string, f"(?:{_ESCAPED_STRING})")
+        # lark's ESCAPED_STRING, alone or inlined into a larger terminal (`VALUE: INT | ESCAPED_STRING`)
+        source = pattern.value.replace(_lark_escaped_string_pattern(), f"(?:{_ESCAPED_STRING})")
     if flags:
         source = f"(?{''.join(sorted(flags))}:{source})"
     try:
