@@ -37,7 +37,7 @@ from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 from .json_schema_string_logic import string_formula
-from .json_strings import ecma_search
+from .json_validation import EXACT_KEYWORDS
 
 MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 129
@@ -556,40 +556,7 @@ def _reading_derived(cls: Any) -> Any:
     latest = jsonschema.Draft202012Validator.VALIDATORS
     return jsonschema.validators.extend(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
                                               **{k: _numeric_bound(latest[k]) for k in EXCLUSIVE_BOUNDS},
-                                              SOME_KEY: _holds_keys, ONE_KEY_OF: _holds_one_key,
-                                              "pattern": _ecma_pattern, "patternProperties": _ecma_pattern_properties,
-                                              "additionalProperties": _ecma_additional_properties})
-
-
-# Patterns read as the automata read them (`ecma_search`): with Python's `re` an enum value could pass a check the
-# grammar then fails, or the reverse (`^[^]]$`, ECMA's any character then `]`)
-def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> Iterator[Any]:
-    from jsonschema import ValidationError
-
-    if isinstance(instance, str) and not ecma_search(pattern, instance):
-        yield ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-def _ecma_pattern_properties(validator: Any, patterns: dict, instance: Any, schema: dict) -> Iterator[Any]:
-    if isinstance(instance, dict):
-        for pattern, subschema in patterns.items():
-            for key, value in instance.items():
-                if ecma_search(pattern, key):
-                    yield from validator.descend(value, subschema, path=key, schema_path=pattern)
-
-
-def _ecma_additional_properties(validator: Any, additional: Any, instance: Any, schema: dict) -> Iterator[Any]:
-    from jsonschema import ValidationError
-
-    if not isinstance(instance, dict):
-        return
-    declared, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
-    extras = [key for key in instance if key not in declared and not any(ecma_search(p, key) for p in patterns)]
-    if additional is False and extras:
-        yield ValidationError(f"additional properties {extras} are not allowed")
-    elif additional is not False:
-        for key in extras:
-            yield from validator.descend(instance[key], additional, path=key)
+                                              SOME_KEY: _holds_keys, ONE_KEY_OF: _holds_one_key, **EXACT_KEYWORDS})
 
 
 def _numeric_bound(check: Callable) -> Callable:

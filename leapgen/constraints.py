@@ -172,7 +172,8 @@ def _with_pydantic_formats(schema: Any) -> Any:
 
 def is_valid(spec: Constraint, text: str) -> bool:
     """Whether `text` satisfies `spec` by the spec's own standard, independently of leapgen's compiler:
-    jsonschema for a JSON schema, `re.fullmatch` for a regex, a lark parse for a grammar."""
+    jsonschema for a JSON schema (reading numbers exactly and patterns as ECMA-262 regexes, as JSON Schema has them:
+    0.07 is a multiple of 0.01), `re.fullmatch` for a regex, a lark parse for a grammar."""
     return _validator(spec.key())(text)
 
 
@@ -199,15 +200,13 @@ def _validator(key: tuple) -> Callable[[str], bool]:
             return True
         return parses
     if kind == "json":
-        import jsonschema
+        from leapgen.grammars.json_validation import exact_json, schema_validator
 
-        schema = json.loads(source)
-        kind_of_validator = jsonschema.validators.validator_for(schema)
-        validator = kind_of_validator(schema, format_checker=kind_of_validator.FORMAT_CHECKER)
+        validator = schema_validator(json.loads(source))
 
         def validates(text: str) -> bool:
             try:
-                value = json.loads(text)
+                value = exact_json(text)
             except (ValueError, RecursionError):
                 return False
             return validator.is_valid(value)

@@ -25,6 +25,7 @@ from leapgen.constraints import JsonSchema, load_schema, model_json_schema
 from leapgen.decoding.sampling_params import SamplingParams
 from leapgen.decoding.speculative import SpeculativeConfig
 from leapgen.grammars.json_schema import JsonSchemaOptions
+from leapgen.grammars.json_validation import exact_json, schema_validator
 from leapgen.extraction_io import (OutputWriter, Record, check_same_run, read_finished, read_records,
                                    refuse_input_as_output, write_run_record)
 
@@ -273,9 +274,7 @@ def check_limits(llm: LLM, plan: ExtractPlan) -> None:
 
 def run_records(llm: LLM, records: Sequence[Record], job: ExtractJob) -> Iterator[dict[str, Any]]:
     """The output line of each record, as it finishes (all of them continuously batched together)."""
-    import jsonschema
-
-    validator = jsonschema.validators.validator_for(job.schema)(job.schema)
+    validator = schema_validator(job.schema)
     speculating = llm.engine.config.speculative is not None
     prompts = [job.prompt(llm.tokenizer, record) for record in records]
     # queued as room frees up: the first lines come at once, and the batch never drains between records
@@ -325,7 +324,7 @@ def _checked_data(output: RequestOutput, validator: Any) -> tuple[Any, str | Non
         data = json.loads(output.text)
     except ValueError as exc:
         return None, f"not valid JSON: {exc}"
-    problem = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    problem = jsonschema.exceptions.best_match(validator.iter_errors(exact_json(output.text)))
     if problem is not None:
         return None, f"does not match the schema at /{'/'.join(map(str, problem.absolute_path))}: {problem.message}"
     if output.finish_reason == "length":    # valid, but its last values may be the shortest ones that close it

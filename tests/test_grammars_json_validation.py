@@ -1,0 +1,79 @@
+"""Checking outputs against a schema reads it as the compiler does: numbers exactly, patterns as ECMA-262 regexes.
+
+A plain jsonschema check over json.loads divides floats (0.07 / 0.01 is 7.000000000000001) and runs Python's `re`;
+leapgen's own checks (`is_valid`, extraction's status, the compiler's enum filter) would then refuse outputs the
+compiler admits, or drop valid enum values."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import jsonschema
+import pytest
+
+from leapgen.constraints import JsonSchema, is_valid
+from leapgen.extraction import output_line
+from leapgen.grammars import compile_json_schema
+from leapgen.grammars.json_validation import exact_json, exact_value, schema_validator
+from test_extract import fake_output
+from tokenizers_util import accepts, byte_level_bpe
+
+TOKENIZER = byte_level_bpe()
+
+CASES = [   # schema, text, valid (JSON Schema's reading); * where jsonschema over json.loads reads it otherwise
+    ({"type": "number", "multipleOf": 0.01}, "0.07", True),                     # *
+    ({"type": "number", "multipleOf": 0.01}, "2.22", True),                     # *
+    ({"type": "number", "multipleOf": 0.01}, "0.071", False),
+    ({"type": "number", "multipleOf": 0.1}, "10.1", True),                      # *
+    ({"type": "integer", "multipleOf": 7}, "21.0", True),
+    ({"type": "number", "not": {"multipleOf": 0.01}}, "0.07", False),           # *
+    ({"type": "number", "not": {"multipleOf": 0.01}}, "0.075", True),
+    ({"type": "number", "exclusiveMaximum": 1}, "0.99999999999999999", True),   # *
+    ({"type": "number", "maximum": 1}, "1.00000000000000001", False),           # *
+    ({"not": {"const": 1}}, "1.00000000000000001", True),                       # *
+    ({"const": 1}, "1.0", True),
+    ({"type": "integer"}, "1.0", True),
+    ({"type": "string", "pattern": "^\\s$"}, '"\ufeff"', True),      # * (ECMA's \s holds the BOM)
+    ({"type": "string", "pattern": "^\\d$"}, '"\u0663"', False),     # * (ECMA's \d is ASCII digits)
+    ({"type": "string", "pattern": "^a$"}, json.dumps("a\n"), False),          # * ($ is the very end)
+]
+
+
+@pytest.mark.parametrize("schema, text, valid", CASES)
+def test_the_check_and_the_compiler_agree(schema, text, valid):
+    assert is_valid(JsonSchema(schema), text) is valid
+    assert accepts(compile_json_schema(schema, TOKENIZER), TOKENIZER, text) is valid
+
+
+def test_plain_jsonschema_reads_the_starred_cases_otherwise():
+    # what the cases marked * guard against: the check they would get without the exact reading
+    def plain(schema, text):
+        return jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    assert not plain(*CASES[0][:2]) and not plain(*CASES[3][:2]) and plain(*CASES[5][:2])
+    assert not plain(*CASES[7][:2]) and plain(*CASES[8][:2]) and not plain(*CASES[9][:2])
+
+
+def test_enum_values_are_filtered_exactly():
+    # the compiler filters enum values through its own check: 0.07 was dropped as no multiple of 0.01
+    grammar = compile_json_schema({"enum": [0.07, 0.5, 0.075], "multipleOf": 0.01}, TOKENIZER)
+    assert [accepts(grammar, TOKENIZER, text) for text in ("0.07", "0.5", "0.075")] == [True, True, False]
+
+
+def test_an_extracted_price_is_ok():
+    schema = {"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01}},
+              "required": ["price"]}
+    ok = output_line("a", fake_output('{"price": 0.07}'), schema_validator(schema), speculating=False)
+    assert ok["status"] == "ok" and ok["data"] == {"price": 0.07} and isinstance(ok["data"]["price"], float)
+    bad = output_line("a", fake_output('{"price": 0.071}'), schema_validator(schema), speculating=False)
+    assert bad["status"] == "error" and "/price" in bad["error"] and "multiple of 0.01" in bad["error"]
+
+
+def test_numbers_are_read_exactly():
+    assert exact_json('[1, 1.0, 0.07, 1e2, 1.5e-3, -0]') == [1, 1, Decimal("0.07"), 100, Decimal("0.0015"), 0]
+    assert exact_value({"a": [0.1, 2.0, True, "x"]}) == {"a": [Decimal("0.1"), 2, True, "x"]}
+    assert isinstance(exact_value(2.0), int) and exact_value(True) is True
+    assert exact_json("1e99999") == float("inf")        # past Decimal's reach, as json.loads reads it
+    validator = schema_validator({"type": "number", "multipleOf": 0.5})
+    assert not validator.is_valid(float("inf")) and validator.is_valid(exact_json("1e300"))
+    assert not validator.is_valid(exact_json("1e-300"))
