@@ -37,7 +37,7 @@ from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 from .json_schema_string_logic import string_formula
-from .json_validation import EXACT_KEYWORDS
+from .json_validation import reading_class
 
 MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 129
@@ -461,9 +461,7 @@ class SchemaCompiler:
             cls = _reading_derived(validator_for(self.root, default=jsonschema.Draft202012Validator) if isinstance(
                 self.root, dict) else jsonschema.Draft202012Validator)
             self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
-        # without `$schema`: jsonschema would take its own class for a part that names one, and lose this one's
-        # keywords (the ECMA patterns among them)
-        return self._validator.evolve(schema={"allOf": [_without_dialect(p.schema) for p in parts]})
+        return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
 
 
 def _brought_by(sources: dict[Hashable, Hashable], source: Hashable, key: Hashable) -> bool:
@@ -542,11 +540,6 @@ class _ContentIds:
         return known[0]
 
 
-def _without_dialect(schema: Any) -> Any:
-    return {k: v for k, v in schema.items() if k != "$schema"} if isinstance(schema, dict) and "$schema" in schema \
-        else schema
-
-
 @functools.cache
 def _reading_derived(cls: Any) -> Any:
     """The jsonschema validator class `cls` that also reads what derived schemas write, whatever its draft (one
@@ -554,9 +547,9 @@ def _reading_derived(cls: Any) -> Any:
     import jsonschema
 
     latest = jsonschema.Draft202012Validator.VALIDATORS
-    return jsonschema.validators.extend(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
-                                              **{k: _numeric_bound(latest[k]) for k in EXCLUSIVE_BOUNDS},
-                                              SOME_KEY: _holds_keys, ONE_KEY_OF: _holds_one_key, **EXACT_KEYWORDS})
+    return reading_class(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
+                               **{k: _numeric_bound(latest[k]) for k in EXCLUSIVE_BOUNDS},
+                               SOME_KEY: _holds_keys, ONE_KEY_OF: _holds_one_key})
 
 
 def _numeric_bound(check: Callable) -> Callable:

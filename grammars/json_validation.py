@@ -5,7 +5,7 @@ JSON Schema compares numbers as the decimals a text writes, and its patterns are
 pattern automata admit would fail a plain check: 0.07 is no multiple of 0.01 in floats (0.07 / 0.01 is
 7.000000000000001), `^\\s$` matches U+FEFF in ECMA-262 only.  The readers here take numbers exactly (a float as the
 decimal it prints as, which is the text a schema wrote for any number of up to 15 significant digits) and patterns
-as the automata do, so the check and the compiler agree.
+as the automata do, and read a whole document in its root's dialect, as the compiler does.
 """
 
 from __future__ import annotations
@@ -13,32 +13,43 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from decimal import Decimal, InvalidOperation
-from fractions import Fraction
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from .errors import UnsupportedSchemaError
 from .json_strings import ecma_search
 
-# past these decimal exponents a number is read as json.loads reads it (a float, possibly infinite): Decimal's
-# arithmetic would slow to a crawl on them, and no bound of a schema reaches so far
-_EXACT_EXPONENTS = 4000
+
+class ExactNumber(Decimal):
+    """A JSON number that is not written as an integer, exactly; it prints as its text does (jsonschema's
+    messages show their numbers by repr, which would read "Decimal('2.25')")."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def exact_number(text: str) -> int | Decimal | float:
-    """A JSON number's text as the value it writes: integral values as int (what jsonschema takes for an
-    integer), others as Decimal."""
+    """A JSON number's text as the value it writes: an int where written as one, else an ExactNumber (so that
+    draft-04's integers, which `1.0` is not, stay apart); a float, as json.loads reads it, past Decimal's exponents."""
+    if "." not in text and "e" not in text and "E" not in text:
+        return int(text)
     try:
-        value = Decimal(text)
-    except InvalidOperation:      # an exponent beyond even Decimal's range
+        return ExactNumber(text)
+    except InvalidOperation:
         return float(text)
-    if value and not -_EXACT_EXPONENTS < value.adjusted() < _EXACT_EXPONENTS:
-        return float(text)
-    return int(value) if value == value.to_integral_value() else value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def exact_json(text: str | bytes) -> Any:
-    """`json.loads` with exact numbers (`exact_number`); raises ValueError as json.loads does."""
-    return json.loads(text, parse_float=exact_number, parse_int=exact_number)
+    """`json.loads` with exact numbers (`exact_number`), refusing NaN and Infinity (which are not JSON); raises
+    ValueError as json.loads does."""
+    return json.loads(text, parse_float=exact_number, parse_int=exact_number, parse_constant=_no_constant)
 
 
 def exact_value(value: Any) -> Any:
@@ -53,65 +64,113 @@ def exact_value(value: Any) -> Any:
     return value
 
 
+def is_multiple(x: int | Decimal, step: int | Decimal) -> bool:
+    """Whether `x` is a whole multiple of `step` > 0, exactly, in time bounded by their digits: their exponents
+    (1e300000 is a whole number) enter through modular powers, never as ten to the power written out."""
+    if not x:
+        return True
+    _, digits_x, exp_x = Decimal(x).as_tuple()
+    _, digits_k, exp_k = Decimal(step).as_tuple()
+    mx, mk = int(Decimal((0, digits_x, 0))), int(Decimal((0, digits_k, 0)))
+    shift = exp_x - exp_k
+    if shift >= 0:
+        return mx * pow(10, shift, mk) % mk == 0
+    # mx * 10^shift over mk: mk * 10^-shift divides mx, which is below 10^len(digits_x)
+    return -shift <= len(digits_x) and mx % (mk * 10 ** -shift) == 0
+
+
 def multiple_of(validator: Any, step: Any, instance: Any, schema: dict) -> Iterator[Any]:
-    """multipleOf over exact numbers, a float read as the decimal it prints as (jsonschema divides floats, and its
-    Decimal remainder overflows the default precision on long numbers); an infinite number is no multiple."""
+    """multipleOf (and draft-03's divisibleBy) over exact numbers, a float read as the decimal it prints as
+    (jsonschema divides floats, and its Decimal remainder overflows the default precision on long numbers); an
+    infinite number is no multiple."""
     from jsonschema import ValidationError
 
     if not validator.is_type(instance, "number") or not validator.is_type(step, "number"):
         return
     x, k = exact_value(instance), exact_value(step)
-    if isinstance(x, float) or isinstance(k, float) or not k or Fraction(x) % Fraction(k):
-        yield ValidationError(f"{instance!r} is not a multiple of {step}")
+    if isinstance(x, float) or isinstance(k, float) or k <= 0 or not is_multiple(x, k):
+        yield ValidationError(f"{instance!r} is not a multiple of {step!r}")
 
 
-def ecma_pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> Iterator[Any]:
+# Patterns are read as the automata read them (`ecma_search`): with Python's `re` a value could pass a check the
+# grammar then fails, or the reverse (`^[^]]$`, ECMA's any character then `]`)
+def _pattern_keywords(found: Callable[[str, str], bool]) -> dict[str, Callable]:
+    """`pattern`, `patternProperties` and `additionalProperties` for jsonschema, finding patterns with `found`."""
     from jsonschema import ValidationError
 
-    if isinstance(instance, str) and not ecma_search(pattern, instance):
-        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+    def pattern(validator: Any, regex: str, instance: Any, schema: dict) -> Iterator[Any]:
+        if isinstance(instance, str) and not found(regex, instance):
+            yield ValidationError(f"{instance!r} does not match {regex!r}")
+
+    def pattern_properties(validator: Any, patterns: dict, instance: Any, schema: dict) -> Iterator[Any]:
+        if isinstance(instance, dict):
+            for regex, subschema in patterns.items():
+                for key, value in instance.items():
+                    if found(regex, key):
+                        yield from validator.descend(value, subschema, path=key, schema_path=regex)
+
+    def additional_properties(validator: Any, additional: Any, instance: Any, schema: dict) -> Iterator[Any]:
+        if not isinstance(instance, dict):
+            return
+        declared, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+        extras = [key for key in instance if key not in declared and not any(found(p, key) for p in patterns)]
+        if additional is False and extras:
+            yield ValidationError(f"additional properties {extras} are not allowed")
+        elif additional is not False:
+            for key in extras:
+                yield from validator.descend(instance[key], additional, path=key)
+
+    return {"pattern": pattern, "patternProperties": pattern_properties, "additionalProperties": additional_properties}
 
 
-def ecma_pattern_properties(validator: Any, patterns: dict, instance: Any, schema: dict) -> Iterator[Any]:
-    if isinstance(instance, dict):
-        for pattern, subschema in patterns.items():
-            for key, value in instance.items():
-                if ecma_search(pattern, key):
-                    yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+def _found_or_read_by_python(pattern: str, text: str) -> bool:
+    """`ecma_search`, or Python's `re` for a pattern the compiler cannot read (an inline flag): such values were
+    written by no leapgen grammar, since the compiler refuses the schema."""
+    try:
+        return ecma_search(pattern, text)
+    except UnsupportedSchemaError:
+        return re.search(pattern, text) is not None
 
 
-def ecma_additional_properties(validator: Any, additional: Any, instance: Any, schema: dict) -> Iterator[Any]:
-    from jsonschema import ValidationError
+def reading_class(cls: Any, keywords: dict[str, Callable] | None = None,
+                  found: Callable[[str, str], bool] = ecma_search) -> Any:
+    """jsonschema validator class `cls` reading numbers exactly and patterns as ECMA-262 (`found`), with `keywords`
+    added: a subschema holding a `$schema` of its own is read in the class's dialect still (jsonschema would take
+    the stock class of that dialect there, and lose these keywords), and from draft-06 on a number written `1.0` is
+    an integer, as an integral float is."""
+    import jsonschema
 
-    if not isinstance(instance, dict):
-        return
-    declared, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
-    extras = [key for key in instance if key not in declared and not any(ecma_search(p, key) for p in patterns)]
-    if additional is False and extras:
-        yield ValidationError(f"additional properties {extras} are not allowed")
-    elif additional is not False:
-        for key in extras:
-            yield from validator.descend(instance[key], additional, path=key)
+    checker = base = cls.TYPE_CHECKER
+    if base.is_type(1.0, "integer"):
+        checker = base.redefine("integer", lambda types, value: base.is_type(value, "integer") or (
+            isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value()))
+    exact = {"multipleOf": multiple_of, "divisibleBy": multiple_of, **_pattern_keywords(found)}
+    known = {name: check for name, check in exact.items() if name in cls.VALIDATORS}   # (divisibleBy: draft-03's)
+    extended = jsonschema.validators.extend(cls, {**known, **(keywords or {})}, type_checker=checker)
+    evolve = extended.evolve
 
+    def in_dialect(self: Any, **changes: Any) -> Any:
+        schema = changes.get("schema")
+        if isinstance(schema, dict) and "$schema" in schema:
+            changes["schema"] = {key: value for key, value in schema.items() if key != "$schema"}
+        return evolve(self, **changes)
 
-# the keywords jsonschema's validator classes are extended with, for exact numbers and ECMA patterns
-EXACT_KEYWORDS = {"multipleOf": multiple_of, "pattern": ecma_pattern, "patternProperties": ecma_pattern_properties,
-                  "additionalProperties": ecma_additional_properties}
+    extended.evolve = in_dialect
+    return extended
 
 
 @functools.cache
 def _reading(cls: Any) -> Any:
-    import jsonschema
-
-    return jsonschema.validators.extend(cls, EXACT_KEYWORDS)
+    return reading_class(cls, found=_found_or_read_by_python)
 
 
-def schema_validator(schema: Any) -> Any:
-    """A jsonschema validator for `schema` (a dict or a boolean, its dialect by `$schema`, Draft 2020-12 without
-    one) that reads numbers exactly and patterns as ECMA-262 regexes and checks formats; give it values from
-    `exact_json`, or plain ones through `exact_value`."""
+def schema_validator(schema: Any, check_formats: bool = False) -> Any:
+    """A jsonschema validator for `schema` (a dict or a boolean; its dialect by its root's `$schema`, Draft 2020-12
+    without one) reading numbers exactly and patterns as ECMA-262 regexes; formats are checked when asked
+    (JSON Schema's default leaves them annotations).  Give it values from `exact_json`, or plain ones through
+    `exact_value`."""
     import jsonschema
 
     cls = _reading(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
                    if isinstance(schema, dict) else jsonschema.Draft202012Validator)
-    return cls(exact_value(schema), format_checker=cls.FORMAT_CHECKER)
+    return cls(exact_value(schema), format_checker=cls.FORMAT_CHECKER if check_formats else None)

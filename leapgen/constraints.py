@@ -171,9 +171,10 @@ def _with_pydantic_formats(schema: Any) -> Any:
 
 
 def is_valid(spec: Constraint, text: str) -> bool:
-    """Whether `text` satisfies `spec` by the spec's own standard, independently of leapgen's compiler:
-    jsonschema for a JSON schema (reading numbers exactly and patterns as ECMA-262 regexes, as JSON Schema has them:
-    0.07 is a multiple of 0.01), `re.fullmatch` for a regex, a lark parse for a grammar."""
+    """Whether `text` satisfies `spec` by the spec's own standard, apart from the automata that generate it:
+    jsonschema for a JSON schema (formats checked; numbers read exactly and patterns as ECMA-262 regexes, as JSON
+    Schema has them and the compiler reads them: 0.07 is a multiple of 0.01), `re.fullmatch` for a regex, a lark
+    parse for a grammar."""
     return _validator(spec.key())(text)
 
 
@@ -202,14 +203,13 @@ def _validator(key: tuple) -> Callable[[str], bool]:
     if kind == "json":
         from leapgen.grammars.json_validation import exact_json, schema_validator
 
-        validator = schema_validator(json.loads(source))
+        validator = schema_validator(json.loads(source), check_formats=True)
 
         def validates(text: str) -> bool:
             try:
-                value = exact_json(text)
-            except (ValueError, RecursionError):
+                return validator.is_valid(exact_json(text))
+            except (ValueError, RecursionError):   # not JSON, or nested past Python's stack to read or check
                 return False
-            return validator.is_valid(value)
         return validates
     raise TypeError(f"is_valid takes leapgen.JsonSchema, Regex or Grammar, not a spec of kind {kind!r}")
 

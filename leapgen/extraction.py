@@ -300,8 +300,9 @@ def output_line(record_id: Any, output: RequestOutput, validator: Any, speculati
                 prompt_tokens: int | None = None) -> dict[str, Any]:
     """One record's output line: its data when the text parses and validates, else the reason it failed; an
     output cut at max_tokens is an error too, with the data it was closed to (a pipeline keeps the rows whose status
-    is ok, and `--retry-errors` runs the others again).  `prompt_tokens`: the prompt's length where `output` holds
-    no prompt (a request refused before it ran)."""
+    is ok, and `--retry-errors` runs the others again).  `validator`: `json_validation.schema_validator`'s for the
+    job's schema (it is given exact numbers); `prompt_tokens`: the prompt's length where `output` holds no prompt (a
+    request refused before it ran)."""
     data, error = _checked_data(output, validator)
     metrics = output.metrics
     if prompt_tokens is None:
@@ -322,9 +323,11 @@ def _checked_data(output: RequestOutput, validator: Any) -> tuple[Any, str | Non
         return None, re.sub(r"^prompts\[\d+\]: ", "", output.error)
     try:        # closing under the token budget makes a "length" output complete JSON too
         data = json.loads(output.text)
+        problem = jsonschema.exceptions.best_match(validator.iter_errors(exact_json(output.text)))
     except ValueError as exc:
         return None, f"not valid JSON: {exc}"
-    problem = jsonschema.exceptions.best_match(validator.iter_errors(exact_json(output.text)))
+    except RecursionError:
+        return None, "nested too deeply to check against the schema"
     if problem is not None:
         return None, f"does not match the schema at /{'/'.join(map(str, problem.absolute_path))}: {problem.message}"
     if output.finish_reason == "length":    # valid, but its last values may be the shortest ones that close it

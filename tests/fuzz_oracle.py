@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any, Iterator
 
 import jsonschema
@@ -20,7 +22,6 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 from fuzz_schemas import EMAIL, resolve
-from leapgen.grammars.json_validation import exact_number as number_value, multiple_of
 
 # Text layouts each whitespace option must accept ("indent" is json.dumps(indent=2): one line break and
 # at most 20 spaces per level, so only for shallow values).
@@ -63,10 +64,21 @@ def _ecma_additional_properties(validator, additional: Any, instance: Any,
         yield from validator.descend(instance[name], additional, path=name)
 
 
+
+def _exact_multiple_of(validator, factor: Any, instance: Any, schema: dict) -> Iterator[jsonschema.ValidationError]:
+    """multipleOf in exact arithmetic: jsonschema's `%` needs more than the default 28 decimal digits for
+    long numbers (DivisionImpossible) and cannot mix a float (inf, past 1e4000) with a Decimal."""
+    if not validator.is_type(instance, "number"):
+        return
+    finite = not isinstance(instance, float) or math.isfinite(instance)
+    if not finite or Fraction(instance) % Fraction(factor):
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {factor}")
+
+
 STANDARD_FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 STRICT_FORMATS = jsonschema.FormatChecker()
 STRICT_FORMATS.checks("email")(lambda s: not isinstance(s, str) or EMAIL.fullmatch(s) is not None)
-StandardValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"multipleOf": multiple_of})
+StandardValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"multipleOf": _exact_multiple_of})
 EcmaValidator = jsonschema.validators.extend(StandardValidator, {
     "pattern": _ecma_pattern, "patternProperties": _ecma_pattern_properties,
     "additionalProperties": _ecma_additional_properties})
@@ -74,6 +86,18 @@ EcmaValidator = jsonschema.validators.extend(StandardValidator, {
 
 class DuplicateKey(ValueError):
     pass
+
+
+def number_value(text: str) -> int | Decimal | float:
+    """A JSON number exactly: integral values as int (jsonschema's integers), others as Decimal; past
+    1e4000 or below 1e-4000 (only where the schema sets no bound) a float, as json.loads reads it."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation:          # an exponent beyond even Decimal's range
+        return float(text)
+    if not -4000 < value.adjusted() < 4000 and value:
+        return float(text)
+    return int(value) if value == value.to_integral_value() else value
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict:

@@ -26,6 +26,7 @@ from leapgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutp
 from leapgen.extraction import (LimitError, check_limits, extract, extraction_prompt, output_line, prepare,
                                 template_fields, write_lines)
 from leapgen.extraction_io import InputError, OutputError, OutputWriter, read_records
+from leapgen.grammars.json_validation import schema_validator
 from tokenizers_util import byte_level_bpe
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
@@ -258,7 +259,7 @@ def fake_output(text: str, finish_reason: str = "stop", error: str | None = None
 
 
 def test_output_line_status_and_reasons():
-    validator = jsonschema.Draft202012Validator(SCHEMA)
+    validator = schema_validator(SCHEMA)
     ok = output_line("a", fake_output('{"name":"Al","age":3}'), validator, speculating=False)
     assert set(ok) == LINE_KEYS and ok["status"] == "ok" and ok["data"] == {"name": "Al", "age": 3}
     assert ok["usage"] == {"prompt_tokens": 3, "completion_tokens": 21, "forced_tokens": 2, "forward_passes": 4}
@@ -349,7 +350,7 @@ def test_an_output_resumes_only_with_the_input_and_schema_that_wrote_it(tmp_path
     other_schema = {**SCHEMA, "required": ["name"]}
     out = tmp_path / "out.jsonl"
     plan = prepare(data, SCHEMA, out)
-    validator = jsonschema.Draft202012Validator(SCHEMA)
+    validator = schema_validator(SCHEMA)
     write_lines([output_line("a", fake_output('{"name":"Al","age":3}'), validator, speculating=False)], plan)
     assert json.loads((tmp_path / "out.jsonl.run.json").read_text())["schema"] == SCHEMA
     assert [r.id for r in prepare(data, SCHEMA, out, max_tokens=64, retry_errors=True).pending] == ["b", "c"]

@@ -15,7 +15,7 @@ import pytest
 from leapgen.constraints import JsonSchema, is_valid
 from leapgen.extraction import output_line
 from leapgen.grammars import compile_json_schema
-from leapgen.grammars.json_validation import exact_json, exact_value, schema_validator
+from leapgen.grammars.json_validation import ExactNumber, exact_json, exact_value, is_multiple, schema_validator
 from test_extract import fake_output
 from tokenizers_util import accepts, byte_level_bpe
 
@@ -66,14 +66,64 @@ def test_an_extracted_price_is_ok():
     ok = output_line("a", fake_output('{"price": 0.07}'), schema_validator(schema), speculating=False)
     assert ok["status"] == "ok" and ok["data"] == {"price": 0.07} and isinstance(ok["data"]["price"], float)
     bad = output_line("a", fake_output('{"price": 0.071}'), schema_validator(schema), speculating=False)
-    assert bad["status"] == "error" and "/price" in bad["error"] and "multiple of 0.01" in bad["error"]
+    assert bad["status"] == "error" and bad["error"] == \
+        "does not match the schema at /price: 0.071 is not a multiple of 0.01"      # (no "Decimal('0.071')")
+
+
+DRAFT_04, DRAFT_03 = "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-03/schema#"
+S2020 = "https://json-schema.org/draft/2020-12/schema"
+
+
+def test_a_document_is_read_in_its_roots_dialect_throughout():
+    # a subschema naming a dialect of its own got jsonschema's stock class: floats again, Python's `re`, and a
+    # Decimal remainder past its precision that raised out of the extraction run
+    nested = {"type": "object", "properties": {"p": {"$schema": S2020, "type": "number", "multipleOf": 0.01},
+                                               "d": {"$schema": S2020, "type": "string", "pattern": "^\\d$"}}}
+    validator = schema_validator(nested)
+    assert validator.is_valid(exact_json('{"p": 12345678901234567890123456789.07}'))
+    assert not validator.is_valid(exact_json('{"d": "\u0663"}'))
+    grammar = compile_json_schema({"enum": [0.07, 0.5], "allOf": [{"$schema": S2020, "multipleOf": 0.01}]}, TOKENIZER)
+    assert accepts(grammar, TOKENIZER, "0.07")
+    divisible = {"$schema": DRAFT_03, "properties": {"p": {"type": "number", "divisibleBy": 0.01}}}
+    line = output_line("a", fake_output('{"p": 12345678901234567890123456789.01}'), schema_validator(divisible),
+                       speculating=False)
+    assert line["status"] == "ok"
+
+
+def test_draft_04_integers_are_written_as_integers():
+    schema = {"$schema": DRAFT_04, "type": "integer"}
+    grammar = compile_json_schema(schema, TOKENIZER)
+    for text, valid in (("3", True), ("3.0", False), ("3e0", False)):
+        assert is_valid(JsonSchema(schema), text) is valid and accepts(grammar, TOKENIZER, text) is valid, text
+    assert is_valid(JsonSchema({"type": "integer"}), "3e0") and is_valid(JsonSchema({"type": "integer"}), "3.00")
+
+
+def test_formats_are_checked_by_is_valid_only():
+    # JSON Schema leaves formats annotations; the compiler writes the ones it knows, and reads the others (an
+    # idn-email) as any string: extraction's status does not hold them to jsonschema's checks
+    schema = {"type": "string", "format": "idn-email"}
+    assert output_line("a", fake_output('"n/a"'), schema_validator(schema), speculating=False)["status"] == "ok"
+    assert not is_valid(JsonSchema(schema), '"n/a"')
+
+
+def test_what_cannot_be_read_fails_its_record_alone():
+    deep = "[" * 5000 + "]" * 5000
+    line = output_line("a", fake_output(deep), schema_validator({}), speculating=False)
+    assert line["status"] == "error" and "nested too deeply" in line["error"]
+    assert not is_valid(JsonSchema({}), deep)
+    nan = output_line("a", fake_output('{"x": NaN}'), schema_validator({}), speculating=False)
+    assert nan["status"] == "error" and nan["error"] == "not valid JSON: NaN is not JSON"
+    # a pattern only Python's `re` reads (the compiler refuses it): read by `re`, not an exception
+    assert is_valid(JsonSchema({"pattern": "(?i)^a$"}), '"A"')
 
 
 def test_numbers_are_read_exactly():
     assert exact_json('[1, 1.0, 0.07, 1e2, 1.5e-3, -0]') == [1, 1, Decimal("0.07"), 100, Decimal("0.0015"), 0]
+    assert [type(v) for v in exact_json("[1, 1.0]")] == [int, ExactNumber] and repr(exact_json("2.50")) == "2.50"
     assert exact_value({"a": [0.1, 2.0, True, "x"]}) == {"a": [Decimal("0.1"), 2, True, "x"]}
-    assert isinstance(exact_value(2.0), int) and exact_value(True) is True
-    assert exact_json("1e99999") == float("inf")        # past Decimal's reach, as json.loads reads it
+    assert exact_value(True) is True and exact_json("1e999999999999999999999") == float("inf")
     validator = schema_validator({"type": "number", "multipleOf": 0.5})
-    assert not validator.is_valid(float("inf")) and validator.is_valid(exact_json("1e300"))
-    assert not validator.is_valid(exact_json("1e-300"))
+    assert not validator.is_valid(float("inf")) and validator.is_valid(exact_json("1e300000"))
+    assert not validator.is_valid(exact_json("1e-300000")) and validator.is_valid(exact_json("25e-1"))
+    assert is_multiple(Decimal("1e300000"), Decimal("0.05")) and not is_multiple(Decimal("1e300000"), Decimal("0.07"))
+    assert is_multiple(Decimal("21e-300000"), Decimal("7e-300000")) and not is_multiple(Decimal("3e-300000"), 7)
