@@ -29,9 +29,8 @@ from .ir import Choice, Expr, Grammar, Lit, Ref, Seq, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
 from .json_schema_combinators import (NEGATED_CONJUNCT, conditional, dependent_schemas, distribute, negate,
                                       negates_types_only, rewritten_negation)
-from .json_schema_context import (DERIVED_KEYWORDS, EXCLUSIVE_BOUNDS, ONE_KEY_OF, SOME_KEY, TYPES, UNSUPPORTED,
-                                  VALIDATION, Branches, JsonSchemaOptions, NotMatching, Part, expect, narrow_types,
-                                  witness_admits)
+from .json_schema_context import (DERIVED_KEYWORDS, ONE_KEY_OF, SOME_KEY, TYPES, UNSUPPORTED, VALIDATION, Branches,
+                                  JsonSchemaOptions, NotMatching, Part, expect, narrow_types, witness_admits)
 from .json_schema_ir import NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
@@ -547,18 +546,8 @@ def _reading_derived(cls: Any) -> Any:
     import jsonschema
 
     latest = jsonschema.Draft202012Validator.VALIDATORS
-    return reading_class(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS},
-                               **{k: _numeric_bound(latest[k]) for k in EXCLUSIVE_BOUNDS},
-                               SOME_KEY: _holds_keys, ONE_KEY_OF: _holds_one_key})
-
-
-def _numeric_bound(check: Callable) -> Callable:
-    """A later draft's exclusiveMinimum/Maximum, which only a number is: draft-04's flag (a boolean) belongs to
-    its minimum/maximum, which read it there."""
-    def keyword(validator: Any, bound: Any, instance: Any, schema: dict) -> Iterator[Any]:
-        if not isinstance(bound, bool):
-            yield from check(validator, bound, instance, schema)
-    return keyword
+    return reading_class(cls, {**{k: latest[k] for k in DERIVED_KEYWORDS}, SOME_KEY: _holds_keys,
+                               ONE_KEY_OF: _holds_one_key})
 
 
 def _holds_keys(validator: Any, witnesses: list[dict], instance: Any, schema: dict) -> Iterator[Any]:

@@ -43,7 +43,6 @@ ONE_KEY_OF = "\x00one key of"
 # Keywords the compiler writes in the schemas it derives, whatever the document's draft: a jsonschema validator
 # of an older draft reads them too (the document's own are gone, see `SchemaCompiler`).
 DERIVED_KEYWORDS = ("const", "contains", "prefixItems")
-EXCLUSIVE_BOUNDS = ("exclusiveMinimum", "exclusiveMaximum")   # numbers in derived schemas, flags in draft-04's
 
 
 # A length cap is a counter in a byte DFA (about 14 states per character of a string): longer caps would

@@ -132,12 +132,51 @@ def _found_or_read_by_python(pattern: str, text: str) -> bool:
         return re.search(pattern, text) is not None
 
 
+def _spellings(cls: Any) -> dict[str, Callable]:
+    """Keywords for what the compiler reads in a document of any dialect where `cls`'s draft reads otherwise:
+    `items` as an array of schemas with `additionalItems` after them and `dependencies` (draft-07's spellings), and
+    `exclusiveMinimum`/`exclusiveMaximum` as draft-04's flags beside `minimum`/`maximum` (OpenAPI 3.0's) or as
+    bounds of their own (which the compiler's derived schemas write in a draft-04 document too)."""
+    import jsonschema
+
+    mine, draft7, draft4 = cls.VALIDATORS, jsonschema.Draft7Validator.VALIDATORS, jsonschema.Draft4Validator.VALIDATORS
+    out: dict[str, Callable] = {}
+    if "additionalItems" not in mine:
+        def items(validator: Any, value: Any, instance: Any, schema: dict) -> Iterator[Any]:
+            return (draft7 if isinstance(value, list) else mine)["items"](validator, value, instance, schema)
+        out.update(items=items, additionalItems=draft7["additionalItems"])
+    if "dependencies" not in mine:
+        out["dependencies"] = draft7["dependencies"]
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if mine[bound] is not draft4[bound]:
+            out[bound] = _flagged(mine[bound], draft4[bound], flag)
+        out[flag] = _numeric_only(draft7[flag])     # a number's bound in any draft (draft-04's flag: its bound's)
+    return out
+
+
+def _flagged(check: Callable, flag_reading: Callable, flag: str) -> Callable:
+    """`minimum`/`maximum` read by `flag_reading` (draft-04's) where the schema's `flag` is a boolean, else `check`."""
+    def keyword(validator: Any, bound: Any, instance: Any, schema: dict) -> Iterator[Any]:
+        return (flag_reading if isinstance(schema.get(flag), bool) else check)(validator, bound, instance, schema)
+    return keyword
+
+
+def _numeric_only(check: Callable) -> Callable:
+    """A later draft's exclusiveMinimum/Maximum, which only a number is: a boolean is draft-04's flag, which its
+    minimum/maximum read."""
+    def keyword(validator: Any, bound: Any, instance: Any, schema: dict) -> Iterator[Any]:
+        if not isinstance(bound, bool):
+            yield from check(validator, bound, instance, schema)
+    return keyword
+
+
 def reading_class(cls: Any, keywords: dict[str, Callable] | None = None,
                   found: Callable[[str, str], bool] = ecma_search) -> Any:
-    """jsonschema validator class `cls` reading numbers exactly and patterns as ECMA-262 (`found`), with `keywords`
-    added: a subschema holding a `$schema` of its own is read in the class's dialect still (jsonschema would take
-    the stock class of that dialect there, and lose these keywords), and from draft-06 on a number written `1.0` is
-    an integer, as an integral float is."""
+    """jsonschema validator class `cls` reading numbers exactly, patterns as ECMA-262 (`found`) and the older
+    spellings the compiler takes in any document (`_spellings`), with `keywords` added: a subschema holding a
+    `$schema` of its own is read in the class's dialect still (jsonschema would take the stock class of that dialect
+    there, and lose these keywords), and from draft-06 on a number written `1.0` is an integer, as an integral float
+    is."""
     import jsonschema
 
     checker = base = cls.TYPE_CHECKER
@@ -146,7 +185,8 @@ def reading_class(cls: Any, keywords: dict[str, Callable] | None = None,
             isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value()))
     exact = {"multipleOf": multiple_of, "divisibleBy": multiple_of, **_pattern_keywords(found)}
     known = {name: check for name, check in exact.items() if name in cls.VALIDATORS}   # (divisibleBy: draft-03's)
-    extended = jsonschema.validators.extend(cls, {**known, **(keywords or {})}, type_checker=checker)
+    extended = jsonschema.validators.extend(cls, {**_spellings(cls), **known, **(keywords or {})},
+                                            type_checker=checker)
     evolve = extended.evolve
 
     def in_dialect(self: Any, **changes: Any) -> Any:

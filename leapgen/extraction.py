@@ -153,7 +153,8 @@ def prepare(input: str | Path, schema: dict | type | str | Path, output: str | P
     for record in records:
         missing = sorted(name for name in needed if record.fields.get(name) is None)
         if missing:
-            raise ValueError(f"{record.where}: no {missing[0]!r} field (the template uses it)")
+            # (absent, null, or a CSV cell left empty, which the reader drops)
+            raise ValueError(f"{record.where}: no value for {missing[0]!r} (the template uses it)")
         if all(isinstance(record.fields[name], str) and not record.fields[name].strip() for name in needed):
             # the model would make a record up from the instructions alone, and its line would read ok
             fields = " and ".join(map(repr, sorted(needed)))

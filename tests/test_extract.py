@@ -164,10 +164,16 @@ def test_folder_input_errors(tmp_path):
 def test_a_missing_template_field_fails_before_any_work(tmp_path):
     data = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "text": "x"}, {"id": 2, "body": "y"}])
     out = tmp_path / "out.jsonl"
-    with pytest.raises(ValueError, match=r"in.jsonl:2: no 'text' field"):
+    with pytest.raises(ValueError, match=r"in.jsonl:2: no value for 'text' \(the template uses it\)"):
         prepare(data, SCHEMA, out)
-    with pytest.raises(ValueError, match=r"in.jsonl:1: no 'body' field"):
+    with pytest.raises(ValueError, match=r"in.jsonl:1: no value for 'body'"):
         prepare(data, SCHEMA, out, template="Read {body}")
+    nulls = write_jsonl(tmp_path / "nulls.jsonl", [{"id": 1, "text": None}])
+    with pytest.raises(ValueError, match=r"nulls.jsonl:1: no value for 'text'"):
+        prepare(nulls, SCHEMA, out)
+    (tmp_path / "cells.csv").write_text("id,text\n1,x\n2,\n")       # an empty cell
+    with pytest.raises(ValueError, match=r"cells.csv:3: no value for 'text'"):
+        prepare(tmp_path / "cells.csv", SCHEMA, out)
     blank = write_jsonl(tmp_path / "blank.jsonl", [{"id": 1, "text": "x"}, {"id": 2, "text": " \n"}])
     with pytest.raises(ValueError, match=r"blank.jsonl:2: the 'text' field is empty: nothing to extract from"):
         prepare(blank, SCHEMA, out)

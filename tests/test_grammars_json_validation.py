@@ -37,6 +37,15 @@ CASES = [   # schema, text, valid (JSON Schema's reading); * where jsonschema ov
     ({"type": "string", "pattern": "^\\s$"}, '"\ufeff"', True),      # * (ECMA's \s holds the BOM)
     ({"type": "string", "pattern": "^\\d$"}, '"\u0663"', False),     # * (ECMA's \d is ASCII digits)
     ({"type": "string", "pattern": "^a$"}, json.dumps("a\n"), False),          # * ($ is the very end)
+    # the older spellings the compiler reads in any document (they raised or read `true` as 1 in a 2020-12 check)
+    ({"type": "array", "items": [{"type": "integer"}], "additionalItems": False}, "[1]", True),
+    ({"type": "array", "items": [{"type": "integer"}], "additionalItems": False}, "[1, 2]", False),
+    ({"type": "number", "minimum": 0, "exclusiveMinimum": True}, "0.5", True),
+    ({"type": "number", "minimum": 0, "exclusiveMinimum": True}, "0", False),
+    ({"type": "number", "maximum": 100, "exclusiveMaximum": True}, "100.0", False),
+    ({"type": "number", "exclusiveMaximum": False}, "0.5", True),
+    ({"type": "object", "dependencies": {"a": ["b"]}}, '{"a": 1}', False),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "exclusiveMinimum": 3}, "3", False),
 ]
 
 
@@ -88,6 +97,10 @@ def test_a_document_is_read_in_its_roots_dialect_throughout():
     line = output_line("a", fake_output('{"p": 12345678901234567890123456789.01}'), schema_validator(divisible),
                        speculating=False)
     assert line["status"] == "ok"
+    pair = {"type": "object", "properties": {"at": {"type": "array", "items": [{"type": "number"}] * 2,
+                                                     "additionalItems": False}}}
+    line = output_line("a", fake_output('{"at": [48.85, 2.35]}'), schema_validator(pair), speculating=False)
+    assert line["status"] == "ok"               # (draft-07's `items` array in a 2020-12 check raised out of the run)
 
 
 def test_draft_04_integers_are_written_as_integers():
