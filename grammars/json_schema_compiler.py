@@ -36,7 +36,7 @@ from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 from .json_schema_string_logic import string_formula
-from .json_validation import reading_class
+from .json_validation import dialect_class, reading_class
 
 MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 129
@@ -453,12 +453,8 @@ class SchemaCompiler:
 
     def validator(self, parts: list[Part]) -> Any:
         """A jsonschema validator for the conjunction of `parts` (refs resolve in this document)."""
-        import jsonschema
-        from jsonschema.validators import validator_for
-
         if self._validator is None:
-            cls = _reading_derived(validator_for(self.root, default=jsonschema.Draft202012Validator) if isinstance(
-                self.root, dict) else jsonschema.Draft202012Validator)
+            cls = _reading_derived(dialect_class(self.root))
             self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
         return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
 

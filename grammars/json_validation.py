@@ -144,18 +144,28 @@ def _spellings(cls: Any) -> dict[str, Callable]:
     if "additionalItems" not in mine:
         def items(validator: Any, value: Any, instance: Any, schema: dict) -> Iterator[Any]:
             return (draft7 if isinstance(value, list) else mine)["items"](validator, value, instance, schema)
-        out.update(items=items, additionalItems=draft7["additionalItems"])
+        out["items"] = items
+    out["additionalItems"] = _after_item_list(draft7["additionalItems"])
     if "dependencies" not in mine:
         out["dependencies"] = draft7["dependencies"]
     for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-        if mine[bound] is not draft4[bound]:
-            out[bound] = _flagged(mine[bound], draft4[bound], flag)
+        out[bound] = _flagged(draft7[bound], draft4[bound], flag)
         out[flag] = _numeric_only(draft7[flag])     # a number's bound in any draft (draft-04's flag: its bound's)
     return out
 
 
+def _after_item_list(check: Callable) -> Callable:
+    """`additionalItems`, which constrains only beside an array of `items` (jsonschema's took a boolean `items`
+    for an array, and raised on its length)."""
+    def keyword(validator: Any, additional: Any, instance: Any, schema: dict) -> Iterator[Any]:
+        if isinstance(schema.get("items"), list):
+            yield from check(validator, additional, instance, schema)
+    return keyword
+
+
 def _flagged(check: Callable, flag_reading: Callable, flag: str) -> Callable:
-    """`minimum`/`maximum` read by `flag_reading` (draft-04's) where the schema's `flag` is a boolean, else `check`."""
+    """`minimum`/`maximum` read by `flag_reading` (draft-04's) where the schema's `flag` is a boolean, else by `check`
+    (a later draft's, which leaves a numeric `flag` its own bound: draft-04's took any number there for `true`)."""
     def keyword(validator: Any, bound: Any, instance: Any, schema: dict) -> Iterator[Any]:
         return (flag_reading if isinstance(schema.get(flag), bool) else check)(validator, bound, instance, schema)
     return keyword
@@ -199,18 +209,31 @@ def reading_class(cls: Any, keywords: dict[str, Callable] | None = None,
     return extended
 
 
+def dialect_class(schema: Any) -> Any:
+    """The jsonschema validator class for a document's dialect as the compiler tells it: drafts 3 to 7 by the
+    `draft-0N` in its `$schema` (http or https, with or without the `#`, which jsonschema's lookup tells apart and
+    reads as 2020-12), anything else Draft 2020-12 (2019-09 among them: the compiler reads its documents so)."""
+    import jsonschema
+
+    dialect = schema.get("$schema") if isinstance(schema, dict) else None
+    if isinstance(dialect, str):
+        for draft, cls in (("draft-03", jsonschema.Draft3Validator), ("draft-04", jsonschema.Draft4Validator),
+                           ("draft-05", jsonschema.Draft4Validator), ("draft-06", jsonschema.Draft6Validator),
+                           ("draft-07", jsonschema.Draft7Validator)):
+            if draft in dialect:
+                return cls
+    return jsonschema.Draft202012Validator
+
+
 @functools.cache
 def _reading(cls: Any) -> Any:
     return reading_class(cls, found=_found_or_read_by_python)
 
 
 def schema_validator(schema: Any, check_formats: bool = False) -> Any:
-    """A jsonschema validator for `schema` (a dict or a boolean; its dialect by its root's `$schema`, Draft 2020-12
-    without one) reading numbers exactly and patterns as ECMA-262 regexes; formats are checked when asked
+    """A jsonschema validator for `schema` (a dict or a boolean; its dialect by its root's `$schema`, as
+    `dialect_class` tells it) reading numbers exactly and patterns as ECMA-262 regexes; formats are checked when asked
     (JSON Schema's default leaves them annotations).  Give it values from `exact_json`, or plain ones through
     `exact_value`."""
-    import jsonschema
-
-    cls = _reading(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-                   if isinstance(schema, dict) else jsonschema.Draft202012Validator)
+    cls = _reading(dialect_class(schema))
     return cls(exact_value(schema), format_checker=cls.FORMAT_CHECKER if check_formats else None)

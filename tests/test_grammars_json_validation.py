@@ -46,6 +46,14 @@ CASES = [   # schema, text, valid (JSON Schema's reading); * where jsonschema ov
     ({"type": "number", "exclusiveMaximum": False}, "0.5", True),
     ({"type": "object", "dependencies": {"a": ["b"]}}, '{"a": 1}', False),
     ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "exclusiveMinimum": 3}, "3", False),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 5, "exclusiveMinimum": 3},
+     "5", True),                                                 # (draft-04's minimum took the number 3 for `true`)
+    ({"type": "array", "items": True, "additionalItems": False}, "[1]", True),   # (raised on len(True))
+    ({"enum": [0, 1, 2], "minimum": 0, "exclusiveMinimum": True}, "0", False),
+    # the dialect as the compiler tells it (jsonschema's lookup read an https draft-07 URI as 2020-12)
+    ({"$schema": "https://json-schema.org/draft-07/schema#", "properties": {"a": {"$ref": "#/definitions/s",
+      "maxLength": 2}}, "definitions": {"s": {"type": "string"}}}, '{"a": "abc"}', True),
+    ({"$schema": "https://json-schema.org/draft-04/schema", "type": "integer"}, "1.0", False),
 ]
 
 
