@@ -36,7 +36,7 @@ from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 from .json_schema_string_logic import string_formula
-from .json_validation import dialect_class, reading_class
+from .json_validation import dialect_class, in_root_dialect, reading_class
 
 MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 129
@@ -455,7 +455,7 @@ class SchemaCompiler:
         """A jsonschema validator for the conjunction of `parts` (refs resolve in this document)."""
         if self._validator is None:
             cls = _reading_derived(dialect_class(self.root))
-            self._validator = cls(self.root, format_checker=cls.FORMAT_CHECKER)
+            self._validator = cls(in_root_dialect(self.root), format_checker=cls.FORMAT_CHECKER)
         return self._validator.evolve(schema={"allOf": [p.schema for p in parts]})
 
 

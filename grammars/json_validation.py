@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Iterator
 
 from .errors import UnsupportedSchemaError
+from .json_schema_refs import without_keywords
 from .json_strings import ecma_search
 
 
@@ -225,6 +226,16 @@ def dialect_class(schema: Any) -> Any:
     return jsonschema.Draft202012Validator
 
 
+def in_root_dialect(schema: Any) -> Any:
+    """`schema` with the `$schema` of every subschema below the root removed, as the compiler reads a document: in
+    its root's dialect throughout (jsonschema's resolver would read such a subschema's `$id`s and anchors in its own
+    dialect, where draft-04 spells `id`, and leave the `$ref`s to them unresolvable)."""
+    if not isinstance(schema, dict):
+        return schema
+    inner = without_keywords(schema, frozenset({"$schema"}))
+    return {"$schema": schema["$schema"], **inner} if "$schema" in schema else inner
+
+
 @functools.cache
 def _reading(cls: Any) -> Any:
     return reading_class(cls, found=_found_or_read_by_python)
@@ -236,4 +247,4 @@ def schema_validator(schema: Any, check_formats: bool = False) -> Any:
     (JSON Schema's default leaves them annotations).  Give it values from `exact_json`, or plain ones through
     `exact_value`."""
     cls = _reading(dialect_class(schema))
-    return cls(exact_value(schema), format_checker=cls.FORMAT_CHECKER if check_formats else None)
+    return cls(in_root_dialect(exact_value(schema)), format_checker=cls.FORMAT_CHECKER if check_formats else None)

@@ -54,6 +54,11 @@ CASES = [   # schema, text, valid (JSON Schema's reading); * where jsonschema ov
     ({"$schema": "https://json-schema.org/draft-07/schema#", "properties": {"a": {"$ref": "#/definitions/s",
       "maxLength": 2}}, "definitions": {"s": {"type": "string"}}}, '{"a": "abc"}', True),
     ({"$schema": "https://json-schema.org/draft-04/schema", "type": "integer"}, "1.0", False),
+    # a subschema's own `$schema` read in the root's dialect, ids included (its `$id` was draft-04's `id` to
+    # jsonschema's resolver, and the `$ref` to it unresolvable); a property named `$schema` is no keyword
+    ({"properties": {"t": {"$ref": "t.json"}}, "$defs": {"T": {"$schema": "http://json-schema.org/draft-04/schema#",
+      "$id": "t.json", "type": "integer"}}}, '{"t": "a"}', False),
+    ({"properties": {"$schema": {"type": "string"}}, "additionalProperties": False}, '{"$schema": "x"}', True),
 ]
 
 
