@@ -21,7 +21,7 @@ import functools
 import json
 import re
 import sys
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Hashable, Iterator
 
 from .automaton import rule_refs
 from .errors import SchemaError, UnsupportedSchemaError
