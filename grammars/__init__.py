@@ -6,7 +6,8 @@ import weakref
 from typing import Any
 
 from . import ir
-from .errors import GrammarError, LarkGrammarError, RegexError, SchemaError, UnsupportedSchemaError
+from .errors import (GrammarError, LarkGrammarError, RegexError, SchemaError, UnsatisfiableSchemaError,
+                     UnsupportedSchemaError)
 from .json_schema import compile_json_schema
 from .lark_grammar import lark_to_ir
 from .matcher import CompiledGrammar, Matcher
@@ -52,6 +53,6 @@ def compile_grammar(grammar: ir.Grammar, tokenizer: Any) -> CompiledGrammar:
 
 __all__ = [
     "CompiledGrammar", "GrammarError", "LarkGrammarError", "Matcher", "RegexError", "SchemaError",
-    "UnsupportedSchemaError", "Vocabulary", "compile_grammar", "compile_json_schema", "compile_lark",
+    "UnsatisfiableSchemaError", "UnsupportedSchemaError", "Vocabulary", "compile_grammar", "compile_json_schema", "compile_lark",
     "compile_regex", "ir", "vocabulary_for", "warm_up",
 ]

@@ -43,6 +43,10 @@ class UnsupportedSchemaError(SchemaError):
     """A valid schema keyword that leapgen cannot enforce exactly; never silently ignored."""
 
 
+class UnsatisfiableSchemaError(SchemaError):
+    """A well-formed JSON schema that no JSON value satisfies."""
+
+
 class LarkGrammarError(GrammarError):
     """An invalid or unsupported lark grammar; `line` is 1-based when known."""
 

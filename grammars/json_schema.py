@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from .collector import collector_paused
-from .errors import EmptyLanguageError, SchemaError, UnsupportedSchemaError
+from .errors import EmptyLanguageError, SchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
 from .ir import Grammar
 from .json_schema_arrays import MAX_ITEM_CAP_NODES
 from .json_schema_compiler import MAX_DOCUMENT_DEPTH, MAX_SUBSCHEMA_DEPTH, MAX_SUBSCHEMAS, SchemaCompiler
@@ -45,7 +45,7 @@ def _compiled(schema: Any, tokenizer: Any, options: dict[str, Any]) -> CompiledG
         # The IR already refuses what it can see is empty, with its pointer; this is emptiness only the
         # automata show: regexes of one value that do not intersect, objects whose required members (or
         # minProperties) need such a value, or recursion that never ends.
-        raise SchemaError("schema is unsatisfiable: the constraints of some value admit no text (keywords of one "
+        raise UnsatisfiableSchemaError("schema is unsatisfiable: the constraints of some value admit no text (keywords of one "
                           "string or number that exclude each other, an object needing a member whose value admits "
                           "none, or $ref recursion with no way out)", "") from None
 

@@ -24,7 +24,7 @@ import sys
 from typing import Any, Hashable, Iterator
 
 from .automaton import rule_refs
-from .errors import SchemaError, UnsupportedSchemaError
+from .errors import SchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError
 from .ir import Choice, Expr, Grammar, Lit, Ref, Seq, Terminal
 from .json_schema_arrays import build_array, item_cap, sequence
 from .json_schema_combinators import (NEGATED_CONJUNCT, conditional, dependent_schemas, distribute, negate,
@@ -36,7 +36,7 @@ from .json_schema_objects import build_object
 from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 from .json_schema_string_logic import string_formula
-from .json_validation import dialect_class, in_root_dialect, reading_class
+from .json_validation import dialect_class, draft_of, in_root_dialect, reading_class
 
 MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 129
@@ -72,12 +72,11 @@ _SUBSCHEMAS = {**dict.fromkeys(("items", "prefixItems", "additionalItems", "addi
 _ANY_VALUE: dict[JsonSchemaOptions, tuple[Expr, dict[str, Expr]]] = {}
 _ANY_VALUE_KEPT = 16
 # Validation keywords later drafts added, and the older drafts that do not define them.
-_LATER_KEYWORDS = (
-    ((3, 4, 5), frozenset({"const", "contains", "propertyNames"})),
-    ((3, 4, 5, 6), frozenset({"if", "then", "else"})),
-    ((3, 4, 5, 6, 7), frozenset({"dependentRequired", "dependentSchemas", "prefixItems", "minContains",
-                                 "maxContains", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
-                                 "$recursiveRef"})),
+_LATER_KEYWORDS = (     # (the last draft without them, the keywords)
+    (4, frozenset({"const", "contains", "propertyNames"})),
+    (6, frozenset({"if", "then", "else"})),
+    (7, frozenset({"dependentRequired", "dependentSchemas", "prefixItems", "minContains", "maxContains",
+                   "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"})),
 )
 
 
@@ -134,15 +133,14 @@ class SchemaCompiler:
         start = self.compile([Part(self.root, "", self.refs.root_base, frozenset({self.refs.id_keyword}))])
         if start == NEVER:
             reason, pointer = self.why_never[0] if self.why_never else ("no JSON value satisfies it", "")
-            raise SchemaError(f"schema is unsatisfiable: {reason}", pointer)
+            raise UnsatisfiableSchemaError(f"schema is unsatisfiable: {reason}", pointer)
         self.rules["start"] = start
         return Grammar(rules=self.rules, start="start")
 
     def _check_metaschema(self) -> None:
         import jsonschema
-        from jsonschema.validators import validator_for
 
-        cls = validator_for(self.root, default=jsonschema.Draft202012Validator)
+        cls = dialect_class(self.root)
         error = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(self.root))
         if error is not None:
             pointer = json_pointer(error.absolute_path)
@@ -574,15 +572,13 @@ def _holds(validator: Any, witness: dict, instance: dict) -> bool:
 
 @functools.lru_cache(maxsize=64)    # (asked by every compile, of a handful of dialects)
 def _dialect(dialect: str) -> tuple[bool, bool, frozenset[str]]:
-    """What a `$schema` URI says: a draft-07 or older document (its `$ref` replaces the keywords beside it), a
-    draft-04 or -03 one, and the keywords later drafts added, which it does not define."""
-    legacy = any(f"draft-0{n}" in dialect for n in (3, 4, 5, 6, 7))
-    draft4 = "draft-04" in dialect or "draft-03" in dialect
+    """What a `$schema` URI says (`draft_of`): a draft-07 or older document (its `$ref` replaces the keywords beside
+    it), a draft-04 or -03 one, and the keywords later drafts added, which it does not define."""
+    draft = draft_of(dialect)
     # JSON Schema ignores keywords its dialect does not define (a draft-04 document's `if` is an annotation): they
     # leave the document once, so that no reader of it, `not` and the oneOf proofs included, sees them.
-    undefined = frozenset().union(*(later for drafts, later in _LATER_KEYWORDS
-                                    if any(f"draft-0{n}" in dialect for n in drafts)))
-    return legacy, draft4, undefined
+    undefined = frozenset().union(*(later for last, later in _LATER_KEYWORDS if draft <= last))
+    return draft <= 7, draft <= 4, undefined
 
 
 def _check_document_depth(document: Any) -> None:

@@ -210,20 +210,24 @@ def reading_class(cls: Any, keywords: dict[str, Callable] | None = None,
     return extended
 
 
+def draft_of(dialect: Any) -> int:
+    """The draft a `$schema` value names, as leapgen reads documents: 3, 4, 6 or 7 by the `draft-0N` in it (http or
+    https, with or without the `#`, which jsonschema's exact-URI lookup tells apart and reads as 2020-12; draft-05,
+    which changed no keyword, is draft-04), else 2020 (2019-09 among them: read as 2020-12)."""
+    if isinstance(dialect, str):
+        for name, draft in (("draft-03", 3), ("draft-04", 4), ("draft-05", 4), ("draft-06", 6), ("draft-07", 7)):
+            if name in dialect:
+                return draft
+    return 2020
+
+
 def dialect_class(schema: Any) -> Any:
-    """The jsonschema validator class for a document's dialect as the compiler tells it: drafts 3 to 7 by the
-    `draft-0N` in its `$schema` (http or https, with or without the `#`, which jsonschema's lookup tells apart and
-    reads as 2020-12), anything else Draft 2020-12 (2019-09 among them: the compiler reads its documents so)."""
+    """The jsonschema validator class for a document's dialect, the draft its root's `$schema` names (`draft_of`)."""
     import jsonschema
 
-    dialect = schema.get("$schema") if isinstance(schema, dict) else None
-    if isinstance(dialect, str):
-        for draft, cls in (("draft-03", jsonschema.Draft3Validator), ("draft-04", jsonschema.Draft4Validator),
-                           ("draft-05", jsonschema.Draft4Validator), ("draft-06", jsonschema.Draft6Validator),
-                           ("draft-07", jsonschema.Draft7Validator)):
-            if draft in dialect:
-                return cls
-    return jsonschema.Draft202012Validator
+    draft = draft_of(schema.get("$schema") if isinstance(schema, dict) else None)
+    return {3: jsonschema.Draft3Validator, 4: jsonschema.Draft4Validator, 6: jsonschema.Draft6Validator,
+            7: jsonschema.Draft7Validator}.get(draft, jsonschema.Draft202012Validator)
 
 
 def in_root_dialect(schema: Any) -> Any:

@@ -174,7 +174,8 @@ def is_valid(spec: Constraint, text: str) -> bool:
     """Whether `text` satisfies `spec` by the spec's own standard, apart from the automata that generate it:
     jsonschema for a JSON schema (formats checked; numbers read exactly and patterns as ECMA-262 regexes, as JSON
     Schema has them and the compiler reads them: 0.07 is a multiple of 0.01), `re.fullmatch` for a regex, a lark
-    parse for a grammar."""
+    parse for a grammar.  A malformed schema raises the SchemaError compiling it would (what and where), where
+    jsonschema would raise its own or read it as something else (`properties: 3` as no constraint)."""
     return _validator(spec.key())(text)
 
 
@@ -203,7 +204,9 @@ def _validator(key: tuple) -> Callable[[str], bool]:
     if kind == "json":
         from leapgen.grammars.json_validation import exact_json, schema_validator
 
-        validator = schema_validator(json.loads(source), check_formats=True)
+        schema = json.loads(source)
+        _refuse_malformed(schema)
+        validator = schema_validator(schema, check_formats=True)
 
         def validates(text: str) -> bool:
             try:
@@ -212,6 +215,18 @@ def _validator(key: tuple) -> Callable[[str], bool]:
                 return False
         return validates
     raise TypeError(f"is_valid takes leapgen.JsonSchema, Regex or Grammar, not a spec of kind {kind!r}")
+
+
+def _refuse_malformed(schema: Any) -> None:
+    """Raise the SchemaError the compiler's reading of `schema` meets, unless it only says that the schema cannot
+    be enforced exactly or that nothing satisfies it (which the check still answers)."""
+    from leapgen.grammars import UnsatisfiableSchemaError, UnsupportedSchemaError
+    from leapgen.grammars.json_schema import json_schema_to_grammar
+
+    try:
+        json_schema_to_grammar(schema)
+    except (UnsupportedSchemaError, UnsatisfiableSchemaError):
+        pass
 
 
 _RESPONSE_FORMAT_TYPES = ("json_schema", "json_object", "text")

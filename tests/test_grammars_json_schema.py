@@ -11,7 +11,7 @@ from decimal import Decimal
 import jsonschema
 import pytest
 
-from leapgen.grammars import SchemaError, UnsupportedSchemaError, compile_json_schema
+from leapgen.grammars import SchemaError, UnsatisfiableSchemaError, UnsupportedSchemaError, compile_json_schema
 from leapgen.grammars import (automaton, json_schema_combinators, json_schema_compiler, json_schema_objects,
                                json_schema_scalars, regex)
 from leapgen.grammars.automaton import _Compiler, compile_automaton
@@ -1045,6 +1045,15 @@ def test_keywords_the_declared_draft_does_not_define_are_annotations(dialect, ig
     assert ir_accepts(grammar, json.dumps({"k": 1})) is ignored
 
 
+def test_check_schema_takes_the_metaschema_of_the_draft_the_document_names():
+    # an https draft-07 URI: jsonschema's exact-URI lookup took it for 2020-12, whose `items` is no array
+    tuple_items = {"type": "array", "items": [{"type": "string"}]}
+    json_schema_to_grammar({"$schema": "https://json-schema.org/draft-07/schema#", **tuple_items}, check_schema=True)
+    with pytest.raises(SchemaError, match=r"metaschema: .* is not of type 'object', 'boolean' \(at /items\)"):
+        json_schema_to_grammar({"$schema": "https://json-schema.org/draft/2020-12/schema", **tuple_items},
+                               check_schema=True)
+
+
 def test_a_keyword_the_draft_does_not_define_is_ignored_under_not_and_oneof_too():
     draft4 = "http://json-schema.org/draft-04/schema#"
     # draft-04 has no `const`: `not: {const: 1}` is `not: {}`, which nothing satisfies
@@ -1852,7 +1861,7 @@ def test_compact_layout_has_no_whitespace():
 # ---- errors ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("schema, error, pointer", [
-    ({"type": "string", "minLength": 5, "maxLength": 2}, SchemaError, ""),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, UnsatisfiableSchemaError, ""),
     ({"properties": {"a": {"type": "wat"}}}, SchemaError, "/properties/a/type"),
     ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, SchemaError, "/properties/a/$ref"),
     ({"items": {"contains": {"format": "email"}, "maxContains": 1}}, UnsupportedSchemaError, "/items/contains"),
@@ -1862,7 +1871,7 @@ def test_compact_layout_has_no_whitespace():
     ({"$ref": "http://example.com/other.json"}, UnsupportedSchemaError, "/$ref"),
     ({"oneOf": [{"type": "integer"}, {"format": "email"}]}, UnsupportedSchemaError, "/oneOf"),
     ({"properties": {"p": {"type": "string", "pattern": "(?=a)b"}}}, UnsupportedSchemaError, "/properties/p/pattern"),
-    ({"type": "integer", "exclusiveMinimum": 1, "maximum": 1.5}, SchemaError, ""),
+    ({"type": "integer", "exclusiveMinimum": 1, "maximum": 1.5}, UnsatisfiableSchemaError, ""),
     ({"required": "a"}, SchemaError, "/required"),
     ({"properties": {"d": {"type": "string", "format": 5}}}, SchemaError, "/properties/d/format"),
 ])

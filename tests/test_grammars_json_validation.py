@@ -14,7 +14,7 @@ import pytest
 
 from leapgen.constraints import JsonSchema, is_valid
 from leapgen.extraction import output_line
-from leapgen.grammars import compile_json_schema
+from leapgen.grammars import SchemaError, compile_json_schema
 from leapgen.grammars.json_validation import ExactNumber, exact_json, exact_value, is_multiple, schema_validator
 from test_extract import fake_output
 from tokenizers_util import accepts, byte_level_bpe
@@ -54,6 +54,10 @@ CASES = [   # schema, text, valid (JSON Schema's reading); * where jsonschema ov
     ({"$schema": "https://json-schema.org/draft-07/schema#", "properties": {"a": {"$ref": "#/definitions/s",
       "maxLength": 2}}, "definitions": {"s": {"type": "string"}}}, '{"a": "abc"}', True),
     ({"$schema": "https://json-schema.org/draft-04/schema", "type": "integer"}, "1.0", False),
+    # draft-05 changed no keyword: read as draft-04 by both (the compiler read its integers and ids as draft-06's)
+    ({"$schema": "http://json-schema.org/draft-05/schema#", "type": "integer"}, "1.0", False),
+    ({"$schema": "http://json-schema.org/draft-05/schema#", "properties": {"t": {"$ref": "t.json"}},
+      "definitions": {"T": {"id": "t.json", "type": "integer"}}}, '{"t": "a"}', False),
     # a subschema's own `$schema` read in the root's dialect, ids included (its `$id` was draft-04's `id` to
     # jsonschema's resolver, and the `$ref` to it unresolvable); a property named `$schema` is no keyword
     ({"properties": {"t": {"$ref": "t.json"}}, "$defs": {"T": {"$schema": "http://json-schema.org/draft-04/schema#",
@@ -141,6 +145,18 @@ def test_what_cannot_be_read_fails_its_record_alone():
     assert nan["status"] == "error" and nan["error"] == "not valid JSON: NaN is not JSON"
     # a pattern only Python's `re` reads (the compiler refuses it): read by `re`, not an exception
     assert is_valid(JsonSchema({"pattern": "(?i)^a$"}), '"A"')
+
+
+def test_a_malformed_schema_is_refused_by_is_valid_with_what_and_where():
+    # jsonschema raised its own multi-line UnknownType, and read `properties: 3` and `minimum: "a"` as no constraint
+    for schema, message in (({"type": "strin"}, r"unknown type 'strin' \(at /type\)"),
+                            ({"properties": 3}, r"properties must be an object \(at /properties\)"),
+                            ({"items": {"minimum": "a"}}, r"expected a number \(at /items/minimum\)")):
+        with pytest.raises(SchemaError, match=message):
+            is_valid(JsonSchema(schema), "1")
+    # what the compiler cannot enforce, or what no value satisfies, is well-formed: the check answers
+    assert is_valid(JsonSchema({"type": "array", "items": {"type": "object"}, "uniqueItems": True}), "[{}, {}]") is False
+    assert is_valid(JsonSchema({"type": "string", "minLength": 3, "maxLength": 2}), '"ab"') is False
 
 
 def test_numbers_are_read_exactly():
