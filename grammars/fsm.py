@@ -587,6 +587,8 @@ def _subset_construction(eps_ptr, eps_dst, edge_ptr, edge_lo, edge_hi, edge_dst,
     points = np.empty(64, np.int32)
     targets = np.empty(64, np.int32)
     deltas = np.empty(64, np.int32)
+    order = np.empty(64, np.int64)
+    bucket = np.empty(width + 2, np.int64)
     sets = (np.empty(max(nodes, 64), np.int32), np.zeros(65, np.int64), np.empty(64, np.uint64),
             np.zeros(64, np.bool_), np.full(128, -1, np.int32), 0)
     size = _closure(np.full(1, start, np.int32), 1, eps_ptr, eps_dst, mark, 1, closed)
@@ -604,7 +606,17 @@ def _subset_construction(eps_ptr, eps_dst, edge_ptr, edge_lo, edge_hi, edge_dst,
                 points[n_events], targets[n_events], deltas[n_events] = edge_lo[k], edge_dst[k], 1
                 points[n_events + 1], targets[n_events + 1], deltas[n_events + 1] = edge_hi[k] + 1, edge_dst[k], -1
                 n_events += 2
-        order = np.argsort(points[:n_events])
+        # events in order of their points, counted into buckets: the points are symbols, and a comparison sort
+        # of a set's few hundred events took a fifth of the construction
+        order = _grown(order, n_events)
+        bucket[:] = 0
+        for k in range(n_events):
+            bucket[points[k] + 1] += 1
+        for p in range(1, width + 2):
+            bucket[p] += bucket[p - 1]
+        for k in range(n_events):
+            order[bucket[points[k]]] = k
+            bucket[points[k]] += 1
         e = 0
         while e < n_events:
             lo = points[order[e]]
