@@ -53,6 +53,6 @@ def compile_grammar(grammar: ir.Grammar, tokenizer: Any) -> CompiledGrammar:
 
 __all__ = [
     "CompiledGrammar", "GrammarError", "LarkGrammarError", "Matcher", "RegexError", "SchemaError",
-    "UnsatisfiableSchemaError", "UnsupportedSchemaError", "Vocabulary", "compile_grammar", "compile_json_schema", "compile_lark",
-    "compile_regex", "ir", "vocabulary_for", "warm_up",
+    "UnsatisfiableSchemaError", "UnsupportedSchemaError", "Vocabulary", "compile_grammar", "compile_json_schema",
+    "compile_lark", "compile_regex", "ir", "vocabulary_for", "warm_up",
 ]

@@ -45,9 +45,10 @@ def _compiled(schema: Any, tokenizer: Any, options: dict[str, Any]) -> CompiledG
         # The IR already refuses what it can see is empty, with its pointer; this is emptiness only the
         # automata show: regexes of one value that do not intersect, objects whose required members (or
         # minProperties) need such a value, or recursion that never ends.
-        raise UnsatisfiableSchemaError("schema is unsatisfiable: the constraints of some value admit no text (keywords of one "
-                          "string or number that exclude each other, an object needing a member whose value admits "
-                          "none, or $ref recursion with no way out)", "") from None
+        raise UnsatisfiableSchemaError(
+            "schema is unsatisfiable: the constraints of some value admit no text (keywords of one string or number "
+            "that exclude each other, an object needing a member whose value admits none, or $ref recursion with no "
+            "way out)", "") from None
 
 
 def json_schema_to_grammar(schema: Any, **options: Any) -> Grammar:

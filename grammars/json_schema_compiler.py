@@ -140,7 +140,9 @@ class SchemaCompiler:
     def _check_metaschema(self) -> None:
         import jsonschema
 
-        cls = dialect_class(self.root)
+        # (the metaschema of the draft named: 2019-09's, whose documents are otherwise read as 2020-12's)
+        named = draft_of(self.root.get("$schema") if isinstance(self.root, dict) else None)
+        cls = jsonschema.Draft201909Validator if named == 2019 else dialect_class(self.root)
         error = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(self.root))
         if error is not None:
             pointer = json_pointer(error.absolute_path)

@@ -7,7 +7,7 @@ the network, and a schema that needs one cannot be enforced as given.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import unquote, urldefrag, urljoin
 
 from .errors import SchemaError, UnsupportedSchemaError
@@ -80,18 +80,24 @@ def _children(schema: dict, path: Path):
 def without_keywords(schema: Any, keywords: frozenset[str]) -> Any:
     """A copy of a schema document with `keywords` removed from every (sub)schema: the document as a dialect
     that does not define them reads it (property names and enum values are left alone)."""
+    return rewritten(schema, lambda sub: {k: v for k, v in sub.items() if k not in keywords})
+
+
+def rewritten(schema: Any, change: Callable[[dict], dict]) -> Any:
+    """A copy of a schema document with `change` (a new dict from an old one) made to every (sub)schema, the
+    subschemas of its result changed in turn; property names and enum values are left alone."""
     if not isinstance(schema, dict):
         return schema
-    out = {k: v for k, v in schema.items() if k not in keywords}
+    out = change(schema)
     for key in _SUBSCHEMA_KEYS.intersection(out):   # the few a schema has, not all the keywords asked of each
         value = out[key]
         if isinstance(value, dict):
             if key in _MAPS:
-                out[key] = {name: without_keywords(sub, keywords) for name, sub in value.items()}
+                out[key] = {name: rewritten(sub, change) for name, sub in value.items()}
             elif key in _SINGLE:
-                out[key] = without_keywords(value, keywords)
+                out[key] = rewritten(value, change)
         elif isinstance(value, list) and key in _LISTS:
-            out[key] = [without_keywords(sub, keywords) for sub in value]
+            out[key] = [rewritten(sub, change) for sub in value]
     return out
 
 

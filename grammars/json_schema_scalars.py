@@ -6,6 +6,7 @@ regex intersection.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable
@@ -38,8 +39,16 @@ def enumerated(ctx: SchemaContext, parts: list[Part]) -> Expr:
         allowed = fractions_allowed(ctx, parts, values)
     except UnsupportedSchemaError as exc:  # a pattern written in Python's syntax, not ECMA's
         raise UnsupportedSchemaError(exc.reason, exc.pointer or parts[0].pointer) from None
-    except Exception as exc:  # unresolvable refs, bad regexes: the schema itself is at fault
-        raise SchemaError(f"cannot check enum values against the schema: {exc}", parts[0].pointer) from None
+    except Exception as exc:
+        from referencing.exceptions import NoSuchAnchor, PointerToNowhere, Unresolvable
+
+        # what the compiler refuses as unsupported elsewhere (a $ref to another document, a pattern neither regex
+        # reader parses) is so here too; the rest (a $ref to nowhere in this one) is the schema's fault
+        cause = exc.__cause__ or exc    # (jsonschema raises referencing's error wrapped)
+        unsupported = isinstance(exc, re.error) or (
+            isinstance(cause, Unresolvable) and not isinstance(cause, (PointerToNowhere, NoSuchAnchor)))
+        error = UnsupportedSchemaError if unsupported else SchemaError
+        raise error(f"cannot check enum values against the schema: {exc}", parts[0].pointer) from None
     if not values:
         return ctx.never("no enum/const value satisfies the schema", parts[0].pointer)
     by_tail: dict[str, list[Expr]] = {}         # numbers with the same fraction regex share one terminal

@@ -18,7 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Iterator
 
 from .errors import UnsupportedSchemaError
-from .json_schema_refs import without_keywords
+from .json_schema_refs import rewritten
 from .json_strings import ecma_search
 
 
@@ -213,9 +213,11 @@ def reading_class(cls: Any, keywords: dict[str, Callable] | None = None,
 def draft_of(dialect: Any) -> int:
     """The draft a `$schema` value names, as leapgen reads documents: 3, 4, 6 or 7 by the `draft-0N` in it (http or
     https, with or without the `#`, which jsonschema's exact-URI lookup tells apart and reads as 2020-12; draft-05,
-    which changed no keyword, is draft-04), else 2020 (2019-09 among them: read as 2020-12)."""
+    which changed no keyword, is draft-04), 2019 for 2019-09 (its documents read as 2020-12's: only its metaschema
+    differs), else 2020."""
     if isinstance(dialect, str):
-        for name, draft in (("draft-03", 3), ("draft-04", 4), ("draft-05", 4), ("draft-06", 6), ("draft-07", 7)):
+        for name, draft in (("draft-03", 3), ("draft-04", 4), ("draft-05", 4), ("draft-06", 6), ("draft-07", 7),
+                            ("2019-09", 2019)):
             if name in dialect:
                 return draft
     return 2020
@@ -231,12 +233,27 @@ def dialect_class(schema: Any) -> Any:
 
 
 def in_root_dialect(schema: Any) -> Any:
-    """`schema` with the `$schema` of every subschema below the root removed, as the compiler reads a document: in
-    its root's dialect throughout (jsonschema's resolver would read such a subschema's `$id`s and anchors in its own
-    dialect, where draft-04 spells `id`, and leave the `$ref`s to them unresolvable)."""
+    """`schema` as the compiler reads a document, in its root's dialect throughout: the `$schema` of every subschema
+    below the root removed (jsonschema's resolver would read such a subschema's `$id`s and anchors in its own
+    dialect, where draft-04 spells `id`, and leave the `$ref`s to them unresolvable); in a draft-07 or older
+    document, the 2019-09 keywords the compiler reads in any document spelled as those drafts have them for the
+    resolver: an `$anchor` as a plain-name id (where the subschema has no id of its own), and `$defs` as
+    `definitions` too (where there are none), whose ids and anchors the resolver looks for there only."""
     if not isinstance(schema, dict):
         return schema
-    inner = without_keywords(schema, frozenset({"$schema"}))
+    draft = draft_of(schema.get("$schema"))
+    ident = "id" if draft <= 4 else "$id"
+
+    def read(sub: dict) -> dict:
+        out = {key: value for key, value in sub.items() if key != "$schema"}
+        anchor = out.get("$anchor")
+        if draft <= 7 and isinstance(anchor, str) and ident not in out:
+            out[ident] = "#" + anchor
+        if draft <= 7 and "$defs" in out and "definitions" not in out:
+            out["definitions"] = out["$defs"]
+        return out
+
+    inner = rewritten(schema, read)
     return {"$schema": schema["$schema"], **inner} if "$schema" in schema else inner
 
 

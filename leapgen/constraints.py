@@ -205,7 +205,7 @@ def _validator(key: tuple) -> Callable[[str], bool]:
         from leapgen.grammars.json_validation import exact_json, schema_validator
 
         schema = json.loads(source)
-        _refuse_malformed(schema)
+        _refuse_malformed(schema, json.loads(key[2]))
         validator = schema_validator(schema, check_formats=True)
 
         def validates(text: str) -> bool:
@@ -217,14 +217,18 @@ def _validator(key: tuple) -> Callable[[str], bool]:
     raise TypeError(f"is_valid takes leapgen.JsonSchema, Regex or Grammar, not a spec of kind {kind!r}")
 
 
-def _refuse_malformed(schema: Any) -> None:
-    """Raise the SchemaError the compiler's reading of `schema` meets, unless it only says that the schema cannot
-    be enforced exactly or that nothing satisfies it (which the check still answers)."""
+def _refuse_malformed(schema: Any, options: dict[str, Any]) -> None:
+    """Raise the SchemaError the compiler's reading of `schema` under `options` meets, unless it only says that the
+    schema cannot be enforced exactly or that nothing satisfies it (which the check still answers).  A draft-03
+    document is left to the check: the compiler does not read that draft's own keywords (`type: "any"`)."""
     from leapgen.grammars import UnsatisfiableSchemaError, UnsupportedSchemaError
     from leapgen.grammars.json_schema import json_schema_to_grammar
+    from leapgen.grammars.json_validation import draft_of
 
+    if isinstance(schema, dict) and draft_of(schema.get("$schema")) == 3:
+        return
     try:
-        json_schema_to_grammar(schema)
+        json_schema_to_grammar(schema, **options)
     except (UnsupportedSchemaError, UnsatisfiableSchemaError):
         pass
 

@@ -1052,6 +1052,9 @@ def test_check_schema_takes_the_metaschema_of_the_draft_the_document_names():
     with pytest.raises(SchemaError, match=r"metaschema: .* is not of type 'object', 'boolean' \(at /items\)"):
         json_schema_to_grammar({"$schema": "https://json-schema.org/draft/2020-12/schema", **tuple_items},
                                check_schema=True)
+    # 2019-09's own metaschema (its documents are read as 2020-12's otherwise)
+    json_schema_to_grammar({"$schema": "https://json-schema.org/draft/2019-09/schema", "additionalItems": False,
+                            "$recursiveAnchor": True, **tuple_items}, check_schema=True)
 
 
 def test_a_keyword_the_draft_does_not_define_is_ignored_under_not_and_oneof_too():
@@ -1874,6 +1877,10 @@ def test_compact_layout_has_no_whitespace():
     ({"type": "integer", "exclusiveMinimum": 1, "maximum": 1.5}, UnsatisfiableSchemaError, ""),
     ({"required": "a"}, SchemaError, "/required"),
     ({"properties": {"d": {"type": "string", "format": 5}}}, SchemaError, "/properties/d/format"),
+    # an enum's values checked against the other keywords: a $ref to nowhere is malformed, to elsewhere unsupported
+    ({"enum": [{"x": 1}], "properties": {"x": {"$ref": "#/$defs/none"}}}, SchemaError, ""),
+    ({"enum": [{"x": 1}], "properties": {"x": {"$ref": "https://example.com/x.json"}}}, UnsupportedSchemaError, ""),
+    ({"enum": ["a"], "pattern": "^\\p{L}$"}, UnsupportedSchemaError, ""),
 ])
 def test_bad_schemas_raise_with_pointer(schema, error, pointer):
     with pytest.raises(error) as info:

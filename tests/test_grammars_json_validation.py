@@ -63,6 +63,14 @@ CASES = [   # schema, text, valid (JSON Schema's reading); * where jsonschema ov
     ({"properties": {"t": {"$ref": "t.json"}}, "$defs": {"T": {"$schema": "http://json-schema.org/draft-04/schema#",
       "$id": "t.json", "type": "integer"}}}, '{"t": "a"}', False),
     ({"properties": {"$schema": {"type": "string"}}, "additionalProperties": False}, '{"$schema": "x"}', True),
+    # 2019-09's `$anchor` and `$defs` in a draft-07 or draft-04 document, as the compiler reads them (the check's
+    # resolver knew neither: NoSuchAnchor, or a `$ref` to an `$id` under `$defs` unresolvable, out of is_valid)
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "$defs": {"a": {"$anchor": "x", "type": "string"}},
+      "properties": {"p": {"$ref": "#x"}}}, '{"p": 1}', False),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "$defs": {"b": {"$id": "b.json", "type": "integer"}},
+      "properties": {"q": {"$ref": "b.json"}}}, '{"q": "a"}', False),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "definitions": {"a": {"$anchor": "x", "type": "string"}},
+      "properties": {"p": {"$ref": "#x"}}}, '{"p": "s"}', True),
 ]
 
 
@@ -155,7 +163,18 @@ def test_a_malformed_schema_is_refused_by_is_valid_with_what_and_where():
         with pytest.raises(SchemaError, match=message):
             is_valid(JsonSchema(schema), "1")
     # what the compiler cannot enforce, or what no value satisfies, is well-formed: the check answers
-    assert is_valid(JsonSchema({"type": "array", "items": {"type": "object"}, "uniqueItems": True}), "[{}, {}]") is False
+    unique_objects = {"type": "array", "items": {"type": "object"}, "uniqueItems": True}
+    assert is_valid(JsonSchema(unique_objects), "[{}, {}]") is False
+    # ...so is a value an enum filter cannot check against a $ref to another document
+    remote = {"enum": [{"x": 1}], "properties": {"x": {"$ref": "https://example.com/x.json"}}}
+    assert is_valid(JsonSchema(remote), '"a"') is False
+    # a draft-03 document is the check's alone (the compiler does not read `type: "any"` or `required: true`)
+    draft_03 = "http://json-schema.org/draft-03/schema#"
+    assert is_valid(JsonSchema({"$schema": draft_03, "type": "any"}), "1")
+    assert not is_valid(JsonSchema({"$schema": draft_03, "properties": {"a": {"required": True}}}), "{}")
+    # the compiler's options count: `check_schema` holds the schema to its metaschema, as compiling it does
+    with pytest.raises(SchemaError, match=r"metaschema: 3 is not of type 'string' \(at /title\)"):
+        is_valid(JsonSchema({"type": "string", "title": 3}, options={"check_schema": True}), '"a"')
     assert is_valid(JsonSchema({"type": "string", "minLength": 3, "maxLength": 2}), '"ab"') is False
 
 
