@@ -59,14 +59,24 @@ class GrammarLogitsProcessor(LogitsProcessor):
     eos of a dead beam high), transformers fills the rest with dead ones, scored -1e9 in `sequences_scores`
     (`return_dict_in_generate=True, output_scores=True`): drop those.  Pass generate's `max_new_tokens` as
     `max_new_tokens` too: each row's text then completes within it, as leapgen's own outputs complete within
-    `max_tokens` (without it a row the length limit stops ends where it stands, mid-instance).  transformers'
-    `min_new_tokens` takes eos away from rows the grammar may have finished: leave it out.
+    `max_tokens` (without it a row the length limit stops ends where it stands, mid-instance).  Under that budget
+    each allowed token is checked (a step through the grammar: a few microseconds) and kept only where the text can
+    still close in the tokens left after it; where more than `checked_at_most` are allowed (string contents), the
+    ones with the highest scores are checked, with the shortest completion's next token, and the rest masked: the
+    row samples among those.  transformers' `min_new_tokens` takes eos away from rows the grammar may have
+    finished: leave it out.
     """
+
+    checked_at_most = 1024
 
     def __init__(self, grammar: TokenConstraint, eos_token_id: int | Sequence[int], vocab_size: int | None = None,
                  max_new_tokens: int | None = None):
         if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
             raise ValueError(f"max_new_tokens must be an int >= 1 or None, got {max_new_tokens!r}")
+        shortest = grammar.matcher().completion_tokens() if max_new_tokens is not None else None
+        if shortest is not None and len(shortest) > max_new_tokens:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is too small for the constraint: its shortest output "
+                             f"takes {len(shortest)} tokens")
         self.grammar = grammar
         self.max_new_tokens = max_new_tokens
         self.eos_token_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
@@ -98,7 +108,26 @@ class GrammarLogitsProcessor(LogitsProcessor):
                 output = output[:ended]
             if self._follow(row, output) and ended is None:
                 self._matchers[row].fill_bitmask(bitmask[row])
+                if self.max_new_tokens is not None:
+                    self._keep_fitting(self._matchers[row], bitmask[row], scores[row])
         return apply_token_bitmask_(scores.clone(), torch.from_numpy(bitmask).to(scores.device))
+
+    def _keep_fitting(self, matcher: TokenMatcher, words: np.ndarray, row_scores: torch.Tensor) -> None:
+        """Clear from the row's bitmask `words` the tokens after which its text could not close within the budget
+        (the grammar's mask offers them until closing begins: leapgen's engine replaces such a sampled token with
+        the shortest completion's, which a transformers row cannot), and past `checked_at_most`, the unchecked."""
+        allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+        allowed = allowed[allowed < row_scores.shape[-1]]
+        checked = allowed
+        if len(allowed) > self.checked_at_most:
+            best = torch.topk(row_scores[torch.from_numpy(allowed)].float().cpu(), self.checked_at_most).indices
+            closing = matcher.completion_tokens()
+            checked = np.union1d(allowed[best.numpy()], closing[:1] if closing else [])
+        keep = np.zeros(len(words), np.uint32)
+        for token in checked.tolist():
+            if matcher.is_token_allowed(token):
+                keep[token >> 5] |= np.uint32(1 << (token & 31))
+        words &= keep.view(np.int32)
 
     def _follow(self, row: int, output: list[int]) -> bool:
         """Bring row `row`'s matcher to `output`; False where a token of it is not allowed (a dead beam)."""

@@ -50,6 +50,7 @@ class CompiledGrammar:
         self._out_bytes: dict[int, np.ndarray] = {}
         # terminal states met: their terminal's first state and their byte row there (local targets)
         self._rows: dict[int, tuple[int, np.ndarray]] = {}
+        self._token_steps: dict[tuple[State, int], State | None] = {}
         self._completions: Completions | None = None
         self._completion_cache: dict[State, bytes | None] = {}
         self._completion_ids: dict[State, list[int] | None] = {}
@@ -214,6 +215,20 @@ class CompiledGrammar:
             if not state:
                 return None
         return state
+
+    def step_token(self, state: State, token_id: int) -> State | None:
+        """`step` over a token's bytes, cached per state and token (but where texts are captured, which their stacks
+        record): a budgeted transformers row checks a thousand tokens a step, in states that come again (inside a
+        string)."""
+        key = (state, token_id)
+        if key in self._token_steps:
+            return self._token_steps[key]
+        nxt = self.step(state, self.vocabulary.token_bytes[token_id])
+        if not self.stacks.captures:
+            if len(self._token_steps) >= _MASK_CACHE_LIMIT:
+                self._token_steps.clear()
+            self._token_steps[key] = nxt
+        return nxt
 
     def next_bytes(self, state: State) -> np.ndarray:
         """Sorted distinct bytes that may follow."""
@@ -452,7 +467,7 @@ class Matcher:
         plan = self._closing()
         if plan is not None and (not plan or token_id != plan[0]):
             return None
-        nxt = g.step(self._state, g.vocabulary.token_bytes[token_id])
+        nxt = g.step_token(self._state, token_id)
         if nxt is None:  # the mask allowed it, so this is an internal inconsistency
             raise GrammarError(f"token {token_id} was allowed but cannot be consumed")
         if self.max_tokens is not None and plan is None:

@@ -113,6 +113,37 @@ def test_grammar_processor_with_the_token_budget_completes_every_row_within_it(t
         GrammarLogitsProcessor(grammars.compile_regex(pattern, tokenizer), tokenizer.eos_token_id, max_new_tokens=0)
 
 
+@pytest.mark.parametrize("checked_at_most", [1024, 8])
+def test_grammar_processor_keeps_json_rows_within_a_tight_budget(tokenizer, tiny_model, monkeypatch, checked_at_most):
+    """The grammar's mask offers whitespace and string contents after which `}` no longer fits: a row that took
+    one was dead (all -inf: greedy wrote token 0 on, sampling raised).  Each allowed token is checked now (past
+    `checked_at_most`, the best-scored ones and the shortest completion's)."""
+    from leapgen import grammars
+    from leapgen.constraints import JsonSchema, is_valid
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
+              "items": {"type": "string"}}}, "required": ["name", "tags"]}
+    grammar = grammars.compile_json_schema(schema, tokenizer)
+    shortest = len(grammar.matcher().completion_tokens())
+    monkeypatch.setattr(GrammarLogitsProcessor, "checked_at_most", checked_at_most, raising=False)
+    prompts = torch.tensor([tokenizer.encode("json: ", add_special_tokens=False)] * 3)
+    for budget, do_sample, num_beams in ((shortest + 2, False, 1), (shortest + 2, True, 1), (shortest + 4, True, 1),
+                                         (shortest, False, 1), (shortest + 5, False, 2)):
+        torch.manual_seed(budget)
+        processor = GrammarLogitsProcessor(grammar, tokenizer.eos_token_id, max_new_tokens=budget)
+        with torch.no_grad():
+            out = tiny_model.generate(prompts, attention_mask=torch.ones_like(prompts), logits_processor=[processor],
+                                      do_sample=do_sample, temperature=1.5 if do_sample else None,
+                                      num_beams=num_beams, max_new_tokens=budget,
+                                      pad_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+        for row in out[:, prompts.shape[1]:].tolist():
+            text = tokenizer.decode([t for t in row if t != tokenizer.eos_token_id])
+            assert is_valid(JsonSchema(schema), text), (budget, do_sample, text)
+    with pytest.raises(ValueError, match=f"max_new_tokens={shortest - 1} is too small for the constraint: its "
+                                         f"shortest output takes {shortest} tokens"):
+        GrammarLogitsProcessor(grammar, tokenizer.eos_token_id, max_new_tokens=shortest - 1)
+
+
 def test_grammar_processor_follows_rows_that_beam_search_reorders(tokenizer):
     grammars = pytest.importorskip("leapgen.grammars")
     grammar = grammars.compile_regex("(ab|ba)c", tokenizer)
