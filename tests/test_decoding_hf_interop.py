@@ -144,6 +144,22 @@ def test_grammar_processor_keeps_json_rows_within_a_tight_budget(tokenizer, tiny
         GrammarLogitsProcessor(grammar, tokenizer.eos_token_id, max_new_tokens=shortest - 1)
 
 
+def test_past_checked_at_most_a_complete_text_keeps_eos(tokenizer, monkeypatch):
+    # a complete text where more tokens are allowed than are checked: its shortest completion is eos, kept beside
+    # the best-scored (the union of those with it took float ids and raised)
+    from leapgen import grammars
+
+    monkeypatch.setattr(GrammarLogitsProcessor, "checked_at_most", 8)
+    processor = GrammarLogitsProcessor(grammars.compile_regex(r"a[\s\S]*", tokenizer), tokenizer.eos_token_id,
+                                       max_new_tokens=6)
+    a = tokenizer.encode("a", add_special_tokens=False)[0]
+    processor(torch.tensor([[5]]), torch.zeros(1, len(tokenizer)))
+    scores = processor(torch.tensor([[5, a]]), torch.arange(len(tokenizer), dtype=torch.float)[None])
+    kept = set(torch.isfinite(scores[0]).nonzero().flatten().tolist())
+    best = set(range(len(tokenizer) - 8, len(tokenizer)))      # the highest scores
+    assert tokenizer.eos_token_id in kept and kept - {tokenizer.eos_token_id} <= best and len(kept) >= 8
+
+
 def test_grammar_processor_follows_rows_that_beam_search_reorders(tokenizer):
     grammars = pytest.importorskip("leapgen.grammars")
     grammar = grammars.compile_regex("(ab|ba)c", tokenizer)
