@@ -35,6 +35,21 @@ class RequestProcessors:
         return logits
 
 
+def _token_ids(ids: Any) -> set[int]:
+    """One token id or several (ints, numpy integers, tensors) as a set of ints; TypeError naming what came."""
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        ids = ids.tolist()
+    items = [ids] if isinstance(ids, (int, np.integer)) else ids
+    try:
+        out = {int(t) for t in items if isinstance(t, (int, np.integer)) and not isinstance(t, bool)}
+        complete = len(out) == len(set(items))
+    except TypeError:
+        complete = False
+    if not complete or not out:
+        raise TypeError(f"eos_token_id must be a token id or a non-empty sequence of them, got {ids!r}")
+    return out
+
+
 def _run_processors(processors: Sequence[Any], input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     width = scores.shape[1]
     for processor in processors:
@@ -54,24 +69,27 @@ class GrammarLogitsProcessor(LogitsProcessor):
     finished: transformers pads it from then on, so it is not masked.  Beam search keeps some candidates the mask
     gave -inf where too few tokens are allowed; such a row is dead: every token is masked, so it stays at -inf.
     `vocab_size` is the tokenizer's size (the bitmask width) when the model's logits are wider.  Works with greedy,
-    sampling and beam search; use a fresh processor per `generate` call.  Where fewer hypotheses inside the grammar
-    finish than `num_return_sequences` asks (a language of fewer texts, a `length_penalty` <= 0 that ranks an early
-    eos of a dead beam high), transformers fills the rest with dead ones, scored -1e9 in `sequences_scores`
-    (`return_dict_in_generate=True, output_scores=True`): drop those.  Pass generate's `max_new_tokens` as
-    `max_new_tokens` too: each row's text then completes within it, as leapgen's own outputs complete within
-    `max_tokens` (without it a row the length limit stops ends where it stands, mid-instance).  Under that budget
-    each allowed token is checked (a step through the grammar: a few microseconds) and kept only where the text can
-    still close in the tokens left after it; where more than `checked_at_most` are allowed (string contents), the
-    ones with the highest scores are checked, with the shortest completion's next token, and the rest masked: the
-    row samples among those.  transformers' `min_new_tokens` takes eos away from rows the grammar may have
-    finished: leave it out.
+    sampling and beam search; put it before any processor that keeps a few tokens (a `TopKLogitsWarper` first may
+    keep only tokens the grammar refuses, leaving the row none), and use a fresh processor per `generate` call (one
+    that sees another call's rows raises).  `eos_token_id`: the id(s) generate stops on, among them the grammar's
+    end-of-text token.  Where fewer hypotheses inside the grammar finish than `num_return_sequences` asks (a language
+    of fewer texts, a `length_penalty` <= 0 that ranks an early eos of a dead beam high), transformers fills the rest
+    with dead ones, scored -1e9 over their length to the `length_penalty` in `sequences_scores`
+    (`return_dict_in_generate=True, output_scores=True`): drop those (a score below -1e6).  Pass generate's
+    `max_new_tokens` as `max_new_tokens` too: each row's text then completes within it, as leapgen's own outputs
+    complete within `max_tokens` (without it a row the length limit stops ends where it stands, mid-instance).  Under
+    that budget each allowed token is checked (a step through the grammar: a few microseconds) and kept only where the
+    text can still close in the tokens left after it; where more than `checked_at_most` are allowed (string
+    contents), the ones with the highest scores are checked, with the shortest completion's next token, and the rest
+    masked: the row samples among those.  transformers' `min_new_tokens` takes eos away from rows the grammar may
+    have finished: leave it out.
     """
 
     checked_at_most = 1024
 
     def __init__(self, grammar: TokenConstraint, eos_token_id: int | Sequence[int], vocab_size: int | None = None,
                  max_new_tokens: int | None = None):
-        if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
+        if max_new_tokens is not None and (type(max_new_tokens) is not int or max_new_tokens < 1):
             raise ValueError(f"max_new_tokens must be an int >= 1 or None, got {max_new_tokens!r}")
         shortest = grammar.matcher().completion_tokens() if max_new_tokens is not None else None
         if shortest is not None and len(shortest) > max_new_tokens:
@@ -79,29 +97,40 @@ class GrammarLogitsProcessor(LogitsProcessor):
                              f"takes {len(shortest)} tokens")
         self.grammar = grammar
         self.max_new_tokens = max_new_tokens
-        self.eos_token_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-        if not self.eos_token_ids:
-            raise ValueError("GrammarLogitsProcessor needs at least one eos_token_id")
+        self.eos_token_ids = _token_ids(eos_token_id)
+        vocabulary = getattr(grammar, "vocabulary", None)     # (a leapgen CompiledGrammar's)
+        ends = set(getattr(vocabulary, "eos_ids", ()))
+        if ends and not ends & self.eos_token_ids:
+            raise ValueError(f"eos_token_id {sorted(self.eos_token_ids)} holds none of the grammar's end-of-text "
+                             f"tokens {sorted(ends)}: give the id generate stops on (the tokenizer's eos)")
         self.vocab_size = vocab_size
+        self._width = max(vocab_size or 0, getattr(vocabulary, "size", 0))   # the bitmask's, at least
         self._matchers: list[TokenMatcher] = []
         self._fed: list[list[int]] = []      # per row, the tokens its matcher has consumed
-        self._start = 0
+        self._prompts: torch.Tensor | None = None    # the rows' tokens before the first call's length
+        self._length = 0                             # the length of the last call's rows
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         """Bring each row's matcher to the row's output so far, then mask the scores to the allowed tokens."""
         batch, length = input_ids.shape
-        if not self._matchers:
+        if self._prompts is None:
             self._matchers = [self.grammar.matcher(self.max_new_tokens) for _ in range(batch)]
             self._fed = [[] for _ in range(batch)]
-            self._start = length
-        elif batch != len(self._matchers) or length < self._start:
-            raise ValueError(
-                f"GrammarLogitsProcessor was started on {len(self._matchers)} rows at length {self._start} but now "
-                f"sees {batch} rows at length {length}: use a fresh processor per generate() call"
-            )
-        vocab = self.vocab_size or scores.shape[-1]
+            self._prompts = input_ids.clone()
+        else:
+            start = self._prompts.shape[1]
+            # each call of one generate() lengthens the same rows; another call's rows may be as many, the prompt
+            # longer (its tokens would be read as output)
+            if batch != len(self._matchers) or length < self._length or not torch.equal(
+                    input_ids[:, :start], self._prompts.to(input_ids.device)):
+                raise ValueError(
+                    f"GrammarLogitsProcessor was started on {len(self._matchers)} rows of a {start}-token prompt and "
+                    f"last saw length {self._length}; these {batch} rows at length {length} are another generate() "
+                    "call's: use a fresh processor per call")
+        self._length = length
+        vocab = max(self.vocab_size or scores.shape[-1], self._width)
         bitmask = np.zeros((batch, bitmask_words(vocab)), dtype=np.int32)
-        for row, output in enumerate(input_ids[:, self._start:].tolist()):
+        for row, output in enumerate(input_ids[:, self._prompts.shape[1]:].tolist()):
             ended = next((i for i, token in enumerate(output) if token in self.eos_token_ids), None)
             if ended is not None:
                 bitmask[row] = -1

@@ -33,10 +33,10 @@ from .json_schema_context import (DERIVED_KEYWORDS, ONE_KEY_OF, SOME_KEY, TYPES,
                                   JsonSchemaOptions, NotMatching, Part, expect, narrow_types, witness_admits)
 from .json_schema_ir import NEVER, choice, punctuation, repeat, seq
 from .json_schema_objects import build_object
-from .json_schema_refs import Path, RefResolver, json_pointer, pointer_of, without_keywords
+from .json_schema_refs import Path, RefResolver, pointer_of, without_keywords
 from .json_schema_scalars import enumerated, number, string_terminal
 from .json_schema_string_logic import string_formula
-from .json_validation import dialect_class, draft_of, in_root_dialect, reading_class
+from .json_validation import check_metaschema, dialect_class, draft_of, in_root_dialect, reading_class
 
 MAX_SUBSCHEMA_DEPTH = 192  # the limits: see the module docstring
 MAX_DOCUMENT_DEPTH = 129
@@ -142,11 +142,7 @@ class SchemaCompiler:
 
         # (the metaschema of the draft named: 2019-09's, whose documents are otherwise read as 2020-12's)
         named = draft_of(self.root.get("$schema") if isinstance(self.root, dict) else None)
-        cls = jsonschema.Draft201909Validator if named == 2019 else dialect_class(self.root)
-        error = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(self.root))
-        if error is not None:
-            pointer = json_pointer(error.absolute_path)
-            raise SchemaError(f"schema does not match its metaschema: {error.message}", pointer)
+        check_metaschema(self.root, jsonschema.Draft201909Validator if named == 2019 else dialect_class(self.root))
 
     def never(self, reason: str, pointer: str) -> Expr:
         self.why_never.append((reason, pointer))

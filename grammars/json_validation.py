@@ -17,8 +17,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Iterator
 
-from .errors import UnsupportedSchemaError
-from .json_schema_refs import rewritten
+from .errors import SchemaError, UnsupportedSchemaError
+from .json_schema_refs import json_pointer, rewritten
 from .json_strings import ecma_search
 
 
@@ -126,11 +126,24 @@ def _pattern_keywords(found: Callable[[str, str], bool]) -> dict[str, Callable]:
 
 def _found_or_read_by_python(pattern: str, text: str) -> bool:
     """`ecma_search`, or Python's `re` for a pattern the compiler cannot read (an inline flag): such values were
-    written by no leapgen grammar, since the compiler refuses the schema."""
+    written by no leapgen grammar, since the compiler refuses the schema.  A pattern neither reads raises
+    UnsupportedSchemaError naming it (`\\p{L}`: an ECMA-262 class neither reader knows)."""
     try:
-        return ecma_search(pattern, text)
-    except UnsupportedSchemaError:
-        return re.search(pattern, text) is not None
+        try:
+            return ecma_search(pattern, text)
+        except UnsupportedSchemaError:
+            return re.search(pattern, text) is not None
+    except re.error as exc:
+        raise UnsupportedSchemaError(f"pattern {pattern!r} cannot be checked: {exc}") from None
+
+
+def check_metaschema(schema: Any, cls: Any) -> None:
+    """SchemaError, with its JSON pointer, where `schema` does not match the metaschema of validator class `cls`."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(schema))
+    if error is not None:
+        raise SchemaError(f"schema does not match its metaschema: {error.message}", json_pointer(error.absolute_path))
 
 
 def _spellings(cls: Any) -> dict[str, Callable]:
@@ -245,7 +258,9 @@ def in_root_dialect(schema: Any) -> Any:
     ident = "id" if draft <= 4 else "$id"
 
     def read(sub: dict) -> dict:
-        out = {key: value for key, value in sub.items() if key != "$schema"}
+        # (an id or anchor that is no string names nothing to the compiler; jsonschema's resolver raised on it)
+        out = {key: value for key, value in sub.items()
+               if key != "$schema" and (isinstance(value, str) or key not in (ident, "$anchor"))}
         anchor = out.get("$anchor")
         if draft <= 7 and isinstance(anchor, str) and ident not in out:
             out[ident] = "#" + anchor

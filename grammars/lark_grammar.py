@@ -83,7 +83,7 @@ _IMPORT = re.compile(r"%import(?:\s|\\)*((?:[.\w]|[ \t\f\v]|\\\r?\n)*)")    # (l
 _COMMENT_LINE = re.compile(r"^[ \t]*//[^\n]*", re.M)
 
 
-def _check_imports(text: str) -> None:
+def check_imports(text: str) -> None:
     """Refuse an %import of anything but a rule of lark's own grammars (`common.NUMBER`, `common (A, B)`), naming
     its line; lines that are only a comment may mention one."""
     stripped = _COMMENT_LINE.sub("", text)     # (its newlines kept: the line numbers stay the text's)
@@ -106,7 +106,7 @@ def _load(text: str):
     if not re.sub(r"//[^\n]*", "", text).strip():
         raise LarkGrammarError("the grammar is empty")
     _check_nesting(text)
-    _check_imports(text)
+    check_imports(text)
     try:
         return Lark(text, parser="earley", lexer="dynamic")
     except UnexpectedInput as e:

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -35,7 +36,7 @@ class JsonSchema:
 
     def as_dict(self) -> dict:
         """The schema as a dict (`true`, which every value satisfies, as {}; `false` as {"not": {}})."""
-        schema = json.loads(self.schema) if isinstance(self.schema, str) else self.schema
+        schema = _parsed(self.schema) if isinstance(self.schema, str) else self.schema
         if _is_pydantic_model(schema):
             return _with_pydantic_formats(model_json_schema(schema))
         if isinstance(schema, bool):
@@ -51,7 +52,14 @@ class JsonSchema:
         # the schema's own key order: properties are generated in it (two schemas listing them in two orders
         # must not share a grammar), and enum or const objects are spelled in it
         options = self._compiler_options()
-        return ("json", json.dumps(self.as_dict()), json.dumps(options, sort_keys=True))
+        try:
+            return ("json", json.dumps(self.as_dict()), json.dumps(options, sort_keys=True))
+        except RecursionError:   # (json's encoder recurses per level)
+            from leapgen.grammars import UnsupportedSchemaError
+            from leapgen.grammars.json_schema_compiler import MAX_DOCUMENT_DEPTH
+
+            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays",
+                                         "") from None
 
     def compile(self, vocabulary):
         from leapgen.grammars import compile_json_schema
@@ -72,6 +80,16 @@ class JsonSchema:
         if _is_pydantic_model(self.schema):
             return {"additional_properties": False, **self.options}
         return self.options
+
+
+def _parsed(text: str) -> Any:
+    """A schema's JSON text as a value; SchemaError where it is not JSON, as the compiler says it."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        from leapgen.grammars import SchemaError
+
+        raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
 
 
 @dataclass(frozen=True)
@@ -185,14 +203,27 @@ def _validator(key: tuple) -> Callable[[str], bool]:
     and a sweep checks hundreds of samples against one spec."""
     kind, source = key[0], key[1]
     if kind == "regex":
-        pattern = re.compile(source)
+        try:
+            pattern = re.compile(source)
+        except re.error as exc:
+            from leapgen.grammars import RegexError
+
+            raise RegexError(f"invalid regex: {exc.msg}", source, exc.pos) from None
         return lambda text: pattern.fullmatch(text) is not None
     if kind == "lark":
         from lark import Lark, LarkError
 
+        from leapgen.grammars import LarkGrammarError
+        from leapgen.grammars.lark_grammar import check_imports
+
+        check_imports(source)   # (as the compiler: any other %import would read a file)
         # the language leapgen's grammar admits: a regexp terminal may end wherever its regex can (lark's default
         # lexer takes its longest match, so `/\w+/ "_id"` would refuse `user_id`)
-        parser = Lark(source, start="start", parser="earley", lexer="dynamic_complete")
+        try:
+            parser = Lark(source, start="start", parser="earley", lexer="dynamic_complete")
+        except LarkError as exc:
+            raise LarkGrammarError(f"invalid lark grammar: {str(exc).strip().splitlines()[0]}",
+                                   getattr(exc, "line", None)) from None
 
         def parses(text: str) -> bool:
             try:
@@ -208,24 +239,68 @@ def _validator(key: tuple) -> Callable[[str], bool]:
         _refuse_malformed(schema, json.loads(key[2]))
         validator = schema_validator(schema, check_formats=True)
 
+        def checked(text: str) -> bool:
+            try:
+                value = exact_json(text)
+            except ValueError:      # not JSON
+                return False
+            return validator.is_valid(value)
+
         def validates(text: str) -> bool:
             try:
-                return validator.is_valid(exact_json(text))
-            except (ValueError, RecursionError):   # not JSON, or nested past Python's stack to read or check
-                return False
+                return checked(text)
+            except RecursionError:  # nested past the stack Python leaves a check
+                depth = _nesting(text)
+                if depth > _MAX_CHECKED_DEPTH:
+                    raise ValueError(f"text nested {depth} arrays and objects deep: is_valid checks up to "
+                                     f"{_MAX_CHECKED_DEPTH}") from None
+                # (jsonschema takes a few frames a level; the compiler raises the limit the same way)
+                sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000 + 12 * depth))
+                return checked(text)
         return validates
     raise TypeError(f"is_valid takes leapgen.JsonSchema, Regex or Grammar, not a spec of kind {kind!r}")
+
+
+_MAX_CHECKED_DEPTH = 1000     # deeper, raising Python's recursion limit as far overflowed the C stack (10,000)
+
+
+def _nesting(text: str) -> int:
+    """How deep `text` nests arrays and objects (brackets outside strings)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def _refuse_malformed(schema: Any, options: dict[str, Any]) -> None:
     """Raise the SchemaError the compiler's reading of `schema` under `options` meets, unless it only says that the
     schema cannot be enforced exactly or that nothing satisfies it (which the check still answers).  A draft-03
-    document is left to the check: the compiler does not read that draft's own keywords (`type: "any"`)."""
+    document is held to its metaschema instead: the compiler does not read that draft's own keywords
+    (`type: "any"`)."""
     from leapgen.grammars import UnsatisfiableSchemaError, UnsupportedSchemaError
     from leapgen.grammars.json_schema import json_schema_to_grammar
     from leapgen.grammars.json_validation import draft_of
 
     if isinstance(schema, dict) and draft_of(schema.get("$schema")) == 3:
+        import jsonschema
+
+        from leapgen.grammars.json_validation import check_metaschema
+
+        check_metaschema(schema, jsonschema.Draft3Validator)     # (the compiler would refuse its keywords)
         return
     try:
         json_schema_to_grammar(schema, **options)

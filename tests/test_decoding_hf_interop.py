@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from transformers import (
@@ -193,3 +194,32 @@ def test_a_reused_grammar_processor_is_refused(tokenizer):
     processor(torch.zeros(2, 3, dtype=torch.long), scores)
     with pytest.raises(ValueError, match="started on 2 rows.*fresh processor"):
         processor(torch.zeros(4, 4, dtype=torch.long), torch.zeros(4, len(tokenizer)))
+    # as many rows, another prompt: its tokens past the first prompt's length were read as output (greedy wrote ''
+    # for `(yes|no)`, sampling raised on all -inf)
+    with pytest.raises(ValueError, match="another generate\\(\\) call's"):
+        processor(torch.ones(2, 6, dtype=torch.long), scores)
+
+
+def test_the_processors_eos_ids_are_checked(tokenizer):
+    grammars = pytest.importorskip("leapgen.grammars")
+    grammar = grammars.compile_regex("a+", tokenizer)
+    eos = tokenizer.eos_token_id
+    for given in (eos, [eos], (eos, eos + 1), torch.tensor([eos]), torch.tensor(eos), np.int64(eos)):
+        assert GrammarLogitsProcessor(grammar, given).eos_token_ids >= {eos}    # a tensor's ids were never matched
+    for given in (None, "</s>", [], [eos, "x"], True):
+        with pytest.raises(TypeError, match="eos_token_id must be a token id or a non-empty sequence"):
+            GrammarLogitsProcessor(grammar, given)
+    # generate would not stop where the grammar ends the text: the row went on past it, dead
+    with pytest.raises(ValueError, match=f"holds none of the grammar's end-of-text tokens \\[{eos}\\]"):
+        GrammarLogitsProcessor(grammar, eos + 5)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
+        GrammarLogitsProcessor(grammar, eos, max_new_tokens=True)
+
+
+def test_logits_narrower_than_the_tokenizer_are_masked(tokenizer):
+    # a model with fewer logits than the tokenizer has tokens (the bitmask was the logits' width, too narrow)
+    grammars = pytest.importorskip("leapgen.grammars")
+    processor = GrammarLogitsProcessor(grammars.compile_regex("a+", tokenizer), tokenizer.eos_token_id)
+    a = tokenizer.encode("a", add_special_tokens=False)[0]
+    scores = processor(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, len(tokenizer) - 100))
+    assert scores.shape == (1, len(tokenizer) - 100) and bool(torch.isfinite(scores[0, a]))

@@ -12,9 +12,10 @@ from decimal import Decimal
 import jsonschema
 import pytest
 
-from leapgen.constraints import JsonSchema, is_valid
+from leapgen.constraints import Grammar, JsonSchema, Regex, is_valid
 from leapgen.extraction import output_line
-from leapgen.grammars import SchemaError, compile_json_schema
+from leapgen.grammars import (LarkGrammarError, RegexError, SchemaError, UnsupportedSchemaError,
+                              compile_json_schema)
 from leapgen.grammars.json_validation import ExactNumber, exact_json, exact_value, is_multiple, schema_validator
 from test_extract import fake_output
 from tokenizers_util import accepts, byte_level_bpe
@@ -148,7 +149,8 @@ def test_what_cannot_be_read_fails_its_record_alone():
     deep = "[" * 5000 + "]" * 5000
     line = output_line("a", fake_output(deep), schema_validator({}), speculating=False)
     assert line["status"] == "error" and "nested too deeply" in line["error"]
-    assert not is_valid(JsonSchema({}), deep)
+    with pytest.raises(ValueError, match="text nested 5000 arrays and objects deep"):
+        is_valid(JsonSchema({}), deep)
     nan = output_line("a", fake_output('{"x": NaN}'), schema_validator({}), speculating=False)
     assert nan["status"] == "error" and nan["error"] == "not valid JSON: NaN is not JSON"
     # a pattern only Python's `re` reads (the compiler refuses it): read by `re`, not an exception
@@ -176,6 +178,30 @@ def test_a_malformed_schema_is_refused_by_is_valid_with_what_and_where():
     with pytest.raises(SchemaError, match=r"metaschema: 3 is not of type 'string' \(at /title\)"):
         is_valid(JsonSchema({"type": "string", "title": 3}, options={"check_schema": True}), '"a"')
     assert is_valid(JsonSchema({"type": "string", "minLength": 3, "maxLength": 2}), '"ab"') is False
+
+
+def test_is_valid_says_in_one_line_what_it_cannot_read():
+    # each raised its own library's error (re.error, JSONDecodeError, lark's, AttributeError) or answered wrongly
+    for spec, error, message in (
+            (JsonSchema({"pattern": "^\\p{L}+$"}), UnsupportedSchemaError, r"pattern '\^\\\\p\{L\}\+\$' cannot be checked"),
+            (JsonSchema('{"type": "integer"} and more'), SchemaError, "schema is not valid JSON: Extra data"),
+            (Regex("(("), RegexError, "invalid regex: missing \\)"),
+            (Grammar("start: foo"), LarkGrammarError, "invalid lark grammar: Rule 'foo' used but not defined"),
+            (Grammar("start: X\n%import mine.X"), LarkGrammarError, "only lark's own grammars"),
+            (JsonSchema({"$schema": "http://json-schema.org/draft-03/schema#", "properties": 3}), SchemaError,
+             r"metaschema: 3 is not of type 'object' \(at /properties\)")):
+        with pytest.raises(error, match=message):
+            is_valid(spec, '"a"')
+    assert is_valid(JsonSchema({"$id": 3, "type": "string"}), '"a"')    # an id that is no string names nothing
+
+
+def test_deep_texts_are_checked_to_a_thousand_levels():
+    # jsonschema recurses per level: at 250 levels it ran out of stack, and that read as "invalid"
+    schema = JsonSchema({"type": "array", "items": {"$ref": "#"}})
+    assert is_valid(schema, "[" * 600 + "]" * 600)
+    assert not is_valid(schema, "[" * 600 + "1" + "]" * 600)
+    with pytest.raises(ValueError, match="text nested 5000 arrays and objects deep: is_valid checks up to 1000"):
+        is_valid(schema, "[" * 5000 + "]" * 5000)
 
 
 def test_numbers_are_read_exactly():
