@@ -108,7 +108,6 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self._matchers: list[TokenMatcher] = []
         self._fed: list[list[int]] = []      # per row, the tokens its matcher has consumed
         self._prompts: torch.Tensor | None = None    # the rows' tokens before the first call's length
-        self._length = 0                             # the length of the last call's rows
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         """Bring each row's matcher to the row's output so far, then mask the scores to the allowed tokens."""
@@ -119,15 +118,14 @@ class GrammarLogitsProcessor(LogitsProcessor):
             self._prompts = input_ids.clone()
         else:
             start = self._prompts.shape[1]
-            # each call of one generate() lengthens the same rows; another call's rows may be as many, the prompt
-            # longer (its tokens would be read as output)
-            if batch != len(self._matchers) or length < self._length or not torch.equal(
-                    input_ids[:, :start], self._prompts.to(input_ids.device)):
+            # the calls of one generate() see the same prompts (assisted decoding may shorten what follows them);
+            # another call's rows may be as many, its prompt longer: its tokens would be read as output
+            if batch != len(self._matchers) or not torch.equal(input_ids[:, :start],
+                                                               self._prompts.to(input_ids.device)):
                 raise ValueError(
-                    f"GrammarLogitsProcessor was started on {len(self._matchers)} rows of a {start}-token prompt and "
-                    f"last saw length {self._length}; these {batch} rows at length {length} are another generate() "
-                    "call's: use a fresh processor per call")
-        self._length = length
+                    f"GrammarLogitsProcessor was started on {len(self._matchers)} rows of a {start}-token prompt; "
+                    f"these {batch} rows of length {length} are another generate() call's: use a fresh processor "
+                    "per call")
         vocab = max(self.vocab_size or scores.shape[-1], self._width)
         bitmask = np.zeros((batch, bitmask_words(vocab)), dtype=np.int32)
         for row, output in enumerate(input_ids[:, self._prompts.shape[1]:].tolist()):

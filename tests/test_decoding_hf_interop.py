@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -143,6 +144,25 @@ def test_grammar_processor_keeps_json_rows_within_a_tight_budget(tokenizer, tiny
     with pytest.raises(ValueError, match=f"max_new_tokens={shortest - 1} is too small for the constraint: its "
                                          f"shortest output takes {shortest} tokens"):
         GrammarLogitsProcessor(grammar, tokenizer.eos_token_id, max_new_tokens=shortest - 1)
+
+
+def test_grammar_processor_follows_prompt_lookup_decoding(tokenizer, tiny_model):
+    # candidate tokens are scored in one pass and the rejected ones taken back: the rows grow by several tokens and
+    # shrink again within one generate() call, which is not another call's
+    from leapgen import grammars
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    grammar = grammars.compile_json_schema(schema, tokenizer)
+    prompt = torch.tensor([tokenizer.encode('json: {"name": "ab"} json: ', add_special_tokens=False)])
+    outputs = []
+    for lookup in ({}, {"prompt_lookup_num_tokens": 3}):
+        processor = GrammarLogitsProcessor(grammar, tokenizer.eos_token_id, max_new_tokens=20)
+        with torch.no_grad():
+            out = tiny_model.generate(prompt, attention_mask=torch.ones_like(prompt), logits_processor=[processor],
+                                      do_sample=False, max_new_tokens=20, pad_token_id=tokenizer.eos_token_id,
+                                      eos_token_id=tokenizer.eos_token_id, **lookup)
+        outputs.append(tokenizer.decode([t for t in out[0, prompt.shape[1]:].tolist() if t != tokenizer.eos_token_id]))
+    assert outputs[0] == outputs[1] and json.loads(outputs[0])["name"] is not None
 
 
 def test_past_checked_at_most_a_complete_text_keeps_eos(tokenizer, monkeypatch):
