@@ -150,7 +150,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
             best = torch.topk(row_scores[torch.from_numpy(allowed)].float().cpu(), self.checked_at_most).indices
             closing = matcher.completion_tokens()
             # the shortest completion's next token always fits; where the text is complete, that is eos
-            ends = closing[:1] if closing else [] if closing is None else sorted(self.eos_token_ids)
+            ends = closing[:1] if closing else ([] if closing is None else sorted(self.eos_token_ids))
             checked = np.union1d(allowed[best.numpy()], np.array(ends, allowed.dtype))
         keep = np.zeros(len(words), np.uint32)
         for token in checked.tolist():

@@ -192,8 +192,10 @@ def is_valid(spec: Constraint, text: str) -> bool:
     """Whether `text` satisfies `spec` by the spec's own standard, apart from the automata that generate it:
     jsonschema for a JSON schema (formats checked; numbers read exactly and patterns as ECMA-262 regexes, as JSON
     Schema has them and the compiler reads them: 0.07 is a multiple of 0.01), `re.fullmatch` for a regex, a lark
-    parse for a grammar.  A malformed schema raises the SchemaError compiling it would (what and where), where
-    jsonschema would raise its own or read it as something else (`properties: 3` as no constraint)."""
+    parse for a grammar.  A malformed spec raises what compiling it would (SchemaError with its JSON pointer,
+    RegexError, LarkGrammarError), where jsonschema, `re` or lark would raise their own or read it as something else
+    (`properties: 3` as no constraint); a pattern no regex reader parses raises UnsupportedSchemaError, and a text
+    nested past what Python's stack lets jsonschema check (past 1,000 levels) ValueError."""
     return _validator(spec.key())(text)
 
 
