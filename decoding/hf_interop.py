@@ -103,11 +103,15 @@ class GrammarLogitsProcessor(LogitsProcessor):
         if ends and not ends & self.eos_token_ids:
             raise ValueError(f"eos_token_id {sorted(self.eos_token_ids)} holds none of the grammar's end-of-text "
                              f"tokens {sorted(ends)}: give the id generate stops on (the tokenizer's eos)")
+        # the grammar's other end-of-text tokens leave the masks: generate would not stop on one, and the row, its
+        # text ended, would be dead
+        self._other_ends = sorted(ends - self.eos_token_ids)
         self.vocab_size = vocab_size
         self._width = max(vocab_size or 0, getattr(vocabulary, "size", 0))   # the bitmask's, at least
         self._matchers: list[TokenMatcher] = []
         self._fed: list[list[int]] = []      # per row, the tokens its matcher has consumed
         self._prompts: torch.Tensor | None = None    # the rows' tokens before the first call's length
+        self._length = 0                             # the rows' length at the last call
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         """Bring each row's matcher to the row's output so far, then mask the scores to the allowed tokens."""
@@ -118,14 +122,16 @@ class GrammarLogitsProcessor(LogitsProcessor):
             self._prompts = input_ids.clone()
         else:
             start = self._prompts.shape[1]
-            # the calls of one generate() see the same prompts (assisted decoding may shorten what follows them);
-            # another call's rows may be as many, its prompt longer: its tokens would be read as output
-            if batch != len(self._matchers) or not torch.equal(input_ids[:, :start],
-                                                               self._prompts.to(input_ids.device)):
+            # the calls of one generate() see the same prompts and the rows grow a token a call at most (assisted
+            # decoding may shorten them); another call's rows may be as many, its prompt longer (the last output
+            # fed back): its tokens would be read as output
+            if batch != len(self._matchers) or length > self._length + 1 or not torch.equal(
+                    input_ids[:, :start], self._prompts.to(input_ids.device)):
                 raise ValueError(
-                    f"GrammarLogitsProcessor was started on {len(self._matchers)} rows of a {start}-token prompt; "
-                    f"these {batch} rows of length {length} are another generate() call's: use a fresh processor "
-                    "per call")
+                    f"GrammarLogitsProcessor was started on {len(self._matchers)} rows of a {start}-token prompt and "
+                    f"last saw them {self._length} tokens long; these {batch} rows of length {length} are another "
+                    "generate() call's: use a fresh processor per call")
+        self._length = length
         vocab = max(self.vocab_size or scores.shape[-1], self._width)
         bitmask = np.zeros((batch, bitmask_words(vocab)), dtype=np.int32)
         for row, output in enumerate(input_ids[:, self._prompts.shape[1]:].tolist()):
@@ -135,6 +141,9 @@ class GrammarLogitsProcessor(LogitsProcessor):
                 output = output[:ended]
             if self._follow(row, output) and ended is None:
                 self._matchers[row].fill_bitmask(bitmask[row])
+                words = bitmask[row].view(np.uint32)
+                for token in self._other_ends:
+                    words[token >> 5] &= ~np.uint32(1 << (token & 31))
                 if self.max_new_tokens is not None:
                     self._keep_fitting(self._matchers[row], bitmask[row], scores[row])
         return apply_token_bitmask_(scores.clone(), torch.from_numpy(bitmask).to(scores.device))

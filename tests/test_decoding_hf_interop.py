@@ -218,6 +218,9 @@ def test_a_reused_grammar_processor_is_refused(tokenizer):
     # for `(yes|no)`, sampling raised on all -inf)
     with pytest.raises(ValueError, match="another generate\\(\\) call's"):
         processor(torch.ones(2, 6, dtype=torch.long), scores)
+    # ...or the last output fed back as the prompt: it begins as the first call's did, and is longer
+    with pytest.raises(ValueError, match="last saw them 3 tokens long; these 2 rows of length 9"):
+        processor(torch.zeros(2, 9, dtype=torch.long), scores)
 
 
 def test_the_processors_eos_ids_are_checked(tokenizer):
@@ -234,6 +237,16 @@ def test_the_processors_eos_ids_are_checked(tokenizer):
         GrammarLogitsProcessor(grammar, eos + 5)
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
         GrammarLogitsProcessor(grammar, eos, max_new_tokens=True)
+    # a grammar that may also end on a token generate does not stop on: that one leaves the masks (the row took it
+    # and was dead)
+    two_ends = grammars.compile_regex("yes|no", grammars.vocabulary_for(tokenizer, eos_ids=[eos, 7]))
+    processor = GrammarLogitsProcessor(two_ends, eos)
+    prompt = [5]
+    processor(torch.tensor([prompt]), torch.zeros(1, len(tokenizer)))
+    for token in tokenizer.encode("yes", add_special_tokens=False):
+        prompt.append(token)
+        scores = processor(torch.tensor([prompt]), torch.zeros(1, len(tokenizer)))
+    assert torch.isfinite(scores[0]).nonzero().flatten().tolist() == [eos]
 
 
 def test_logits_narrower_than_the_tokenizer_are_masked(tokenizer):
