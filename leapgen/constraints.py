@@ -256,8 +256,9 @@ def _validator(key: tuple) -> Callable[[str], bool]:
                 # jsonschema recurses a few frames per level of the text (and per $ref it follows): past Python's
                 # recursion limit no answer can be given, and raising that limit risks the C stack (a segfault on
                 # a thread's smaller one)
-                raise ValueError(f"text nested {_nesting(text)} arrays and objects deep: too deep for jsonschema "
-                                 f"to check within Python's recursion limit ({sys.getrecursionlimit()})") from None
+                raise ValueError(f"too deep for jsonschema to check within Python's recursion limit "
+                                 f"({sys.getrecursionlimit()}): the text nests {_nesting(text)} arrays and objects, "
+                                 "and each $ref of the schema followed adds to its depth") from None
         return validates
     raise TypeError(f"is_valid takes leapgen.JsonSchema, Regex or Grammar, not a spec of kind {kind!r}")
 

@@ -149,7 +149,7 @@ def test_what_cannot_be_read_fails_its_record_alone():
     deep = "[" * 5000 + "]" * 5000
     line = output_line("a", fake_output(deep), schema_validator({}), speculating=False)
     assert line["status"] == "error" and "nested too deeply" in line["error"]
-    with pytest.raises(ValueError, match="text nested 5000 arrays and objects deep"):
+    with pytest.raises(ValueError, match="the text nests 5000 arrays and objects"):
         is_valid(JsonSchema({}), deep)
     nan = output_line("a", fake_output('{"x": NaN}'), schema_validator({}), speculating=False)
     assert nan["status"] == "error" and nan["error"] == "not valid JSON: NaN is not JSON"
@@ -183,7 +183,7 @@ def test_a_malformed_schema_is_refused_by_is_valid_with_what_and_where():
 def test_is_valid_says_in_one_line_what_it_cannot_read():
     # each raised its own library's error (re.error, JSONDecodeError, lark's, AttributeError) or answered wrongly
     for spec, error, message in (
-            (JsonSchema({"pattern": "^\\p{L}+$"}), UnsupportedSchemaError, r"pattern '\^\\\\p\{L\}\+\$' cannot be checked"),
+            (JsonSchema({"pattern": "^\\p{L}+$"}), UnsupportedSchemaError, r"pattern '\^.*' cannot be checked"),
             (JsonSchema('{"type": "integer"} and more'), SchemaError, "schema is not valid JSON: Extra data"),
             (Regex("(("), RegexError, "invalid regex: missing \\)"),
             (Grammar("start: foo"), LarkGrammarError, "invalid lark grammar: Rule 'foo' used but not defined"),
@@ -200,7 +200,7 @@ def test_a_text_too_deep_to_check_is_no_invalid_one():
     # jsonschema recurses per level: past Python's recursion limit (250 levels at its default) that read as "invalid"
     schema = JsonSchema({"type": "array", "items": {"$ref": "#"}})
     assert is_valid(schema, "[" * 100 + "]" * 100) and not is_valid(schema, "[" * 100 + "1" + "]" * 100)
-    with pytest.raises(ValueError, match="text nested 5000 arrays and objects deep: too deep for jsonschema"):
+    with pytest.raises(ValueError, match="too deep for jsonschema to check .*: the text nests 5000 arrays and objects"):
         is_valid(schema, "[" * 5000 + "]" * 5000)
 
 
