@@ -86,7 +86,7 @@ class SchemaCompiler:
     def __init__(self, schema: Any, options: JsonSchemaOptions):
         expect(isinstance(schema, (dict, bool)), f"a schema must be an object or a boolean, not "
                f"{type(schema).__name__}", "")
-        _check_document_depth(schema)  # first: the resolver, jsonschema and enum values recurse through it
+        check_document_depth(schema)  # first: the resolver, jsonschema and enum values recurse through it
         self.options = options
         dialect = schema.get("$schema", "") if isinstance(schema, dict) else ""
         dialect = dialect if isinstance(dialect, str) else ""
@@ -579,7 +579,7 @@ def _dialect(dialect: str) -> tuple[bool, bool, frozenset[str]]:
     return draft <= 7, draft <= 4, undefined
 
 
-def _check_document_depth(document: Any) -> None:
+def check_document_depth(document: Any) -> None:
     """Refuse a document nested deeper than MAX_DOCUMENT_DEPTH (without recursing itself)."""
     # level by level, paths only for the error: every compile walks the whole document here
     level = [document] if isinstance(document, (dict, list)) else []

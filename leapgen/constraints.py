@@ -54,12 +54,11 @@ class JsonSchema:
         options = self._compiler_options()
         try:
             return ("json", json.dumps(self.as_dict()), json.dumps(options, sort_keys=True))
-        except RecursionError:   # (json's encoder recurses per level)
-            from leapgen.grammars import UnsupportedSchemaError
-            from leapgen.grammars.json_schema_compiler import MAX_DOCUMENT_DEPTH
+        except RecursionError:   # (json's encoder recurses per level: the compiler's depth check names where)
+            from leapgen.grammars.json_schema_compiler import check_document_depth
 
-            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays",
-                                         "") from None
+            check_document_depth(self.as_dict())
+            raise
 
     def compile(self, vocabulary):
         from leapgen.grammars import compile_json_schema
@@ -292,14 +291,10 @@ def _refuse_malformed(schema: Any, options: dict[str, Any]) -> None:
     (`type: "any"`)."""
     from leapgen.grammars import UnsatisfiableSchemaError, UnsupportedSchemaError
     from leapgen.grammars.json_schema import json_schema_to_grammar
-    from leapgen.grammars.json_validation import draft_of
+    from leapgen.grammars.json_validation import check_metaschema, dialect_class, draft_of
 
     if isinstance(schema, dict) and draft_of(schema.get("$schema")) == 3:
-        import jsonschema
-
-        from leapgen.grammars.json_validation import check_metaschema
-
-        check_metaschema(schema, jsonschema.Draft3Validator)     # (the compiler would refuse its keywords)
+        check_metaschema(schema, dialect_class(schema))     # (the compiler would refuse its keywords)
         return
     try:
         json_schema_to_grammar(schema, **options)

@@ -194,6 +194,11 @@ def test_is_valid_says_in_one_line_what_it_cannot_read():
         with pytest.raises(error, match=message):
             is_valid(spec, '"a"')
     assert is_valid(JsonSchema({"$id": 3, "type": "string"}), '"a"')    # an id that is no string names nothing
+    deep: dict = {}
+    for _ in range(3000):      # past json's encoder's recursion: the compiler's depth check names where
+        deep = {"items": deep}
+    with pytest.raises(UnsupportedSchemaError, match=r"nested deeper than 129 objects and arrays \(at /items/items"):
+        is_valid(JsonSchema(deep), "1")
 
 
 def test_a_text_too_deep_to_check_is_no_invalid_one():
