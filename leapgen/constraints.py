@@ -237,7 +237,10 @@ def _validator(key: tuple) -> Callable[[str], bool]:
     if kind == "json":
         from leapgen.grammars.json_validation import exact_json, schema_validator
 
+        from leapgen.grammars.json_schema_compiler import check_document_depth
+
         schema = json.loads(source)
+        check_document_depth(schema)    # (deeper, jsonschema's readers recurse past the stack: unsupported there too)
         _refuse_malformed(schema, json.loads(key[2]))
         validator = schema_validator(schema, check_formats=True)
 
