@@ -274,7 +274,8 @@ class TokenMasks:
             # counted already: the patch's own check would index the row again (2 us on every key's first walk)
             hit = self._patched_root_walk(dfa, state, depth) if out_bytes >= _PATCHED_MIN_BYTES else None
             if hit is None:
-                hit = run_walk(dfa, self.vocabulary, state, nodes, skipping=wide and self._skips(dfa))
+                hit = run_walk(dfa, self.vocabulary, state, nodes, wide=wide,
+                               skipping=wide and self._skips(dfa))
             if signed is not None:
                 self._shared.put(signed, hit, wide)
         # a dense walk below other nodes (a long string's first chunk after every token opening it) costs as much as

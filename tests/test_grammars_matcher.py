@@ -892,7 +892,7 @@ def test_walks_skipping_subtrees_find_what_each_token_reads(pattern):
     dfa = regex_dfa(pattern)
     skipped = plain = 0
     for state in range(dfa.num_states):
-        walk = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT, skipping=True)
+        walk = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT, wide=True, skipping=True)
         found = _walk_tokens(walk, vocabulary)
         allowed, pops, skips, plain_skips = _walk_by_tokens(dfa, vocabulary, state)
         assert found == allowed, (state, sorted(found ^ allowed)[:5])
@@ -949,6 +949,6 @@ def test_walks_do_not_skip_where_the_main_path_narrows():
     token_bytes = sorted({bytes([b]) for b in range(256)} | {b"xab", b"xabc", b"xmm", b"xmab", b"xa"})
     vocabulary = _vocabulary_of(token_bytes)
     dfa = regex_dfa(r"x[a-z][a-c]*y")
-    walk = trie_walks.run_walk(dfa, vocabulary, 0, trie_walks.ROOT, skipping=True)
+    walk = trie_walks.run_walk(dfa, vocabulary, 0, trie_walks.ROOT, wide=True, skipping=True)
     found = {token_bytes[t] for t in _walk_tokens(walk, vocabulary)}
     assert found == {b"x", b"xa", b"xab", b"xabc", b"xmab"}

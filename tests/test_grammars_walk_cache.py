@@ -86,10 +86,27 @@ def test_walks_taken_together_equal_walks_taken_one_by_one():
         starts = [(dfa, state) for dfa in dfas for state in range(dfa.num_states)]
         together = trie_walks.run_walks_together(starts, vocabulary)
         for (dfa, state), walk in zip(starts, together):
-            alone = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT, True)
+            alone = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT, wide=True, skipping=True)
             assert (_bits_of(walk, vocabulary.mask_words) == _bits_of(alone, vocabulary.mask_words)).all()
             assert walk[2].tolist() == alone[2].tolist() and walk[3] == alone[3]
             assert (walk[0] is None) == (alone[0] is None)
+
+
+def test_a_whole_vocabulary_walk_equals_the_walk_below_the_root():
+    """`_walk_whole` (no list of touched words, siblings one by one, skipping main paths or not) gives the plain
+    walk's tokens, pop points and storage, for states that take much of the trie and states that take little."""
+    for vocabulary in (tu.cl100k(), tu.byte_level_bpe()):
+        vocabulary = as_vocabulary(vocabulary)
+        for pattern in (r'[^"\\]*', r'[^"\\]*(customer|maker)[^"\\]*"', r"[a-zA-Z ]{1,40}", r".*a.*", r"[0-9]+",
+                        r"(ab|cd)*", r"x?"):
+            dfa = regex_dfa(pattern)
+            for state in range(dfa.num_states):
+                plain = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT)
+                for skipping in (False, True):
+                    whole = trie_walks.run_walk(dfa, vocabulary, state, trie_walks.ROOT, wide=True, skipping=skipping)
+                    assert (_bits_of(whole, vocabulary.mask_words) == _bits_of(plain, vocabulary.mask_words)).all()
+                    assert whole[2].tolist() == plain[2].tolist() and whole[3] == plain[3], (pattern, state)
+                    assert (whole[0] is None) == (plain[0] is None), (pattern, state)
 
 
 def test_a_mask_needing_several_wide_walks_takes_them_in_one_pass(monkeypatch):

@@ -23,7 +23,7 @@ kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm.
            fsm._product_pairs, fsm._most_to_accept, fsm._sparse_product, fsm._byte_runs, fsm._plain_runs,
            fsm._chain_tables,
            trie_walks._walk,
-           trie_walks._walk_skipping, trie_walks.patch_walk, trie_walks.narrow_walk, captured_texts.goes_on,
+           trie_walks._walk_whole, trie_walks.patch_walk, trie_walks.narrow_walk, captured_texts.goes_on,
            captured_texts.descend_texts, captured_texts.clear_below, trie_tables._subtrees, trie_walks.spelled,
            captured_texts.writes_again, captured_texts.reading_nodes, trie_walks._walk_many, trie_walks.row_reach,
            trie_tables._siblings, token_masks._or_chosen, trie_walks._or_words, vocab._build_trie]
