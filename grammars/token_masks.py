@@ -33,9 +33,9 @@ from .captured_texts import (NO_DEAD_END, clear_below, dead_depth, dead_depths, 
 from .fsm import DFA, packed_bytes
 from .object_members import CLAIM, MemberSet
 from .stacks import Edge, FrameTag, StackArena
-from .trie_tables import first_byte_nodes, subtree_heights
+from .trie_tables import first_byte_nodes, root_children, subtree_heights
 from .trie_walks import (NO_KEY, NO_POPS, ROOT, ROOT_KEY, SCRATCH, add_walk, narrow_walk, new_walk, patch_walk,
-                         row_reach, run_walk, run_walks_together, skipping_args)
+                         row_reach, run_walk, run_walks_together, skipping_args, spell_from_root)
 from .vocab import Vocabulary
 from .walk_cache import SharedWalks, Walk
 
@@ -69,6 +69,10 @@ _MAX_FRAME_NESTING = 48  # frames searched one inside another (two Python calls 
 # `_Claims`); below it, the edges one by one cost about as much as the index (Kubernetes' instances: 8 members took
 # 1% longer, 16 and 32 the same)
 _CLAIMS_TOGETHER = 16
+# a parser state of this many configurations or more has those in states of chains (object keys) spelled in one
+# compiled pass (`spell_from_root`) instead of walked one by one (after `{"` in an object of a thousand optional
+# members, a thousand key states: 1-2 ms a mask)
+_KEYS_TOGETHER = 16
 
 
 @numba.njit(cache=True, nogil=True)
@@ -203,6 +207,7 @@ class TokenMasks:
         self._frame_walks: dict[tuple[int, FrameTag, bytes], tuple[Walk, ...]] = {}
         self._frame_returns: dict[tuple[int, FrameTag, bytes], tuple[tuple[np.ndarray, bytes], ...]] = {}
         self._first_byte_nodes = first_byte_nodes(vocabulary)
+        self._root_children = root_children(vocabulary)
         self._shared = _SHARED_WALKS.get(vocabulary)
         if self._shared is None:
             self._shared = _SHARED_WALKS.setdefault(vocabulary, SharedWalks(_SHARED_WALKS_LIMIT, _SHARED_WIDE_BYTES))
@@ -229,6 +234,10 @@ class TokenMasks:
         # the structural states of rules that read the same in every grammar holding them, as (rule key, state in
         # the rule): answers inside them are shared between grammars (`_in_frame`)
         self._portable = {g: (key, g - first) for first, end, key in automaton.portable for g in range(first, end)}
+        # the texts the chain terminals (keys) read, packed, and per state where the rest of its text lies, for
+        # `spell_from_root`; with a byte per state, 1 where it reads a chain: made where a state first holds many
+        # configurations (`_chain_tables`)
+        self._chains: tuple[np.ndarray, np.ndarray, np.ndarray, bytes] | None = None
         self._shared_frames = _SHARED_FRAMES.get(vocabulary)
         if self._shared_frames is None:
             self._shared_frames = _SHARED_FRAMES.setdefault(vocabulary, SharedWalks(_SHARED_FRAMES_LIMIT, 0))
@@ -299,6 +308,9 @@ class TokenMasks:
         ms each (five of them, 9 ms in one mask)."""
         if len(configurations) < 2:     # the common case, and nothing to take together
             return
+        if len(configurations) >= _KEYS_TOGETHER:   # keys are spelled together (`add_mask`), not walked
+            chained = self._chain_tables()[3]
+            configurations = tuple([c for c in configurations if not chained[c[0]]])
         batch: dict[tuple, tuple[DFA, int, tuple | None]] = {}
         wide_own = self._wide_own
         for g, _ in configurations:
@@ -379,8 +391,12 @@ class TokenMasks:
             return
         # configurations of one state often share the frames below their own (parallel parses of overlapping
         # branches): each is searched once
-        todo = [(g, s, ROOT, ROOT_KEY) for g, s in configurations]
-        seen = {(g, s, ROOT_KEY) for g, s in configurations}
+        if len(configurations) < _KEYS_TOGETHER:
+            todo = [(g, s, ROOT, ROOT_KEY) for g, s in configurations]
+            seen = {(g, s, ROOT_KEY) for g, s in configurations}
+        else:
+            found = self._keys_spelled(bits, configurations, stacks)
+            todo, seen = list(found.values()), set(found)
         while todo:
             g, s, nodes, nodes_key = todo.pop()
             walks, returns = self._in_frame(g, s, nodes, nodes_key, stacks)
@@ -392,6 +408,48 @@ class TokenMasks:
                     if (up, below, pops_key) not in seen:
                         seen.add((up, below, pops_key))
                         todo.append((up, below, pops, pops_key))
+
+    def _keys_spelled(self, bits: np.ndarray, configurations: tuple[tuple[int, int], ...], stacks: StackArena
+                      ) -> dict[tuple[int, int, bytes], tuple[int, int, np.ndarray, bytes]]:
+        """`add_mask`'s start for a state of many configurations: those in states of chains (object keys) spelled
+        from the root in one pass, their tokens ORed into `bits`, as their walks would (`run_walk`); returns what is
+        left to search, by its key: the other configurations, and where the frame of each key spelled to its end
+        returns, below the node of its end."""
+        texts, text_from, text_to, _ = self._chain_tables()
+        t = self.vocabulary.trie
+        states = np.fromiter([g for g, _ in configurations], np.int64, len(configurations))
+        ends = spell_from_root(t.byte, t.end, t.tok_ptr, t.tok_ids, self._root_children, texts, text_from, text_to,
+                               states, bits)
+        todo = {}
+        parent, ret = stacks.parent, stacks.ret
+        for k, end in zip(np.flatnonzero(ends != -1).tolist(), ends[ends != -1].tolist()):
+            g, s = configurations[k]
+            if end == -2:
+                todo[(g, s, ROOT_KEY)] = (g, s, ROOT, ROOT_KEY)
+            elif s:
+                nodes = np.array([end], np.int32)
+                key = nodes.tobytes()
+                todo.setdefault((ret[s], parent[s], key), (ret[s], parent[s], nodes, key))
+        return todo
+
+    def _chain_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:
+        """(texts, text_from, text_to, chained): the texts of the automaton's chain terminals packed, per state where
+        the rest of its chain's text lies in them (-1: not a state of a chain), and a byte per state, 1 in a chain
+        (made once)."""
+        tables = self._chains
+        if tables is None:
+            text_from, text_to = np.full(self.a.num_states, -1, np.int64), np.full(self.a.num_states, -1, np.int64)
+            parts, size = [], 0
+            for first, dfa in self.a.terminals:
+                if dfa.chain is not None:
+                    n = len(dfa.chain)
+                    text_from[first:first + n + 1] = np.arange(size, size + n + 1)
+                    text_to[first:first + n + 1] = size + n
+                    parts.append(dfa.chain)
+                    size += n
+            texts = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+            tables = self._chains = (texts, text_from, text_to, (text_from >= 0).astype(np.uint8).tobytes())
+        return tables
 
     def _in_frame(self, g: int, s: int, nodes: np.ndarray, nodes_key: bytes, stacks: StackArena,
                   depth: int = 0) -> FrameAnswer:

@@ -314,6 +314,33 @@ def spelled(t_byte, t_end, t_tok_ptr, t_tok_ids, nodes, text):  # pragma: no cov
 
 
 @numba.njit(cache=True, nogil=True)
+def spell_from_root(t_byte, t_end, t_tok_ptr, t_tok_ids, first_nodes, texts, text_from, text_to, states,
+                    bits):  # pragma: no cover - compiled
+    """`spelled` from the trie's root for many states at once, each reading one text (`texts[text_from[q]:text_to[q]]`
+    for state q; `text_from[q]` < 0: q reads no text of its own), ORing their tokens into the dense bitmask `bits`:
+    per state of `states`, the node spelling all of its text where tokens go on below it, -1 where none does, -2
+    where it reads no text.  An object of a thousand optional members holds a thousand key states after `{"`: one
+    `spelled` each took a millisecond a mask."""
+    ends = np.empty(len(states), np.int32)
+    for k in range(len(states)):
+        q = states[k]
+        lo, hi = text_from[q], text_to[q]
+        if lo < 0:
+            ends[k] = -2
+            continue
+        below = 0
+        for i in range(lo, hi):
+            below = first_nodes[texts[i]] if below == 0 else child(t_byte, t_end, below, texts[i])
+            if below < 0:
+                break
+            for j in range(t_tok_ptr[below], t_tok_ptr[below + 1]):
+                tid = t_tok_ids[j]
+                bits[tid >> 5] |= np.uint32(1) << np.uint32(tid & 31)
+        ends[k] = below if below >= 0 and t_end[below] > below + 1 else -1
+    return ends
+
+
+@numba.njit(cache=True, nogil=True)
 def patch_walk(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes, t_byte, t_depth, t_end, t_tok_ptr,
                 t_tok_ids, t_height, t_below, c_byte, c_node, sib, max_depth, state, ref, max_differ, bits,
                 base_pops):  # pragma: no cover - compiled
@@ -584,11 +611,11 @@ def run_walks_together(starts: list[tuple[DFA, int]], vocabulary: Vocabulary) ->
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `patch_walk`, `narrow_walk`, `_walk_many`, `spelled`, `_or_words` and the whole-vocabulary walk, and make the
-    trie's tables, now: only a patched, narrowed or shared whole-vocabulary walk (inside a key beside declared ones,
-    a length-bounded string, branches of a `oneOf` of patterns) and a key's walk call the first ones, and a mask ORs
-    its sparse walks with `_or_words`, so they would otherwise load, from numba's disk cache, inside the first mask
-    that needs one."""
+    """Load `patch_walk`, `narrow_walk`, `_walk_many`, `spelled`, `spell_from_root`, `_or_words` and the
+    whole-vocabulary walk, and make the trie's tables, now: only a patched, narrowed or shared whole-vocabulary walk
+    (inside a key beside declared ones, a length-bounded string, branches of a `oneOf` of patterns), a key's walk and
+    a state of many keys call the first ones, and a mask ORs its sparse walks with `_or_words`, so they would
+    otherwise load, from numba's disk cache, inside the first mask that needs one."""
     t = vocabulary.trie
     bits = np.zeros(vocabulary.mask_words, np.uint32)
     nowhere = DFA(np.full((1, 256), -1, np.int32), np.zeros(1, bool))
@@ -597,5 +624,7 @@ def load_kernels(vocabulary: Vocabulary) -> None:
     narrow_walk(nowhere.trans, nowhere.accept, np.zeros(1, np.int32), t.byte, t.end, t.tok_ptr, t.tok_ids,
                 subtree_heights(vocabulary), 0, bits, NO_POPS)
     run_walk(nowhere, vocabulary, 0, ROOT, wide=True)
+    spell_from_root(t.byte, t.end, t.tok_ptr, t.tok_ids, np.full(256, -1, np.int64), np.zeros(0, np.uint8),
+                    np.full(1, -1, np.int64), np.full(1, -1, np.int64), np.zeros(1, np.int64), bits)
     run_walks_together([(nowhere, 0), (nowhere, 0)], vocabulary)
     _or_words(bits, np.zeros(1, np.int64), np.zeros(1, np.uint32))

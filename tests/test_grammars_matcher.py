@@ -351,6 +351,37 @@ def test_masks_of_large_objects_equal_brute_force_stepping(order, monkeypatch):
     assert len(token_masks._or_chosen.signatures) == 1      # the kernel warm_up loads, never compiled again
 
 
+@pytest.mark.parametrize("order", ["schema", "any"])
+def test_keys_spelled_together_allow_what_stepping_allows(order, monkeypatch):
+    """A parser state of many key states (after `{"` in an object of many optional members, here from two on) has
+    its keys spelled from the root in one pass (`spell_from_root`): keys that are prefixes of others, tokens ending
+    inside a key, at its end and past it (into the colon and the value) are allowed as stepping allows them."""
+    from leapgen.grammars import compile_json_schema, token_masks
+
+    monkeypatch.setattr(token_masks, "_KEYS_TOGETHER", 2)
+    keys = ["na", "name", "names", "nan", "type", "typed", "t", "id", "ids", "a_b", "x"]
+    pieces = {bytes([b]) for b in range(256)}
+    for key in keys:
+        pieces |= {f'{{"{key}'.encode(), f'"{key}":'.encode(), f'{key}":1'.encode(), f'{key[1:]}":1'.encode(),
+                   f'{key[1:]}":'.encode(), f'{key[2:]}",'.encode(), f', "{key[:2]}'.encode(), key[1:].encode()}
+    vocabulary = _vocabulary_of(sorted(pieces))
+    schema = {"type": "object", "properties": {key: {"type": "integer"} for key in keys},
+              "required": ["id"], "additionalProperties": False}
+    g = compile_json_schema(schema, vocabulary, property_order=order)
+    rng = random.Random(order)
+    for _ in range(12):
+        m = g.matcher()
+        for _ in range(40):
+            allowed = set(m.allowed_token_ids().tolist())
+            assert allowed == _stepped(g, m._state)
+            long_ones = [t for t in allowed if t not in vocabulary.eos_ids and len(vocabulary.token_bytes[t]) > 1]
+            choices = long_ones if long_ones and rng.random() < 0.7 else sorted(allowed - set(vocabulary.eos_ids))
+            if not choices:
+                break
+            m.advance(rng.choice(choices))
+    assert g.masks._chains is not None and len(g.masks._chains[0])     # the keys were spelled together
+
+
 def test_members_passed_over_leave_a_large_objects_masks(monkeypatch):
     """In schema order, once `c` is written `b` may not follow, though it could after `a`: neither its key's tokens
     (kept whole, dense) nor the tokens that write it whole and go on (its frame returns inside them) are allowed."""

@@ -26,6 +26,7 @@ kernels = [fsm._subset_construction, fsm._minimal, fsm._reachable_in_order, fsm.
            trie_walks._walk_whole, trie_walks.patch_walk, trie_walks.narrow_walk, captured_texts.goes_on,
            captured_texts.descend_texts, captured_texts.clear_below, trie_tables._subtrees, trie_walks.spelled,
            captured_texts.writes_again, captured_texts.reading_nodes, trie_walks._walk_many, trie_walks.row_reach,
+           trie_walks.spell_from_root,
            trie_tables._siblings, token_masks._or_chosen, trie_walks._or_words, vocab._build_trie]
 print(sorted(kernel.__name__ for kernel in kernels if not kernel.signatures))
 # nor does a compile import a module (jsonschema filtering an enum): it would land outside a server's frozen heap
