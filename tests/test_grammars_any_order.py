@@ -108,6 +108,36 @@ def test_claimable_members_are_the_open_ones_after_which_the_object_completes(sc
             assert members.claimable(tag) == expected, (seen, extras)
 
 
+def test_claimable_members_counted_at_once_are_those_some_completion_follows():
+    """Where no optional trigger is left, `claimable` counts the members with bit operations (`_claimable_fixed`):
+    over random objects (required members, dependencies on required ones, counts, capped extras, loose members,
+    members that cannot be written, either order) it equals the members after which `feasible` finds a completion."""
+    from leapgen.grammars import ir
+    from leapgen.grammars.object_members import AFTER, MemberSet
+
+    rng, part, checked = random.Random(5), ir.Lit("x"), 0
+    for _ in range(3000):
+        n = rng.randint(1, 10)
+        required = frozenset(k for k in range(n) if rng.random() < 0.3)
+        dependents = tuple((t, frozenset(k for k in range(n) if k != t and rng.random() < 0.2))
+                           for t in sorted(required) if rng.random() < 0.3)
+        spec = ir.Members(part, (part,) * n, part, part, extra=part if rng.random() < 0.5 else None,
+                          required=required, dependents=dependents, min=rng.choice([0, 0, 1, 2, 3, 5]),
+                          max=rng.choice([None, None, 2, 4, 6]), ordered=rng.random() < 0.5,
+                          max_extras=rng.choice([None, 0, 1, 3]), loose=rng.choice([0, 0, 1, 2]) if n > 2 else 0)
+        live = None if rng.random() < 0.7 else sum(1 << k for k in range(n) if rng.random() < 0.8)
+        members = MemberSet(spec, live, extra_live=rng.random() < 0.8)
+        for _ in range(6):
+            tag = (sum(1 << k for k in range(n) if rng.random() < 0.3), rng.choice([0, 0, 1, 2, 4]), ())
+            expected = 0
+            for k in range(n):
+                if members._open(tag) >> k & 1 and members.feasible((tag[0] | 1 << k, tag[1], ()), AFTER):
+                    expected |= 1 << k
+            assert members.claimable(tag) == expected, (spec, live, tag)
+            checked += expected != 0
+    assert checked > 3000   # (most tags leave some member to claim)
+
+
 def test_extras_mix_with_declared_members():
     schema = {"type": "object", "required": ["id"], "properties": {"id": {"type": "integer"}},
               "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": False}
