@@ -133,6 +133,8 @@ class MemberSet:
         first = unwritten & -unwritten
         if first:
             candidates &= (first << 1) - 1
+        if self.min <= count and (self.max is None or count < self.max):
+            return out | candidates     # no count left to fill, none to pass: each of them fits
         free, least = self.all & ~must, max(self.min - count - 1, 0)
         while candidates:
             low = candidates & -candidates
