@@ -31,7 +31,8 @@ With `--compile-only`, no test instance is fed: the time to first mask alone, qu
 the compiler checks out each one's `grammars/` and runs this once per commit, interleaved).
 
 With `--large`, also the time to first mask of four schemas that stress a compiler: enums of 10,000
-strings and of 10,000 integers, an object with 1,000 optional properties, a string with maxLength 10,000.
+strings and of 10,000 integers, an object with 1,000 optional properties, a string with maxLength 10,000;
+and the masks through an instance of the object writing every 7th member.
 
 Needs the `bench` extra (xgrammar, llguidance, outlines-core) and the
 ../shared/corpora/maskbench corpus.
@@ -261,6 +262,38 @@ LARGE = {
 }
 
 
+# an instance of the 1,000-property object, every 7th member written: each mask where a key comes next or is being
+# written holds hundreds of candidate keys
+LARGE_INSTANCE = ("object with 1,000 properties", {f"field_{i}": i for i in range(0, 1000, 7)})
+
+
+def _masks_through(engine, schema, instance, tokenizer) -> str:
+    """Mask times while `instance` is fed token by token (p50 / max, total), or why there are none."""
+    try:
+        compiled = engine.compile(schema)
+    except Exception as exc:
+        return f"refused ({type(exc).__name__})"
+    times = array.array("d")
+    ids = tokenizer.encode(json.dumps(instance), add_special_tokens=False)
+    m = engine.start(compiled)
+    for k, token in enumerate([*ids, tokenizer.eos_token_id]):
+        t = time.perf_counter()
+        mask = engine.mask(m)
+        times.append(time.perf_counter() - t)
+        if not _allowed(mask, token):
+            return f"stopped: token {k} of {len(ids)} not allowed"
+        if k == len(ids):
+            break
+        try:
+            consumed = engine.consume(m, token)
+        except Exception:
+            consumed = False
+        if not consumed:
+            return f"stopped: token {k} of {len(ids)} refused"
+    return (f"{np.median(times) * 1e6:.0f} / {max(times) * 1e6:.0f} µs, {sum(times) * 1e3:.0f} ms over "
+            f"{len(times)} masks")
+
+
 def _time_to_first_mask(engine, schema) -> str:
     t = time.perf_counter()
     try:
@@ -304,6 +337,8 @@ def main() -> None:
         if args.large:
             for name, engine in engines.items():
                 large.append((name, {label: _time_to_first_mask(engine, schema) for label, schema in LARGE.items()}))
+                large[-1][1]["instance"] = _masks_through(engine, LARGE[LARGE_INSTANCE[0]], LARGE_INSTANCE[1],
+                                                          tokenizer)
                 print(f"{name} large: {large[-1][1]}", file=sys.stderr, flush=True)
         for turn, subset in enumerate(args.subsets.split(",")):
             files = sorted(str(path) for path in (MASKBENCH / subset).glob("*.json"))[: args.n]
@@ -320,6 +355,10 @@ def main() -> None:
         print("|---|" + "---:|" * len(LARGE))
         for name, times in large:
             print(f"| {name} | " + " | ".join(times[label] for label in LARGE) + " |")
+        print(f"\n| engine | masks through the {LARGE_INSTANCE[0]}, every 7th member written: p50 / max, total |")
+        print("|---|---:|")
+        for name, times in large:
+            print(f"| {name} | {times['instance']} |")
     print(f"\ntokenizer {args.tokenizer}, {args.n} schemas per subset, one thread; versions: "
           + ", ".join(f"{n} {version(PACKAGES[n])}" for n in args.engines.split(",") if n in ENGINES))
     print("\n| engine | subset | schemas | compiled | passing | invalid accepted | valid rejected "
