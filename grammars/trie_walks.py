@@ -128,7 +128,7 @@ def _walk_whole(trans, accept, has_out, runs, run_bytes, plain_runs, plain_bytes
             continue
         end = t_end[i]
         skip = False
-        if skipping and end > i + 1:    # walk_nodes' test, written out again
+        if skipping and end > i + 1:    # walk_nodes' test written out again (an inlined helper: 1.4x as long)
             height = t_height[i]
             if runs[g] >= height:
                 skip = True
@@ -529,8 +529,8 @@ def run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray, wi
         dense[words] = values
         return None, dense, found, found.tobytes()
     t = vocabulary.trie
-    dense, words, values, found = _walk(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
-                                        *sibling_tables(vocabulary), vocabulary.max_depth, state, nodes,
+    dense, words, values, found = _walk(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr,
+                                        t.tok_ids, *sibling_tables(vocabulary), vocabulary.max_depth, state, nodes,
                                         *SCRATCH.of(vocabulary))
     return None if dense else words, values, found, found.tobytes()
 

@@ -326,6 +326,20 @@ def _member_vocabulary(keys: str):
     return _vocabulary_of(pieces)
 
 
+def _walk_by_long_tokens(g, vocabulary, rng: random.Random, walks: int, steps: int) -> None:
+    """Random walks through `g`, mostly by tokens of several bytes, each mask allowing what stepping allows."""
+    for _ in range(walks):
+        m = g.matcher()
+        for _ in range(steps):
+            allowed = set(m.allowed_token_ids().tolist())
+            assert allowed == _stepped(g, m._state)
+            long_ones = [t for t in allowed if t not in vocabulary.eos_ids and len(vocabulary.token_bytes[t]) > 1]
+            choices = long_ones if long_ones and rng.random() < 0.7 else sorted(allowed - set(vocabulary.eos_ids))
+            if not choices:
+                break
+            m.advance(rng.choice(choices))
+
+
 @pytest.mark.parametrize("order", ["schema", "any"])
 def test_masks_of_large_objects_equal_brute_force_stepping(order, monkeypatch):
     """Where a member of a large object comes next, the claimable members' answers taken together allow what
@@ -335,17 +349,7 @@ def test_masks_of_large_objects_equal_brute_force_stepping(order, monkeypatch):
     monkeypatch.setattr(token_masks, "_CLAIMS_TOGETHER", 4)
     vocabulary = _member_vocabulary("abcdefghijklmnopqrs")
     g = compile_json_schema(LARGE_OBJECT, vocabulary, whitespace="flexible", property_order=order)
-    rng = random.Random(order)
-    for _ in range(12):
-        m = g.matcher()
-        for _ in range(60):
-            allowed = set(m.allowed_token_ids().tolist())
-            assert allowed == _stepped(g, m._state)
-            long_ones = [t for t in allowed if t not in vocabulary.eos_ids and len(vocabulary.token_bytes[t]) > 1]
-            choices = long_ones if long_ones and rng.random() < 0.7 else sorted(allowed - set(vocabulary.eos_ids))
-            if not choices:
-                break
-            m.advance(rng.choice(choices))
+    _walk_by_long_tokens(g, vocabulary, random.Random(order), walks=12, steps=60)
     tables = g.masks._claims.values()
     assert any(table.returns for table in tables) and any(table.dense for table in tables)  # both kinds were met
     assert len(token_masks._or_chosen.signatures) == 1      # the kernel warm_up loads, never compiled again
@@ -368,17 +372,7 @@ def test_keys_spelled_together_allow_what_stepping_allows(order, monkeypatch):
     schema = {"type": "object", "properties": {key: {"type": "integer"} for key in keys},
               "required": ["id"], "additionalProperties": False}
     g = compile_json_schema(schema, vocabulary, property_order=order)
-    rng = random.Random(order)
-    for _ in range(12):
-        m = g.matcher()
-        for _ in range(40):
-            allowed = set(m.allowed_token_ids().tolist())
-            assert allowed == _stepped(g, m._state)
-            long_ones = [t for t in allowed if t not in vocabulary.eos_ids and len(vocabulary.token_bytes[t]) > 1]
-            choices = long_ones if long_ones and rng.random() < 0.7 else sorted(allowed - set(vocabulary.eos_ids))
-            if not choices:
-                break
-            m.advance(rng.choice(choices))
+    _walk_by_long_tokens(g, vocabulary, random.Random(order), walks=12, steps=40)
     assert g.masks._chains is not None and len(g.masks._chains[0])     # the keys were spelled together
 
 
