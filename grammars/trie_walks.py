@@ -511,15 +511,9 @@ def _marked_pops(base_pops, dropped, added, t_end):  # pragma: no cover - compil
 def run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray, wide: bool = False,
              skipping: bool = False) -> Walk:
     """The walk from `state` below `nodes`.  `wide`: `nodes` is the root and the state's first bytes lead into much
-    of the trie (`_walk_whole`), and then `skipping`: leaving out the subtrees of the state's main paths, which pays
-    only on walks over much of the trie (`DFA.byte_runs` takes a pass over each DFA's table, the checks a little on
-    every node)."""
-    if wide:
-        t = vocabulary.trie
-        bits, _, pops = SCRATCH.of(vocabulary)
-        return new_walk(*_walk_whole(dfa.trans, dfa.accept, dfa.has_out, *(dfa.byte_runs if skipping else _NO_RUNS),
-                                     PLAIN_WORDS, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
-                                     *subtree_tables(vocabulary), vocabulary.max_depth, state, bits, pops))
+    of the trie (`_walk_whole`; a key is spelled all the same, though a space opens half the trie), and then
+    `skipping`: leaving out the subtrees of the state's main paths, which pays only on walks over much of the trie
+    (`DFA.byte_runs` takes a pass over each DFA's table, the checks a little on every node)."""
     if dfa.chain is not None:   # an object key, new in nearly every grammar: a path down the trie, not a walk of it
         t = vocabulary.trie
         words, values, found = spelled(t.byte, t.end, t.tok_ptr, t.tok_ids, nodes, dfa.chain[state:])
@@ -528,6 +522,12 @@ def run_walk(dfa: DFA, vocabulary: Vocabulary, state: int, nodes: np.ndarray, wi
         dense = np.zeros(vocabulary.mask_words, np.uint32)
         dense[words] = values
         return None, dense, found, found.tobytes()
+    if wide:
+        t = vocabulary.trie
+        bits, _, pops = SCRATCH.of(vocabulary)
+        return new_walk(*_walk_whole(dfa.trans, dfa.accept, dfa.has_out, *(dfa.byte_runs if skipping else _NO_RUNS),
+                                     PLAIN_WORDS, t.byte, t.depth, t.end, t.tok_ptr, t.tok_ids,
+                                     *subtree_tables(vocabulary), vocabulary.max_depth, state, bits, pops))
     t = vocabulary.trie
     dense, words, values, found = _walk(dfa.trans, dfa.accept, dfa.has_out, t.byte, t.depth, t.end, t.tok_ptr,
                                         t.tok_ids, *sibling_tables(vocabulary), vocabulary.max_depth, state, nodes,
