@@ -200,6 +200,10 @@ class CompiledGrammar:
             if ready and ready[0][0] < first_terminal:     # (which sort first)
                 ready = self._opened(state, b)
             moved = set()
+            keys = self.masks.keys_stepped(ready, b)
+            if keys is not None:
+                moved.update(keys[0])
+                ready = keys[1]
             for g, s in ready:
                 row = rows.get(g)
                 if row is None:

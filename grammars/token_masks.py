@@ -432,6 +432,24 @@ class TokenMasks:
                 todo.setdefault((ret[s], parent[s], key), (ret[s], parent[s], nodes, key))
         return todo
 
+    def keys_stepped(self, configurations: tuple[tuple[int, int], ...], byte: int
+                     ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | None:
+        """For a parser step over `byte` (`CompiledGrammar.step`) from many configurations (as many as `add_mask`
+        spells together): those in states of chains (object keys) moved over it at once, each to the next state of
+        its chain where the byte is its text's next one; and the others, left to step one by one.  None where the
+        configurations are few.  A key's first bytes stepped a thousand candidate keys one by one, each token's
+        bytes a millisecond."""
+        if len(configurations) < _KEYS_TOGETHER:
+            return None
+        texts, text_from, text_to, _ = self._chain_tables()
+        states = np.fromiter([g for g, _ in configurations], np.int64, len(configurations))
+        at, stop = text_from[states], text_to[states]
+        reads = np.flatnonzero((at >= 0) & (at < stop))
+        moving = reads[texts[at[reads]] == byte].tolist()
+        others = np.flatnonzero(at < 0).tolist()
+        return ([(configurations[k][0] + 1, configurations[k][1]) for k in moving],
+                [configurations[k] for k in others])
+
     def _chain_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:
         """(texts, text_from, text_to, chained): the texts of the automaton's chain terminals packed, per state where
         the rest of its chain's text lies in them (-1: not a state of a chain), and a byte per state, 1 in a chain

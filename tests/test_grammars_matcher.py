@@ -376,6 +376,35 @@ def test_keys_spelled_together_allow_what_stepping_allows(order, monkeypatch):
     assert g.masks._chains is not None and len(g.masks._chains[0])     # the keys were spelled together
 
 
+@pytest.mark.parametrize("order", ["schema", "any"])
+def test_keys_stepped_together_reach_the_states_stepped_one_by_one(order, monkeypatch):
+    """A parser step from many configurations moves those in key states over the byte at once
+    (`TokenMasks.keys_stepped`): every token's bytes reach the state they reach with each configuration stepped on
+    its own, along random walks through an object of many optional members."""
+    from leapgen.grammars import compile_json_schema, token_masks
+
+    keys = ["na", "name", "names", "nan", "type", "typed", "t", "id", "ids", "a_b", "x", "é", "n\"q"]
+    vocabulary = tu.byte_level_bpe()
+    g = compile_json_schema({"type": "object", "properties": {key: {"type": "integer"} for key in keys}}, vocabulary,
+                            property_order=order)
+    rng, together = random.Random(order), 0
+    for _ in range(8):
+        m = g.matcher()
+        for _ in range(40):
+            allowed = sorted(set(m.allowed_token_ids().tolist()) - set(g.vocabulary.eos_ids))
+            if not allowed:
+                break
+            for token in rng.sample(allowed, min(len(allowed), 40)):
+                data = g.vocabulary.token_bytes[token]
+                monkeypatch.setattr(token_masks, "_KEYS_TOGETHER", 2)
+                stepped = g.step(m._state, data)
+                monkeypatch.setattr(token_masks, "_KEYS_TOGETHER", 10 ** 9)
+                assert stepped == g.step(m._state, data) and stepped is not None, data
+                together += len(g.closure(m._state)[0]) >= 2
+            m.advance(rng.choice(allowed))
+    assert together > 100
+
+
 def test_members_passed_over_leave_a_large_objects_masks(monkeypatch):
     """In schema order, once `c` is written `b` may not follow, though it could after `a`: neither its key's tokens
     (kept whole, dense) nor the tokens that write it whole and go on (its frame returns inside them) are allowed."""
