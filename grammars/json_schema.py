@@ -25,7 +25,7 @@ from .json_schema_ir import grammar_size
 from .matcher import CompiledGrammar
 
 __all__ = ["MAX_DOCUMENT_DEPTH", "MAX_LENGTH_CAP", "MAX_SUBSCHEMAS", "MAX_SUBSCHEMA_DEPTH", "JsonSchemaOptions",
-           "compile_json_schema", "json_schema_to_grammar"]
+           "compile_json_schema", "json_schema_to_grammar", "schema_from_text"]
 
 
 def compile_json_schema(schema: Any, tokenizer: Any, **options: Any) -> CompiledGrammar:
@@ -54,13 +54,7 @@ def _compiled(schema: Any, tokenizer: Any, options: dict[str, Any]) -> CompiledG
 def json_schema_to_grammar(schema: Any, **options: Any) -> Grammar:
     """The grammar IR for a JSON schema; raises SchemaError / UnsupportedSchemaError with a JSON pointer."""
     if isinstance(schema, (str, bytes)):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
-        except RecursionError:  # json's C parser recurses per level
-            raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays",
-                                         "") from None
+        schema = schema_from_text(schema)
     try:
         opts = JsonSchemaOptions(**options)
     except TypeError as exc:
@@ -70,6 +64,18 @@ def json_schema_to_grammar(schema: Any, **options: Any) -> Grammar:
             return _grammar(schema, opts)
     except RecursionError:  # the limits leave ample stack; this is for callers already deep in theirs
         raise UnsupportedSchemaError("schema nested too deeply for the stack left to compile it", "") from None
+
+
+def schema_from_text(text: str | bytes) -> Any:
+    """A schema's JSON text as a value: SchemaError where it is not JSON, UnsupportedSchemaError where it nests
+    past what json's parser reads."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
+    except RecursionError:  # json's C parser recurses per level
+        raise UnsupportedSchemaError(f"schema nested deeper than {MAX_DOCUMENT_DEPTH} objects and arrays",
+                                     "") from None
 
 
 def _grammar(schema: Any, opts: JsonSchemaOptions) -> Grammar:

@@ -36,7 +36,12 @@ class JsonSchema:
 
     def as_dict(self) -> dict:
         """The schema as a dict (`true`, which every value satisfies, as {}; `false` as {"not": {}})."""
-        schema = _parsed(self.schema) if isinstance(self.schema, str) else self.schema
+        if isinstance(self.schema, str):     # (read as the compiler reads a schema's text)
+            from leapgen.grammars.json_schema import schema_from_text
+
+            schema = schema_from_text(self.schema)
+        else:
+            schema = self.schema
         if _is_pydantic_model(schema):
             return _with_pydantic_formats(model_json_schema(schema))
         if isinstance(schema, bool):
@@ -79,16 +84,6 @@ class JsonSchema:
         if _is_pydantic_model(self.schema):
             return {"additional_properties": False, **self.options}
         return self.options
-
-
-def _parsed(text: str) -> Any:
-    """A schema's JSON text as a value; SchemaError where it is not JSON, as the compiler says it."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        from leapgen.grammars import SchemaError
-
-        raise SchemaError(f"schema is not valid JSON: {exc}", "") from None
 
 
 @dataclass(frozen=True)
