@@ -188,24 +188,25 @@ def _allowed(mask: np.ndarray, token: int) -> bool:
     return bool((int(mask[token >> 5]) >> (token & 31)) & 1)
 
 
-def run_instance(engine, compiled, token_ids, eos, mask_times) -> bool:
-    """Feed one instance; True when it is accepted to completion (EOS allowed at the end)."""
+def run_instance(engine, compiled, token_ids, eos, mask_times) -> str | None:
+    """Feed one instance, then EOS; None when it is accepted to completion, else where it stopped."""
     m = engine.start(compiled)
-    for token in token_ids:
+    for k, token in enumerate([*token_ids, eos]):
         t = time.perf_counter()
         mask = engine.mask(m)
         mask_times.append(time.perf_counter() - t)
         if not _allowed(mask, token):
-            return False
-        try:
-            if not engine.consume(m, token):
-                return False
-        except Exception:
-            return False
-    t = time.perf_counter()
-    mask = engine.mask(m)
-    mask_times.append(time.perf_counter() - t)
-    return _allowed(mask, eos)
+            return f"token {k} of {len(token_ids)} not allowed"
+        if k < len(token_ids) and not _consumed(engine, m, token):
+            return f"token {k} of {len(token_ids)} refused"
+    return None
+
+
+def _consumed(engine, m, token: int) -> bool:
+    try:
+        return bool(engine.consume(m, token))
+    except Exception:   # an engine's refusal may be an exception
+        return False
 
 
 def bench(engine, files: list[str], tokenizer, instances: bool = True) -> dict:
@@ -238,7 +239,7 @@ def bench(engine, files: list[str], tokenizer, instances: bool = True) -> dict:
         ok = True
         for case in doc["tests"] if instances else ():
             ids = tokenizer.encode(json.dumps(case["data"], ensure_ascii=False), add_special_tokens=False)
-            accepted = run_instance(engine, compiled, ids, eos, mask_times)
+            accepted = run_instance(engine, compiled, ids, eos, mask_times) is None
             if accepted != case["valid"]:
                 ok = False
                 invalid_accepted += not case["valid"]
@@ -275,21 +276,9 @@ def _masks_through(engine, schema, instance, tokenizer) -> str:
         return f"refused ({type(exc).__name__})"
     times = array.array("d")
     ids = tokenizer.encode(json.dumps(instance), add_special_tokens=False)
-    m = engine.start(compiled)
-    for k, token in enumerate([*ids, tokenizer.eos_token_id]):
-        t = time.perf_counter()
-        mask = engine.mask(m)
-        times.append(time.perf_counter() - t)
-        if not _allowed(mask, token):
-            return f"stopped: token {k} of {len(ids)} not allowed"
-        if k == len(ids):
-            break
-        try:
-            consumed = engine.consume(m, token)
-        except Exception:
-            consumed = False
-        if not consumed:
-            return f"stopped: token {k} of {len(ids)} refused"
+    stopped = run_instance(engine, compiled, ids, tokenizer.eos_token_id, times)
+    if stopped is not None:
+        return f"stopped: {stopped}"
     return (f"{np.median(times) * 1e6:.0f} / {max(times) * 1e6:.0f} µs, {sum(times) * 1e3:.0f} ms over "
             f"{len(times)} masks")
 
