@@ -422,7 +422,8 @@ class TokenMasks:
                                states, bits)
         todo = {}
         parent, ret = stacks.parent, stacks.ret
-        for k, end in zip(np.flatnonzero(ends != -1).tolist(), ends[ends != -1].tolist()):
+        left = np.flatnonzero(ends != -1)     # (-1: a key spelled to no node below which tokens go on)
+        for k, end in zip(left.tolist(), ends[left].tolist()):
             g, s = configurations[k]
             if end == -2:
                 todo[(g, s, ROOT_KEY)] = (g, s, ROOT, ROOT_KEY)
