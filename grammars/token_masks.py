@@ -35,7 +35,7 @@ from .object_members import CLAIM, MemberSet
 from .stacks import Edge, FrameTag, StackArena
 from .trie_tables import first_byte_nodes, root_children, subtree_heights
 from .trie_walks import (NO_KEY, NO_POPS, ROOT, ROOT_KEY, SCRATCH, add_walk, narrow_walk, new_walk, patch_walk,
-                         row_reach, run_walk, run_walks_together, skipping_args, spell_from_root)
+                         row_reach, run_walk, run_walks_together, skipping_args, spell_from_root, spelled_apart)
 from .vocab import Vocabulary
 from .walk_cache import SharedWalks, Walk
 
@@ -153,6 +153,25 @@ def _claim_edges(automaton: Automaton, g: int, frame: ObjectFrame) -> ClaimEdges
     return frame.members, tuple(claims), edged, tuple(others)
 
 
+def _key_starts(automaton: Automaton, call_edges: tuple[range, ...], edges: tuple[int, ...], chained: bytes
+                ) -> tuple[int, ...]:
+    """Per member of a large object (by its claim edge in `edges`, -1: none), the state of a chain terminal (its key)
+    that its frame begins in, where its rule starts with one unguarded call into such a state and nothing else; -1
+    elsewhere.  Below some trie nodes, such a frame allows what the key's walk does, and returns nowhere where the
+    walk stops at no pop point."""
+    a = automaton
+    out = []
+    for c in edges:
+        start = -1
+        if c >= 0:
+            callee = int(a.call_callee[c])
+            inner = call_edges[callee] if callee < a.first_terminal and not a.accept[callee] else ()
+            if len(inner) == 1 and a.call_guard[inner[0]] < 0 and chained[a.call_callee[inner[0]]]:
+                start = int(a.call_callee[inner[0]])
+        out.append(start)
+    return tuple(out)
+
+
 class _Claims:
     """Where a member of a large object comes next (after `{` or a separator), below some trie nodes: what each
     member's frame allows, the same whatever the object wrote before it, and the sparse walks of all of them in one
@@ -167,7 +186,9 @@ class _Claims:
         self.known = 0          # bits of the members whose answers are in
         self.returns: dict[int, tuple[tuple[np.ndarray, bytes], ...]] = {}   # of members whose frame can return
         self.dense: list[tuple[int, Walk]] = []     # (member, walk) of the walks kept whole
-        self._sparse: list[tuple[np.ndarray, np.ndarray, int]] = []
+        # (words, values, owners): sparse walks, each entry's member in `owners` (one member's walk, or the keys of
+        # many spelled at once)
+        self._sparse: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._index: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None   # of the first n sparse
 
     def add(self, member: int, answer: FrameAnswer) -> None:
@@ -177,17 +198,22 @@ class _Claims:
             if walk[0] is None:
                 self.dense.append((member, walk))
             elif len(walk[0]):
-                self._sparse.append((walk[0], walk[1], member))
+                self._sparse.append((walk[0], walk[1], np.full(len(walk[0]), member, np.int32)))
         self.known |= 1 << member    # last: a member counts as known once all of it is in
+
+    def add_spelled(self, members: int, words: np.ndarray, values: np.ndarray, owners: np.ndarray) -> None:
+        """Members (bits) whose answers are their keys' walks alone, as sparse entries of theirs (`owners`: member
+        indices)."""
+        if len(words):
+            self._sparse.append((words, values, owners))
+        self.known |= members
 
     def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The sparse walks' words, values and owners (member indices), concatenated."""
         n, kept = len(self._sparse), self._index
         if kept is None or kept[0] != n:
-            parts = self._sparse[:n] or [(np.zeros(0, np.int64), np.zeros(0, np.uint32), 0)]
-            kept = self._index = (n, (
-                np.concatenate([words for words, _, _ in parts]), np.concatenate([values for _, values, _ in parts]),
-                np.concatenate([np.full(len(words), member, np.int32) for words, _, member in parts])))
+            parts = self._sparse[:n] or [(np.zeros(0, np.int64), np.zeros(0, np.uint32), np.zeros(0, np.int32))]
+            kept = self._index = (n, tuple(np.concatenate(column) for column in zip(*parts)))
         return kept[1]
 
 
@@ -230,6 +256,7 @@ class TokenMasks:
         self.large_objects = {g: frame for frame in automaton.frames if frame.members.size >= _CLAIMS_TOGETHER
                               for g in (frame.first, frame.next)}
         self._claim_edges: dict[int, ClaimEdges] = {}
+        self._key_starts: dict[int, tuple[int, ...]] = {}    # see `_key_starts`, by object state
         self._claims: dict[tuple[int, bytes], _Claims] = {}
         # the structural states of rules that read the same in every grammar holding them, as (rule key, state in
         # the rule): answers inside them are shared between grammars (`_in_frame`)
@@ -592,6 +619,8 @@ class TokenMasks:
                 self._claims.clear()
             table = self._claims[(g, nodes_key)] = _Claims()
         missing = chosen & ~table.known
+        if missing:
+            missing = self._keys_apart(g, edges, table, missing, nodes)
         while missing:
             member = missing.bit_length() - 1
             missing ^= 1 << member
@@ -611,6 +640,39 @@ class TokenMasks:
                 below = stacks.below(s, edge)
                 for ends, ends_key in rets:
                     nexts.append((edge[1], below, ends, ends_key))
+
+    def _keys_apart(self, g: int, edges: tuple[int, ...], table: _Claims, missing: int, nodes: np.ndarray) -> int:
+        """Of the `missing` members of the large object at `g` (bits), those whose frames begin with their keys
+        (`_key_starts`) have their keys spelled below `nodes` in one compiled pass (`spelled_apart`), and join `table`
+        where the key's walk stops at no pop point: their answer is that walk.  Returns the members left to search
+        (a key spelled to its end below a node where tokens go on, or a frame of another start).  One frame search
+        per member took 16-30 ms a mask at the first few places a member of a thousand may come next."""
+        starts = self._key_starts.get(g)
+        if starts is None:
+            starts = self._key_starts[g] = _key_starts(self.a, self.call_edges, edges, self._chain_tables()[3])
+        members = []
+        bits = missing
+        while bits:
+            member = bits.bit_length() - 1
+            bits ^= 1 << member
+            if starts[member] >= 0:
+                members.append(member)
+        if not members:
+            return missing
+        texts, text_from, text_to, _ = self._chain_tables()
+        t = self.vocabulary.trie
+        words, values, owners, popping = spelled_apart(
+            t.byte, t.end, t.tok_ptr, t.tok_ids, self._root_children, nodes, texts, text_from, text_to,
+            np.array([starts[member] for member in members], np.int64))
+        joined = 0
+        for member, pops in zip(members, popping.tolist()):
+            if not pops:
+                joined |= 1 << member
+        if popping.any():      # (their entries go with their frame searches)
+            kept = ~popping[owners]
+            words, values, owners = words[kept], values[kept], owners[kept]
+        table.add_spelled(joined, words, values, np.array(members, np.int32)[owners])
+        return missing & ~joined
 
     def _union(self, walks: tuple[Walk, ...]) -> Walk:
         """The tokens of all `walks` as one walk (no pop points)."""

@@ -314,6 +314,57 @@ def spelled(t_byte, t_end, t_tok_ptr, t_tok_ids, nodes, text):  # pragma: no cov
 
 
 @numba.njit(cache=True, nogil=True)
+def spelled_apart(t_byte, t_end, t_tok_ptr, t_tok_ids, first_nodes, nodes, texts, text_from, text_to,
+                  states):  # pragma: no cover - compiled
+    """`spelled` below `nodes` for many chain states at once (state q reads `texts[text_from[q]:text_to[q]]`), each
+    state's tokens kept apart: (words, values, owners, popping), the states' sparse bitmasks one after another (each
+    one's words sorted), the index in `states` each entry belongs to, and per state whether it spells all of its
+    text at a node where tokens go on (a pop point, which `spelled` returns).  The first answers of a thousand
+    object members took one `spelled` each, and the Python around it."""
+    n = len(states)
+    popping = np.zeros(n, np.bool_)
+    room = np.zeros(n + 1, np.int64)    # where each state's path nodes go in `path`
+    for k in range(n):
+        room[k + 1] = room[k] + len(nodes) * (text_to[states[k]] - text_from[states[k]])
+    path = np.empty(room[n], np.int64)
+    ends = room[:n].copy()              # past each state's path nodes
+    count = 0
+    for k in range(n):
+        q = states[k]
+        for node in nodes:
+            below = node
+            for i in range(text_from[q], text_to[q]):
+                below = first_nodes[texts[i]] if below == 0 else child(t_byte, t_end, below, texts[i])
+                if below < 0:
+                    break
+                path[ends[k]] = below
+                ends[k] += 1
+                count += t_tok_ptr[below + 1] - t_tok_ptr[below]
+            if below >= 0 and t_end[below] > below + 1:
+                popping[k] = True
+    tids = np.empty(count, np.int64)
+    words = np.empty(count, np.int64)
+    values = np.zeros(count, np.uint32)
+    owners = np.empty(count, np.int32)
+    m = 0
+    for k in range(n):
+        c = 0
+        for node in path[room[k]:ends[k]]:
+            for j in range(t_tok_ptr[node], t_tok_ptr[node + 1]):
+                tids[c] = t_tok_ids[j]
+                c += 1
+        own = tids[:c]
+        own.sort()
+        for i in range(c):
+            if i == 0 or own[i] >> 5 != own[i - 1] >> 5:
+                words[m] = own[i] >> 5
+                owners[m] = k
+                m += 1
+            values[m - 1] |= np.uint32(1) << np.uint32(own[i] & 31)
+    return words[:m], values[:m], owners[:m], popping
+
+
+@numba.njit(cache=True, nogil=True)
 def spell_from_root(t_byte, t_end, t_tok_ptr, t_tok_ids, first_nodes, texts, text_from, text_to, states,
                     bits):  # pragma: no cover - compiled
     """`spelled` from the trie's root for many states at once, each reading one text (`texts[text_from[q]:text_to[q]]`
@@ -611,11 +662,11 @@ def run_walks_together(starts: list[tuple[DFA, int]], vocabulary: Vocabulary) ->
 
 
 def load_kernels(vocabulary: Vocabulary) -> None:
-    """Load `patch_walk`, `narrow_walk`, `_walk_many`, `spelled`, `spell_from_root`, `_or_words` and the
-    whole-vocabulary walk, and make the trie's tables, now: only a patched, narrowed or shared whole-vocabulary walk
-    (inside a key beside declared ones, a length-bounded string, branches of a `oneOf` of patterns), a key's walk and
-    a state of many keys call the first ones, and a mask ORs its sparse walks with `_or_words`, so they would
-    otherwise load, from numba's disk cache, inside the first mask that needs one."""
+    """Load `patch_walk`, `narrow_walk`, `_walk_many`, `spelled`, `spell_from_root`, `spelled_apart`, `_or_words`
+    and the whole-vocabulary walk, and make the trie's tables, now: only a patched, narrowed or shared whole-vocabulary
+    walk (inside a key beside declared ones, a length-bounded string, branches of a `oneOf` of patterns), a key's walk,
+    a state of many keys and a large object's members call the first ones, and a mask ORs its sparse walks with
+    `_or_words`, so they would otherwise load, from numba's disk cache, inside the first mask that needs one."""
     t = vocabulary.trie
     bits = np.zeros(vocabulary.mask_words, np.uint32)
     nowhere = DFA(np.full((1, 256), -1, np.int32), np.zeros(1, bool))
@@ -626,5 +677,7 @@ def load_kernels(vocabulary: Vocabulary) -> None:
     run_walk(nowhere, vocabulary, 0, ROOT, wide=True)
     spell_from_root(t.byte, t.end, t.tok_ptr, t.tok_ids, np.full(256, -1, np.int64), np.zeros(0, np.uint8),
                     np.full(1, -1, np.int64), np.full(1, -1, np.int64), np.zeros(1, np.int64), bits)
+    spelled_apart(t.byte, t.end, t.tok_ptr, t.tok_ids, np.full(256, -1, np.int64), ROOT, np.zeros(0, np.uint8),
+                  np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))
     run_walks_together([(nowhere, 0), (nowhere, 0)], vocabulary)
     _or_words(bits, np.zeros(1, np.int64), np.zeros(1, np.uint32))

@@ -356,6 +356,45 @@ def test_masks_of_large_objects_equal_brute_force_stepping(order, monkeypatch):
 
 
 @pytest.mark.parametrize("order", ["schema", "any"])
+def test_members_keys_spelled_apart_allow_what_their_frame_searches_allow(order, monkeypatch):
+    """Where a member of a large object may come next, the members whose frames begin with their keys have the keys
+    spelled in one pass (`TokenMasks._keys_apart`), and those whose keys some token writes whole and goes on past
+    are searched as before: masks equal those of a frame search per member, along random walks that take tokens
+    ending a member and starting the next key, and tokens writing a whole key and its value."""
+    from leapgen.grammars import compile_json_schema, token_masks
+
+    monkeypatch.setattr(token_masks, "_CLAIMS_TOGETHER", 4)
+    vocabulary = _member_vocabulary("abcdefghijkl")
+    schema = {"type": "object", "properties": {key: {"type": "integer"} for key in "abcdefghijkl"},
+              "required": ["b", "k"], "additionalProperties": False}
+    apart, searched = [], []    # (table, members) joined each way
+    spelled, add = token_masks._Claims.add_spelled, token_masks._Claims.add
+    monkeypatch.setattr(token_masks._Claims, "add_spelled",
+                        lambda table, members, *rest: apart.append((table, members)) or spelled(table, members, *rest))
+    monkeypatch.setattr(token_masks._Claims, "add",
+                        lambda table, member, answer: searched.append((table, member)) or add(table, member, answer))
+    g = compile_json_schema(schema, vocabulary, whitespace="flexible", property_order=order)
+    one_by_one = compile_json_schema(schema, vocabulary, whitespace="flexible", property_order=order)
+    one_by_one.masks._keys_apart = lambda g, edges, table, missing, nodes: missing
+    rng = random.Random(order)
+    for _ in range(12):
+        m, other = g.matcher(), one_by_one.matcher()
+        for _ in range(50):
+            allowed = set(m.allowed_token_ids().tolist())
+            assert allowed == set(other.allowed_token_ids().tolist())
+            long_ones = [t for t in allowed if t not in vocabulary.eos_ids and len(vocabulary.token_bytes[t]) > 1]
+            choices = long_ones if long_ones and rng.random() < 0.7 else sorted(allowed - set(vocabulary.eos_ids))
+            if not choices:
+                break
+            token = rng.choice(choices)
+            m.advance(token)
+            other.advance(token)
+    tables = [id(table) for table in g.masks._claims.values()]
+    assert sum(bin(members).count("1") for table, members in apart if id(table) in tables) > 50
+    assert sum(id(table) in tables for table, _ in searched) > 5    # both ways were taken
+
+
+@pytest.mark.parametrize("order", ["schema", "any"])
 def test_keys_spelled_together_allow_what_stepping_allows(order, monkeypatch):
     """A parser state of many key states (after `{"` in an object of many optional members, here from two on) has
     its keys spelled from the root in one pass (`spell_from_root`): keys that are prefixes of others, tokens ending

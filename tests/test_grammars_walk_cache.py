@@ -132,27 +132,67 @@ def test_a_mask_needing_several_wide_walks_takes_them_in_one_pass(monkeypatch):
     assert vocabulary.encode("customer", add_special_tokens=False)[0] in batched
 
 
+def _spelling_cases(rng: np.random.Generator):
+    """Per vocabulary (cl100k, a byte-level BPE): it, its tokens' bytes, and a maker of random sets of trie nodes
+    to spell below that nest (pop points after a quote, a pop point below another, and nodes anywhere)."""
+    for vocabulary in (tu.cl100k(), tu.byte_level_bpe()):
+        vocabulary = as_vocabulary(vocabulary)
+        below_quote = trie_walks.run_walk(chain_dfa(b'"'), vocabulary, 0, trie_walks.ROOT)[2]
+        size = len(vocabulary.trie.end)
+
+        def random_nodes(below_quote=below_quote, size=size) -> np.ndarray:
+            return np.unique(np.concatenate([below_quote, rng.integers(size, size=3).astype(np.int32)])).astype(
+                np.int32)
+
+        yield vocabulary, [b for b in vocabulary.token_bytes if b], random_nodes
+
+
 def test_a_chain_of_bytes_is_walked_down_its_path_as_the_trie_walk_would():
     """An object key's DFA reads one text: its walk follows the text down the trie (`trie_walks.spelled`) and equals the
     trie walk of the same DFA, tokens, pop points and storage, from every state, below the root or below nodes
     that nest (a pop point below another)."""
     rng = np.random.default_rng(7)
-    for vocabulary in (tu.cl100k(), tu.byte_level_bpe()):
-        vocabulary = as_vocabulary(vocabulary)
-        t = vocabulary.trie
-        tokens = [b for b in vocabulary.token_bytes if b]
-        below_quote = trie_walks.run_walk(chain_dfa(b'"'), vocabulary, 0, trie_walks.ROOT)[2]
+    for vocabulary, tokens, random_nodes in _spelling_cases(rng):
         for trial in range(300):
             text = b"".join(tokens[i] for i in rng.integers(len(tokens), size=3))[:int(rng.integers(1, 20))]
             text = b'"' + text + b'"' if trial % 3 == 0 else text
             dfa = chain_dfa(text)
-            nodes = trie_walks.ROOT if trial % 2 else np.unique(np.concatenate(
-                [below_quote, rng.integers(len(t.end), size=3).astype(np.int32)])).astype(np.int32)
+            nodes = trie_walks.ROOT if trial % 2 else random_nodes()
             for state in range(dfa.num_states):
                 spelled = trie_walks.run_walk(dfa, vocabulary, state, nodes)
                 walked = trie_walks.run_walk(DFA(dfa.trans, dfa.accept), vocabulary, state, nodes)  # (no chain)
                 assert (_bits_of(spelled, vocabulary.mask_words) == _bits_of(walked, vocabulary.mask_words)).all()
                 assert spelled[2].tolist() == walked[2].tolist() and (spelled[0] is None) == (walked[0] is None)
+
+
+def test_texts_spelled_apart_equal_each_text_spelled_alone():
+    """`trie_walks.spelled_apart` (many chain states' texts below the same nodes in one pass, a large object's
+    members' keys) gives each state the tokens and the pop point `spelled` gives it alone: below the root and below
+    nodes that nest, texts that are prefixes of others, empty rests (a chain's last state) and bytes that are no
+    UTF-8."""
+    rng = np.random.default_rng(11)
+    for vocabulary, tokens, random_nodes in _spelling_cases(rng):
+        t = vocabulary.trie
+        for trial in range(60):
+            texts = [b'"' + b"".join(tokens[i] for i in rng.integers(len(tokens), size=2))[:int(rng.integers(1, 12))]
+                     + b'"' for _ in range(int(rng.integers(1, 12)))]
+            texts += [texts[0][:int(rng.integers(1, len(texts[0]) + 1))], b"\xff\xfe"]
+            packed = np.frombuffer(b"".join(texts), np.uint8)
+            at = np.cumsum([0] + [len(text) for text in texts])
+            # states: each text from its start, from inside it and from its end
+            text_from = np.concatenate([at[:-1], at[:-1] + 1, at[1:]]).astype(np.int64)
+            text_to = np.concatenate([at[1:], at[1:], at[1:]]).astype(np.int64)
+            states = rng.permutation(len(text_from)).astype(np.int64)
+            nodes = trie_walks.ROOT if trial % 2 else random_nodes()
+            words, values, owners, popping = trie_walks.spelled_apart(
+                t.byte, t.end, t.tok_ptr, t.tok_ids, trie_tables.root_children(vocabulary), nodes, packed, text_from,
+                text_to, states)
+            for k, q in enumerate(states.tolist()):
+                text = packed[text_from[q]:text_to[q]].copy()
+                alone = trie_walks.spelled(t.byte, t.end, t.tok_ptr, t.tok_ids, nodes, text)
+                own = owners == k
+                assert words[own].tolist() == alone[0].tolist() and values[own].tolist() == alone[1].tolist()
+                assert popping[k] == (len(alone[2]) > 0)
 
 
 def test_a_subtree_search_finds_a_text_exactly_where_a_token_below_holds_it():
