@@ -267,6 +267,19 @@ def _walk(trans, accept, has_out, t_byte, t_depth, t_end, t_tok_ptr, t_tok_ids, 
 
 
 @numba.njit(cache=True, nogil=True)
+def _path_tokens(t_tok_ptr, t_tok_ids, path, count):  # pragma: no cover - compiled
+    """The tokens of the trie nodes `path` (`count` of them), sorted."""
+    tids = np.empty(count, np.int64)
+    c = 0
+    for node in path:
+        for j in range(t_tok_ptr[node], t_tok_ptr[node + 1]):
+            tids[c] = t_tok_ids[j]
+            c += 1
+    tids.sort()
+    return tids
+
+
+@numba.njit(cache=True, nogil=True)
 def spelled(t_byte, t_end, t_tok_ptr, t_tok_ids, nodes, text):  # pragma: no cover - compiled
     """`_walk`'s result for a DFA that reads `text` alone and then accepts: below each of `nodes`, the
     tokens spelling a start of `text`, and the node spelling all of it where tokens go on below it (a pop point);
@@ -285,13 +298,7 @@ def spelled(t_byte, t_end, t_tok_ptr, t_tok_ids, nodes, text):  # pragma: no cov
             steps += 1
             count += t_tok_ptr[below + 1] - t_tok_ptr[below]
         ends[k] = below if below >= 0 and t_end[below] > below + 1 else -1
-    tids = np.empty(count, np.int64)
-    count = 0
-    for node in path[:steps]:
-        for j in range(t_tok_ptr[node], t_tok_ptr[node + 1]):
-            tids[count] = t_tok_ids[j]
-            count += 1
-    tids.sort()
+    tids = _path_tokens(t_tok_ptr, t_tok_ids, path[:steps], count)
     distinct = 0
     for i in range(count):
         if i == 0 or tids[i] >> 5 != tids[i - 1] >> 5:
@@ -323,39 +330,36 @@ def spelled_apart(t_byte, t_end, t_tok_ptr, t_tok_ids, first_nodes, nodes, texts
     object members took one `spelled` each, and the Python around it."""
     n = len(states)
     popping = np.zeros(n, np.bool_)
-    room = np.zeros(n + 1, np.int64)    # where each state's path nodes go in `path`
+    longest = 0
     for k in range(n):
-        room[k + 1] = room[k] + len(nodes) * (text_to[states[k]] - text_from[states[k]])
-    path = np.empty(room[n], np.int64)
-    ends = room[:n].copy()              # past each state's path nodes
-    count = 0
+        longest = max(longest, text_to[states[k]] - text_from[states[k]])
+    path = np.empty(len(nodes) * longest, np.int64)    # one state's path nodes at a time
+    words = np.empty(64, np.int64)
+    values = np.zeros(64, np.uint32)
+    owners = np.empty(64, np.int32)
+    m = 0
     for k in range(n):
         q = states[k]
+        steps = count = 0
         for node in nodes:
             below = node
             for i in range(text_from[q], text_to[q]):
                 below = first_nodes[texts[i]] if below == 0 else child(t_byte, t_end, below, texts[i])
                 if below < 0:
                     break
-                path[ends[k]] = below
-                ends[k] += 1
+                path[steps] = below
+                steps += 1
                 count += t_tok_ptr[below + 1] - t_tok_ptr[below]
             if below >= 0 and t_end[below] > below + 1:
                 popping[k] = True
-    tids = np.empty(count, np.int64)
-    words = np.empty(count, np.int64)
-    values = np.zeros(count, np.uint32)
-    owners = np.empty(count, np.int32)
-    m = 0
-    for k in range(n):
-        c = 0
-        for node in path[room[k]:ends[k]]:
-            for j in range(t_tok_ptr[node], t_tok_ptr[node + 1]):
-                tids[c] = t_tok_ids[j]
-                c += 1
-        own = tids[:c]
-        own.sort()
-        for i in range(c):
+        own = _path_tokens(t_tok_ptr, t_tok_ids, path[:steps], count)
+        if m + count > len(words):      # (room doubled: a table's first keys below many nodes hold many tokens)
+            size = max(2 * len(words), m + count)
+            grown_words, grown_values, grown_owners = np.empty(size, np.int64), np.zeros(size, np.uint32), \
+                np.empty(size, np.int32)
+            grown_words[:m], grown_values[:m], grown_owners[:m] = words[:m], values[:m], owners[:m]
+            words, values, owners = grown_words, grown_values, grown_owners
+        for i in range(count):
             if i == 0 or own[i] >> 5 != own[i - 1] >> 5:
                 words[m] = own[i] >> 5
                 owners[m] = k

@@ -361,7 +361,7 @@ def test_members_keys_spelled_apart_allow_what_their_frame_searches_allow(order,
     spelled in one pass (`TokenMasks._keys_apart`), and those whose keys some token writes whole and goes on past
     are searched as before: masks equal those of a frame search per member, along random walks that take tokens
     ending a member and starting the next key, and tokens writing a whole key and its value."""
-    from leapgen.grammars import compile_json_schema, token_masks
+    from leapgen.grammars import compile_json_schema, token_masks, trie_walks
 
     monkeypatch.setattr(token_masks, "_CLAIMS_TOGETHER", 4)
     vocabulary = _member_vocabulary("abcdefghijkl")
@@ -392,6 +392,7 @@ def test_members_keys_spelled_apart_allow_what_their_frame_searches_allow(order,
     tables = [id(table) for table in g.masks._claims.values()]
     assert sum(bin(members).count("1") for table, members in apart if id(table) in tables) > 50
     assert sum(id(table) in tables for table, _ in searched) > 5    # both ways were taken
+    assert len(trie_walks.spelled_apart.signatures) == 1     # the kernel warm_up loads, never compiled again
 
 
 @pytest.mark.parametrize("order", ["schema", "any"])

@@ -177,7 +177,7 @@ def test_texts_spelled_apart_equal_each_text_spelled_alone():
             texts = [b'"' + b"".join(tokens[i] for i in rng.integers(len(tokens), size=2))[:int(rng.integers(1, 12))]
                      + b'"' for _ in range(int(rng.integers(1, 12)))]
             texts += [texts[0][:int(rng.integers(1, len(texts[0]) + 1))], b"\xff\xfe"]
-            packed = np.frombuffer(b"".join(texts), np.uint8)
+            packed = np.frombuffer(b"".join(texts), np.uint8).copy()     # (writable, as the kernel is loaded for)
             at = np.cumsum([0] + [len(text) for text in texts])
             # states: each text from its start, from inside it and from its end
             text_from = np.concatenate([at[:-1], at[:-1] + 1, at[1:]]).astype(np.int64)
