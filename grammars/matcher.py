@@ -194,31 +194,52 @@ class CompiledGrammar:
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`, or None if the grammar cannot continue with it."""
-        rows, stacks, first_terminal = self._rows, self.stacks, self.automaton.first_terminal
+        first_terminal, accepting = self.automaton.first_terminal, self.masks.accepting
+        plain = not self.stacks.captures
         for b in data:
-            ready, _ = self.closure(state)   # terminal states (they alone consume bytes), and large objects' states
-            if ready and ready[0][0] < first_terminal:     # (which sort first)
-                ready = self._opened(state, b)
-            moved = set()
-            keys = self.masks.keys_stepped(ready, b)
-            if keys is not None:
-                moved.update(keys[0])
-                ready = keys[1]
-            for g, s in ready:
-                row = rows.get(g)
-                if row is None:
-                    # targets left local, shifted per byte read: a copy of the row shifted to global states cost
-                    # 3 us on each state's first byte (BFCL: half the time of a token's step)
-                    row = rows[g] = self.automaton.terminal_row(g)
-                target = int(row[1][b])
-                if target >= 0:
-                    moved.add((target + row[0], s))
-            if stacks.captures:     # a captured text records the byte
-                moved = {(g, stacks.extend(s, bytes((b,)))) for g, s in moved}
-            state = tuple(sorted(moved))
-            if not state:
-                return None
+            g = state[0][0]
+            if plain and len(state) == 1 and g >= first_terminal and not accepting[g]:
+                # inside one terminal that cannot end here (a string's inside, a key): its closure is itself, so the
+                # byte moves it along its row, without `_step_byte`'s closure, set and sort
+                first, row = self._row(g)
+                target = int(row[b])
+                if target < 0:
+                    return None
+                state = ((target + first, state[0][1]),)
+            else:
+                state = self._step_byte(state, b)
+                if state is None:
+                    return None
         return state
+
+    def _step_byte(self, state: State, b: int) -> State | None:
+        """The state after byte `b` from any state (`step` moves some without it)."""
+        ready, _ = self.closure(state)   # terminal states (they alone consume bytes), and large objects' states
+        if ready and ready[0][0] < self.automaton.first_terminal:     # (which sort first)
+            ready = self._opened(state, b)
+        moved = set()
+        keys = self.masks.keys_stepped(ready, b)
+        if keys is not None:
+            moved.update(keys[0])
+            ready = keys[1]
+        for g, s in ready:
+            first, row = self._row(g)
+            target = int(row[b])
+            if target >= 0:
+                moved.add((target + first, s))
+        stacks = self.stacks
+        if stacks.captures:     # a captured text records the byte
+            moved = {(g, stacks.extend(s, bytes((b,)))) for g, s in moved}
+        return tuple(sorted(moved)) or None
+
+    def _row(self, g: int) -> tuple[int, np.ndarray]:
+        """Terminal state `g`'s first state of its terminal and its byte row there (cached): targets left local,
+        shifted per byte read, where a copy of the row shifted to global states cost 3 us on each state's first
+        byte (BFCL: half the time of a token's step)."""
+        row = self._rows.get(g)
+        if row is None:
+            row = self._rows[g] = self.automaton.terminal_row(g)
+        return row
 
     def step_token(self, state: State, token_id: int) -> State | None:
         """`step` over a token's bytes, cached per state and token (but where texts are captured, which their stacks

@@ -445,6 +445,40 @@ def test_keys_stepped_together_reach_the_states_stepped_one_by_one(order, monkey
     assert together > 100
 
 
+def test_steps_inside_one_terminal_reach_the_states_of_byte_by_byte_steps():
+    """`step` moves a state of one terminal that cannot end yet (a string's inside, a key) along its row, without a
+    closure: every token, allowed or not, reaches the state (or None) that `_step_byte` reaches over its bytes, along
+    random walks (inside strings, keys, numbers, captured texts, which record each byte, and parallel branches)."""
+    from leapgen.grammars import compile_json_schema
+
+    schemas = [{"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z ]+$"},
+                                                 "n": {"type": "number"}}},
+               {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+               {"anyOf": [{"type": "object", "properties": {"key": {"type": "string", "maxLength": 9}}},
+                          {"type": "object", "properties": {"key": {"type": "string", "format": "date"}}}]}]
+    rng, inside, branched = random.Random(0), 0, 0
+    for schema in schemas:
+        g = compile_json_schema(schema, tu.byte_level_bpe())
+        for _ in range(6):
+            m = g.matcher()
+            for _ in range(30):
+                allowed = sorted(set(m.allowed_token_ids().tolist()) - set(g.vocabulary.eos_ids))
+                if not allowed:
+                    break
+                tokens = rng.sample(allowed, min(len(allowed), 20)) + rng.sample(range(g.vocabulary.size), 20)
+                for data in filter(None, (g.vocabulary.token_bytes[token] for token in tokens)):
+                    state = m._state
+                    for b in data:
+                        state = g._step_byte(state, b) if state is not None else None
+                    assert g.step(m._state, data) == state, data
+                first = m._state[0][0]
+                inside += (len(m._state) == 1 and first >= g.automaton.first_terminal and not g.masks.accepting[first]
+                           and not g.stacks.captures)
+                branched += len(m._state) > 1
+                m.advance(rng.choice(allowed))
+    assert inside > 10 and branched > 10
+
+
 def test_members_passed_over_leave_a_large_objects_masks(monkeypatch):
     """In schema order, once `c` is written `b` may not follow, though it could after `a`: neither its key's tokens
     (kept whole, dense) nor the tokens that write it whole and go on (its frame returns inside them) are allowed."""
