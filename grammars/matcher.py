@@ -485,7 +485,7 @@ class Matcher:
         if self._ended or not 0 <= token_id < self.grammar.vocabulary.size:
             return None
         g = self.grammar
-        if not g.mask(self._state)[token_id >> 5] >> np.uint32(token_id & 31) & 1:
+        if not int(g.mask(self._state)[token_id >> 5]) >> (token_id & 31) & 1:     # (numpy's scalar ops: 0.4 us)
             return None
         if token_id in g.vocabulary.eos_ids:
             return self._state
