@@ -95,6 +95,23 @@ def test_masks_refuse_repeated_texts_exactly(schema):
         oracle_walk(grammar, schema, random.Random(seed), 14)
 
 
+@pytest.mark.parametrize("items", [{"type": "string"}, {"type": "integer"}, {"type": "string", "pattern": "^a*$"},
+                                   {"type": ["integer", "string", "null"], "maximum": 12, "maxLength": 1}],
+                         ids=["strings", "integers", "pattern", "scalars"])
+def test_tokens_not_searched_for_a_text_written_again_are_taken_to_write_it(items, monkeypatch):
+    """Below a pop point whose trie subtree is too large to search (`writes_again`; on cl100k the root, where a
+    number may end before the token), a token is taken to write the text again, and the search goes on with the
+    text added: the masks stay exact with every subtree so taken."""
+    from leapgen.grammars import token_masks
+
+    monkeypatch.setattr(token_masks, "_SEARCHED_FOR_TEXTS", 0)
+    monkeypatch.setattr(token_masks, "writes_again", None)     # never called
+    schema = {"type": "array", "items": items, "uniqueItems": True, "minItems": 2}
+    grammar = compile_json_schema(schema, small_vocabulary(), whitespace="compact")
+    for seed in range(6):
+        oracle_walk(grammar, schema, random.Random(seed), 14)
+
+
 def test_repeated_keys_do_not_count_towards_min_properties():
     grammar = compile_json_schema({"minProperties": 2}, byte_level_bpe(), whitespace="compact")
     assert not accepts(grammar, byte_level_bpe(), '{"":0,"":0}')
