@@ -16,6 +16,7 @@ import pytest
 from fuzz_checks import has_duplicate_keys, random_walk
 from leapgen.grammars import SchemaError, compile_json_schema
 from leapgen.grammars.stacks import StackArena
+from leapgen.grammars.trie_walks import add_walk
 from leapgen.grammars.vocab import Vocabulary, build_trie
 from tokenizers_util import accepts, byte_level_bpe, cl100k
 
@@ -110,6 +111,43 @@ def test_tokens_not_searched_for_a_text_written_again_are_taken_to_write_it(item
     grammar = compile_json_schema(schema, small_vocabulary(), whitespace="compact")
     for seed in range(6):
         oracle_walk(grammar, schema, random.Random(seed), 14)
+
+
+@pytest.mark.parametrize("items, values", [({"type": "string"}, [f"tag {i}" for i in range(24)]),
+                                           ({"type": "integer"}, [1000 + 37 * i for i in range(24)])],
+                         ids=["strings", "integers"])
+def test_what_follows_a_text_is_kept_only_for_stacks_that_outlive_the_mask(items, values):
+    """Where a captured text ends and the texts do not matter, what follows is kept per (return state, stack below,
+    trie nodes) for the masks after (`TokenMasks._after_text`), only where the stack below is not one the mask made
+    (it releases those, and their ids are made again for other stacks): the masks through an array equal those of
+    a grammar that keeps nothing, and each kept answer is a fresh search of its key."""
+    import numpy as np
+
+    from leapgen.grammars.trie_walks import NO_POPS, new_walk
+
+    tok = cl100k()
+    schema = {"type": "array", "items": items, "uniqueItems": True}
+    kept, plain = compile_json_schema(schema, tok), compile_json_schema(schema, tok)
+
+    def searched(s, pops, stacks):
+        bits = np.zeros(plain.vocabulary.mask_words, np.uint32)
+        plain.masks._search(bits, [(stacks.ret[s], stacks.parent[s], pops, pops.tobytes())], stacks)
+        return new_walk(bits, NO_POPS)
+
+    plain.masks._after_text = searched
+    a, b = kept.matcher(), plain.matcher()
+    for token in tok.encode(json.dumps(values), add_special_tokens=False):
+        assert (a.allowed_token_ids() == b.allowed_token_ids()).all()
+        a.advance(token)
+        b.advance(token)
+    masks, stacks = kept.masks, kept.stacks
+    assert len(masks._after_texts) >= 10
+    for (ret, below, nodes_key), walk in masks._after_texts.items():
+        assert below < len(stacks.parent)
+        bits, fresh = np.zeros(masks.vocabulary.mask_words, np.uint32), np.zeros(masks.vocabulary.mask_words, np.uint32)
+        add_walk(walk, bits)
+        masks._search(fresh, [(ret, below, np.frombuffer(nodes_key, np.int32), nodes_key)], stacks)
+        assert (bits == fresh).all()
 
 
 def test_repeated_keys_do_not_count_towards_min_properties():
