@@ -11,7 +11,7 @@ import numba
 import numpy as np
 
 from .fsm import DFA, packed_bytes
-from .trie_tables import child, set_tokens, subtree_heights
+from .trie_tables import child, set_tokens, subtree_heights, subtree_tables
 from .vocab import Vocabulary
 
 # the fewest bytes to a dead end (`dead_depth`) where no text written can leave a captured terminal without completions
@@ -61,6 +61,18 @@ def reading_nodes(t_byte, t_end, row, nodes):  # pragma: no cover - compiled
                 keep[k] = True
                 break
             i = t_end[i]
+    return nodes[keep]
+
+
+@numba.njit(cache=True, nogil=True)
+def followed_nodes(t_below, nodes, after):  # pragma: no cover - compiled
+    """The trie `nodes` below which some byte of `after` (four 64-bit words) lies."""
+    keep = np.zeros(len(nodes), np.bool_)
+    for k in range(len(nodes)):
+        for m in range(4):
+            if t_below[nodes[k], m] & after[m]:
+                keep[k] = True
+                break
     return nodes[keep]
 
 
@@ -161,3 +173,4 @@ def load_kernels(vocabulary: Vocabulary) -> None:
     clear_below(bits, t.end, t.tok_ptr, t.tok_ids, descend_texts(t.byte, t.end, 0, 1, data, ends, no))
     writes_again(t.byte, t.depth, t.end, subtree_heights(vocabulary), 0, text)
     reading_nodes(t.byte, t.end, nowhere[0], np.zeros(1, np.int32))
+    followed_nodes(subtree_tables(vocabulary)[1], np.zeros(1, np.int32), np.zeros(4, np.uint64))

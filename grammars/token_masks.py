@@ -28,12 +28,12 @@ import numpy as np
 
 from . import captured_texts, trie_walks
 from .automaton import CAPTURE_FRAME, Automaton, ObjectFrame
-from .captured_texts import (NO_DEAD_END, clear_below, dead_depth, dead_depths, dead_ends, descend_texts, goes_on,
-                             reading_nodes, writes_again)
+from .captured_texts import (NO_DEAD_END, clear_below, dead_depth, dead_depths, dead_ends, descend_texts,
+                             followed_nodes, goes_on, reading_nodes, writes_again)
 from .fsm import DFA, packed_bytes
 from .object_members import CLAIM, MemberSet
 from .stacks import Edge, FrameTag, StackArena
-from .trie_tables import first_byte_nodes, root_children, subtree_heights
+from .trie_tables import first_byte_nodes, root_children, subtree_heights, subtree_tables
 from .trie_walks import (NO_KEY, NO_POPS, ROOT, ROOT_KEY, SCRATCH, add_walk, narrow_walk, new_walk, patch_walk,
                          row_reach, run_walk, run_walks_together, skipping_args, spell_from_root, spelled_apart)
 from .vocab import Vocabulary
@@ -260,6 +260,9 @@ class TokenMasks:
         # nodes), for stacks below `_kept`, which outlive the mask being searched (see `_after_text`)
         self._after_texts: dict[tuple[int, int, bytes], Walk] = {}
         self._kept = 0
+        # see `_bytes_after`: by return state, and by (return state, stack below)
+        self._bytes_after_states: dict[int, np.ndarray] = {}
+        self._bytes_after_texts: dict[tuple[int, int], np.ndarray] = {}
         # the states of objects with `_CLAIMS_TOGETHER` members or more where a member comes next, and their edges
         # once searched or read by the parser (see `claim_edges`)
         self.large_objects = {g: frame for frame in automaton.frames if frame.members.size >= _CLAIMS_TOGETHER
@@ -741,7 +744,7 @@ class TokenMasks:
         going_on = goes_on(dfa.trans, dfa.has_out, g - first, data, ends)
         going_on[len(written):] = False
         cuts = ~going_on
-        heights = subtree_heights(self.vocabulary)
+        heights, below = subtree_tables(self.vocabulary)
         # where the text may not end here, a node with no child the terminal can read adds nothing (its own token came
         # with the walk that popped there): whitespace before an item pops at 180 nodes, few of which go on with a quote
         if not dfa.accept[g - first]:
@@ -766,6 +769,10 @@ class TokenMasks:
                 if (heights[pop] > dead_reach or t.end[pop] - pop > _SEARCHED_FOR_TEXTS
                         or writes_again(t.byte, t.depth, t.end, heights, pop, np.frombuffer(whole, np.uint8))):
                     tall.append((pop, whole))
+            if tall:    # a pop point below which no byte may follow the text goes on with nothing
+                followed = followed_nodes(below, np.array([pop for pop, _ in tall], np.int32),
+                                          self._bytes_after(s, stacks)).tolist()
+                tall = [item for item in tall if item[0] in followed]
             short = pops[heights[pops] > 0]
             if tall:
                 short = short[~np.isin(short, [pop for pop, _ in tall])]
@@ -801,6 +808,45 @@ class TokenMasks:
             if len(self._after_texts) >= _FRAME_CACHE_LIMIT:
                 self._after_texts.clear()
             hit = self._after_texts[key] = new_walk(bits, NO_POPS)
+        return hit
+
+    def _bytes_after(self, s: int, stacks: StackArena) -> np.ndarray:
+        """The bytes that may come first once the captured text of stack `s` ends (four 64-bit words, as the trie's
+        bytes below each node).  A token ending the text at a pop point with none of them below goes on with nothing:
+        a number's digits (30 unique integers: ten such points a mask, each searched with the text added, a third of
+        its time).  Kept per return state where no guard or return was met on the way (an array's separator; every
+        item's object frame below is another stack), else per stack below where it outlives the mask."""
+        ret, below = stacks.ret[s], stacks.parent[s]
+        hit = self._bytes_after_states.get(ret)
+        if hit is None:
+            hit = self._bytes_after_texts.get((ret, below))
+        if hit is not None:
+            return hit
+        a, call_edges, guard_of = self.a, self.call_edges, self.a.call_guard
+        reads = np.zeros(256, np.bool_)
+        todo, seen, read_below = [(ret, below)], {(ret, below)}, False
+        while todo:
+            g, s = todo.pop()
+            if g >= a.first_terminal:
+                reads |= a.terminal_row(g)[1] >= 0
+                continue
+            edges = call_edges[g]
+            read_below = read_below or any(guard_of[c] >= 0 for c in edges)
+            nexts = stacks.calls(s, edges)
+            if self.accepting[g] and s:
+                read_below = True
+                nexts.append((stacks.ret[s], stacks.parent[s]))
+            for cfg in nexts:
+                if cfg not in seen:
+                    seen.add(cfg)
+                    todo.append(cfg)
+        hit = np.packbits(reads, bitorder="little").view(np.uint64)
+        if not read_below:
+            self._bytes_after_states[ret] = hit
+        elif below < self._kept:
+            if len(self._bytes_after_texts) >= _FRAME_CACHE_LIMIT:
+                self._bytes_after_texts.clear()
+            self._bytes_after_texts[(ret, below)] = hit
         return hit
 
     def _dead_reach(self, stacks: StackArena, s: int) -> int:

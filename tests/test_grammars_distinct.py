@@ -150,6 +150,47 @@ def test_what_follows_a_text_is_kept_only_for_stacks_that_outlive_the_mask(items
         assert (bits == fresh).all()
 
 
+def test_pop_points_below_which_nothing_may_follow_the_text_are_not_searched_with_it():
+    """A token that ends a number at a digit's trie node and goes on below it only writes more digits, which no
+    separator may begin with: such a pop point is not searched with the text added (`TokenMasks._bytes_after`, the
+    bytes that may come first once the text ends).  The masks through arrays equal those of a grammar searching every
+    such point, and points were left out."""
+    import numpy as np
+
+    from leapgen.grammars import captured_texts, token_masks
+
+    tok = cl100k()
+    left_out = []
+
+    def followed(t_below, nodes, after):
+        kept = captured_texts.followed_nodes(t_below, nodes, after)
+        left_out.append(len(nodes) - len(kept))
+        return kept
+
+    every = np.full(4, np.iinfo(np.uint64).max, np.uint64)
+    for items, values in [({"type": "integer"}, [1000 + 37 * i for i in range(12)] + [7, 70, 707]),
+                          ({"type": ["integer", "string"]}, [5, "5", 55, "a", 550, "b5"])]:
+        schema = {"type": "array", "items": items, "uniqueItems": True}
+        pruned, plain = compile_json_schema(schema, tok), compile_json_schema(schema, tok)
+        plain.masks._bytes_after = lambda s, stacks: every
+        a, b = pruned.matcher(), plain.matcher()
+        for token in tok.encode(json.dumps(values), add_special_tokens=False):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(token_masks, "followed_nodes", followed)
+                allowed = a.allowed_token_ids()
+            assert (allowed == b.allowed_token_ids()).all()
+            a.advance(token)
+            b.advance(token)
+        # inside a number: its digits may go on, a separator or the array's end may follow
+        m = pruned.matcher()
+        for token in tok.encode("[12", add_special_tokens=False):
+            m.advance(token)
+        (_, s), = m._state
+        after = np.unpackbits(pruned.masks._bytes_after(s, pruned.stacks).view(np.uint8), bitorder="little")
+        assert after[ord(",")] and after[ord("]")] and not after[ord("0"):ord("9") + 1].any()
+    assert sum(left_out) > 0
+
+
 def test_repeated_keys_do_not_count_towards_min_properties():
     grammar = compile_json_schema({"minProperties": 2}, byte_level_bpe(), whitespace="compact")
     assert not accepts(grammar, byte_level_bpe(), '{"":0,"":0}')
