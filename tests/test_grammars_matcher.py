@@ -428,20 +428,14 @@ def test_keys_stepped_together_reach_the_states_stepped_one_by_one(order, monkey
     g = compile_json_schema({"type": "object", "properties": {key: {"type": "integer"} for key in keys}}, vocabulary,
                             property_order=order)
     rng, together = random.Random(order), 0
-    for _ in range(8):
-        m = g.matcher()
-        for _ in range(40):
-            allowed = sorted(set(m.allowed_token_ids().tolist()) - set(g.vocabulary.eos_ids))
-            if not allowed:
-                break
-            for token in rng.sample(allowed, min(len(allowed), 40)):
-                data = g.vocabulary.token_bytes[token]
-                monkeypatch.setattr(token_masks, "_KEYS_TOGETHER", 2)
-                stepped = g.step(m._state, data)
-                monkeypatch.setattr(token_masks, "_KEYS_TOGETHER", 10 ** 9)
-                assert stepped == g.step(m._state, data) and stepped is not None, data
-                together += len(g.closure(m._state)[0]) >= 2
-            m.advance(rng.choice(allowed))
+    for m, allowed in _walk_states(g, rng, walks=8, steps=40):
+        for token in rng.sample(allowed, min(len(allowed), 40)):
+            data = g.vocabulary.token_bytes[token]
+            monkeypatch.setattr(token_masks, "_KEYS_TOGETHER", 2)
+            stepped = g.step(m._state, data)
+            monkeypatch.setattr(token_masks, "_KEYS_TOGETHER", 10 ** 9)
+            assert stepped == g.step(m._state, data) and stepped is not None, data
+            together += len(g.closure(m._state)[0]) >= 2
     assert together > 100
 
 
@@ -459,24 +453,31 @@ def test_steps_inside_one_terminal_reach_the_states_of_byte_by_byte_steps():
     rng, inside, branched = random.Random(0), 0, 0
     for schema in schemas:
         g = compile_json_schema(schema, tu.byte_level_bpe())
-        for _ in range(6):
-            m = g.matcher()
-            for _ in range(30):
-                allowed = sorted(set(m.allowed_token_ids().tolist()) - set(g.vocabulary.eos_ids))
-                if not allowed:
-                    break
-                tokens = rng.sample(allowed, min(len(allowed), 20)) + rng.sample(range(g.vocabulary.size), 20)
-                for data in filter(None, (g.vocabulary.token_bytes[token] for token in tokens)):
-                    state = m._state
-                    for b in data:
-                        state = g._step_byte(state, b) if state is not None else None
-                    assert g.step(m._state, data) == state, data
-                first = m._state[0][0]
-                inside += (len(m._state) == 1 and first >= g.automaton.first_terminal and not g.masks.accepting[first]
-                           and not g.stacks.captures)
-                branched += len(m._state) > 1
-                m.advance(rng.choice(allowed))
+        for m, allowed in _walk_states(g, rng, walks=6, steps=30):
+            tokens = rng.sample(allowed, min(len(allowed), 20)) + rng.sample(range(g.vocabulary.size), 20)
+            for data in filter(None, (g.vocabulary.token_bytes[token] for token in tokens)):
+                state = m._state
+                for b in data:
+                    state = g._step_byte(state, b) if state is not None else None
+                assert g.step(m._state, data) == state, data
+            first = m._state[0][0]
+            inside += (len(m._state) == 1 and first >= g.automaton.first_terminal and not g.masks.accepting[first]
+                       and not g.stacks.captures)
+            branched += len(m._state) > 1
     assert inside > 10 and branched > 10
+
+
+def _walk_states(g, rng: random.Random, walks: int, steps: int):
+    """Random walks through `g`'s masks: yields each matcher at each state with its allowed tokens but eos, then
+    advances it by one of them."""
+    for _ in range(walks):
+        m = g.matcher()
+        for _ in range(steps):
+            allowed = sorted(set(m.allowed_token_ids().tolist()) - set(g.vocabulary.eos_ids))
+            if not allowed:
+                break
+            yield m, allowed
+            m.advance(rng.choice(allowed))
 
 
 def test_members_passed_over_leave_a_large_objects_masks(monkeypatch):
