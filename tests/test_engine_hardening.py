@@ -12,7 +12,6 @@ import json
 import os
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -503,34 +502,37 @@ def test_two_open_streams_and_a_generate_between_them_each_get_all_their_text(te
     assert_idle(text_llm)
 
 
-class SlowToCompile:
-    """A constraint spec whose compile takes a while, and says when it ended."""
+class HeldCompile:
+    """A constraint spec whose compile starts, then waits until the test lets it go on (at most `hold` seconds)."""
 
-    def __init__(self, inner):
-        self.inner, self.compiled_at = inner, None
+    def __init__(self, inner, hold: float):
+        self.inner, self.hold = inner, hold
+        self.started, self.released = threading.Event(), threading.Event()
+        self.let_go = False     # whether the test let it go on before `hold` ran out
 
     def key(self) -> tuple:
-        return ("slow", id(self), *self.inner.key())
+        return ("held", id(self), *self.inner.key())
 
     def compile(self, vocabulary):
-        time.sleep(1.0)
-        compiled = self.inner.compile(vocabulary)
-        self.compiled_at = time.monotonic()
-        return compiled
+        self.started.set()
+        self.let_go = self.released.wait(self.hold)
+        return self.inner.compile(vocabulary)
 
 
 def test_a_constraint_compiling_on_one_thread_holds_no_other_callers_steps(text_llm):
     """A request is checked (its constraint compiled) before the engine's lock is taken: a thread adding a request
-    whose schema compiles for a second no longer held a stream on another thread for that second."""
-    slow = SlowToCompile(Regex(r"[0-9]{3}"))
+    whose schema compiles for a long time no longer held a stream on another thread meanwhile.  The compile here
+    waits until the stream has ended; were the lock held through it, the stream would wait out its hold (an order of
+    events, not a race of timings: the test held on a loaded machine)."""
+    held = HeldCompile(Regex(r"[0-9]{3}"), hold=20.0)
     with ThreadPoolExecutor(1) as pool:
         constrained = pool.submit(lambda: "".join(text_llm.stream("x", SamplingParams(max_tokens=5,
-                                                                                        constraint=slow))))
-        time.sleep(0.2)                        # its compile is under way
+                                                                                        constraint=held))))
+        assert held.started.wait(20.0)
         text = "".join(text_llm.stream("the story", SamplingParams(max_tokens=20, ignore_eos=True)))
-        streamed_at = time.monotonic()
+        held.released.set()
         digits = constrained.result()
-    assert text and streamed_at < slow.compiled_at
+    assert text and held.let_go
     assert len(digits) == 3 and digits.isdigit()
     assert_idle(text_llm)
 
