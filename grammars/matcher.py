@@ -194,6 +194,8 @@ class CompiledGrammar:
 
     def step(self, state: State, data: bytes) -> State | None:
         """The state after `data`, or None if the grammar cannot continue with it."""
+        if not state:
+            return None
         first_terminal, accepting = self.automaton.first_terminal, self.masks.accepting
         plain = not self.stacks.captures
         for b in data:

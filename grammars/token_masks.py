@@ -827,12 +827,13 @@ class TokenMasks:
         todo, seen, read_below = [(ret, below)], {(ret, below)}, False
         while todo:
             g, s = todo.pop()
-            if g >= a.first_terminal:
+            if g >= a.first_terminal:   # a terminal reads first, and one that may end at once returns too
                 reads |= a.terminal_row(g)[1] >= 0
-                continue
-            edges = call_edges[g]
-            read_below = read_below or any(guard_of[c] >= 0 for c in edges)
-            nexts = stacks.calls(s, edges)
+                nexts = []
+            else:
+                edges = call_edges[g]
+                read_below = read_below or any(guard_of[c] >= 0 for c in edges)
+                nexts = stacks.calls(s, edges)
             if self.accepting[g] and s:
                 read_below = True
                 nexts.append((stacks.ret[s], stacks.parent[s]))

@@ -191,6 +191,33 @@ def test_pop_points_below_which_nothing_may_follow_the_text_are_not_searched_wit
     assert sum(left_out) > 0
 
 
+def test_the_bytes_after_a_text_pass_a_terminal_that_may_be_empty():
+    """After each unique item a terminal that may match nothing (`x*`) comes before the separator: the bytes that may
+    follow the text (`TokenMasks._bytes_after`) are its own, the separator's and the close's, and the masks stay exact
+    where a token ends an item and writes it again (`1,1,` after `[`: read as the terminal's bytes alone, the pop
+    point after the first 1 was left out, and the token allowed)."""
+    import numpy as np
+
+    from leapgen.grammars import compile_grammar, ir
+
+    spans = ["2,12", "1,1", "1,1,", "x,12", "2,1", "12"]
+    tokens = [bytes((b,)) for b in range(32, 127)] + [t.encode() for t in spans]
+    vocab = Vocabulary(len(tokens) + 1, tokens + [None], {}, (len(tokens),), build_trie(tokens + [None]))
+    item = ir.Seq((ir.Capture(ir.Terminal("[0-9]+")), ir.Terminal("x*")))
+    rules = {"start": ir.Ref("list"),
+             "list": ir.Members(open=ir.Lit("["), members=(), separator=ir.Lit(","), close=ir.Lit("]"), extra=item)}
+    grammar = compile_grammar(ir.Grammar(rules, "start"), vocab)
+    matcher, text = grammar.matcher(), b""
+    for byte in b"[12,1":
+        assert_mask_exact(grammar, matcher, text)
+        matcher.advance(byte - 32)
+        text += bytes((byte,))
+    assert tokens.index(b"2,12") not in assert_mask_exact(grammar, matcher, text)
+    (_, s), = matcher._state
+    after = np.unpackbits(grammar.masks._bytes_after(s, grammar.stacks).view(np.uint8), bitorder="little")
+    assert set(np.flatnonzero(after).tolist()) == {ord(","), ord("]"), ord("x")}
+
+
 def test_repeated_keys_do_not_count_towards_min_properties():
     grammar = compile_json_schema({"minProperties": 2}, byte_level_bpe(), whitespace="compact")
     assert not accepts(grammar, byte_level_bpe(), '{"":0,"":0}')
