@@ -22,6 +22,7 @@ holding two keys is checked for both.
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_left
 
 import numba
 import numpy as np
@@ -733,7 +734,9 @@ class TokenMasks:
         written since differs per node).  The written texts go to the kernels packed: checked one Python call per
         text and byte, JsonSchemaStore's webhook (41 unique role ids, then a repeat) took up to 11 ms a mask."""
         t, text = self.vocabulary.trie, stacks.tag[s]
-        written = [w[len(text):] for w in stacks.written(s) if w.startswith(text)]
+        # the written texts the text so far begins: a run of them, sorted as they are (UTF-8 never holds 0xff)
+        written = stacks.written(s)
+        written = [w[len(text):] for w in written[bisect_left(written, text):bisect_left(written, text + b"\xff")]]
         dead_reach = self._dead_reach(stacks, s)
         first, dfa = self.a.terminal_of(g)
         # the written texts, then the starts only such texts complete (where they can run out), packed together
