@@ -11,6 +11,7 @@ import json
 import random
 
 import jsonschema
+import numpy as np
 import pytest
 
 from fuzz_checks import has_duplicate_keys, random_walk
@@ -24,9 +25,9 @@ _SPANNING = ['""', '"",""', '":0,"', '":', ',"', '"a"', 'a":0,"a"', '"a":0', '"b
              '"a","a"', '"","', '0,"', '1,1', '1,2', ',1]', '10', '.5', '[1,', '0]']
 
 
-def small_vocabulary() -> Vocabulary:
-    """Every printable ASCII byte and the tokens above; the last id is eos."""
-    tokens = [bytes((b,)) for b in range(32, 127)] + [t.encode() for t in _SPANNING]
+def small_vocabulary(spanning: list[str] = _SPANNING) -> Vocabulary:
+    """Every printable ASCII byte and the `spanning` tokens (those above by default); the last id is eos."""
+    tokens = [bytes((b,)) for b in range(32, 127)] + [t.encode() for t in spanning]
     token_bytes = tokens + [None]
     return Vocabulary(len(token_bytes), token_bytes, {}, (len(tokens),), build_trie(token_bytes))
 
@@ -121,8 +122,6 @@ def test_what_follows_a_text_is_kept_only_for_stacks_that_outlive_the_mask(items
     trie nodes) for the masks after (`TokenMasks._after_text`), only where the stack below is not one the mask made
     (it releases those, and their ids are made again for other stacks): the masks through an array equal those of
     a grammar that keeps nothing, and each kept answer is a fresh search of its key."""
-    import numpy as np
-
     from leapgen.grammars.trie_walks import NO_POPS, new_walk
 
     tok = cl100k()
@@ -155,8 +154,6 @@ def test_pop_points_below_which_nothing_may_follow_the_text_are_not_searched_wit
     separator may begin with: such a pop point is not searched with the text added (`TokenMasks._bytes_after`, the
     bytes that may come first once the text ends).  The masks through arrays equal those of a grammar searching every
     such point, and points were left out."""
-    import numpy as np
-
     from leapgen.grammars import captured_texts, token_masks
 
     tok = cl100k()
@@ -185,9 +182,8 @@ def test_pop_points_below_which_nothing_may_follow_the_text_are_not_searched_wit
         m = pruned.matcher()
         for token in tok.encode("[12", add_special_tokens=False):
             m.advance(token)
-        (_, s), = m._state
-        after = np.unpackbits(pruned.masks._bytes_after(s, pruned.stacks).view(np.uint8), bitorder="little")
-        assert after[ord(",")] and after[ord("]")] and not after[ord("0"):ord("9") + 1].any()
+        after = _bytes_after(pruned, m)
+        assert {ord(","), ord("]")} <= after and not after & set(b"0123456789")
     assert sum(left_out) > 0
 
 
@@ -196,13 +192,9 @@ def test_the_bytes_after_a_text_pass_a_terminal_that_may_be_empty():
     follow the text (`TokenMasks._bytes_after`) are its own, the separator's and the close's, and the masks stay exact
     where a token ends an item and writes it again (`1,1,` after `[`: read as the terminal's bytes alone, the pop
     point after the first 1 was left out, and the token allowed)."""
-    import numpy as np
-
     from leapgen.grammars import compile_grammar, ir
 
-    spans = ["2,12", "1,1", "1,1,", "x,12", "2,1", "12"]
-    tokens = [bytes((b,)) for b in range(32, 127)] + [t.encode() for t in spans]
-    vocab = Vocabulary(len(tokens) + 1, tokens + [None], {}, (len(tokens),), build_trie(tokens + [None]))
+    vocab = small_vocabulary(["2,12", "1,1", "1,1,", "x,12", "2,1", "12"])
     item = ir.Seq((ir.Capture(ir.Terminal("[0-9]+")), ir.Terminal("x*")))
     rules = {"start": ir.Ref("list"),
              "list": ir.Members(open=ir.Lit("["), members=(), separator=ir.Lit(","), close=ir.Lit("]"), extra=item)}
@@ -212,10 +204,15 @@ def test_the_bytes_after_a_text_pass_a_terminal_that_may_be_empty():
         assert_mask_exact(grammar, matcher, text)
         matcher.advance(byte - 32)
         text += bytes((byte,))
-    assert tokens.index(b"2,12") not in assert_mask_exact(grammar, matcher, text)
+    assert vocab.token_bytes.index(b"2,12") not in assert_mask_exact(grammar, matcher, text)
+    assert _bytes_after(grammar, matcher) == {ord(","), ord("]"), ord("x")}
+
+
+def _bytes_after(grammar, matcher) -> set[int]:
+    """`TokenMasks._bytes_after` of the matcher's one configuration, inside a captured text, as a set of bytes."""
     (_, s), = matcher._state
     after = np.unpackbits(grammar.masks._bytes_after(s, grammar.stacks).view(np.uint8), bitorder="little")
-    assert set(np.flatnonzero(after).tolist()) == {ord(","), ord("]"), ord("x")}
+    return set(np.flatnonzero(after).tolist())
 
 
 def test_repeated_keys_do_not_count_towards_min_properties():
@@ -335,8 +332,7 @@ def test_masks_stay_exact_where_whitespace_and_long_tokens_surround_the_items():
     the next, or write it again whole (`", "a"`, ` "a", "a"`): only where a token below can write the ended text
     again is it followed with the text added, and the masks stay those of the brute-force oracle."""
     spanning = ['", "', '", "a"', ' "a", "a"', '"a", "b", "a"', '  "', '   ', ', "', '"b", "', '"ab"', '1, 1', ', 10']
-    tokens = [bytes((b,)) for b in range(32, 127)] + [t.encode() for t in _SPANNING + spanning]
-    vocab = Vocabulary(len(tokens) + 1, tokens + [None], {}, (len(tokens),), build_trie(tokens + [None]))
+    vocab = small_vocabulary(_SPANNING + spanning)
     for schema in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
                    {"type": "array", "items": {"type": "string", "maxLength": 1, "pattern": "^[ab]*$"},
                     "uniqueItems": True},
