@@ -148,8 +148,8 @@ class LLMEngine:
         self._to_propose: list[tuple[EngineRequest, SequenceState]] = []   # accepted a token this step
         self.requests: dict[int, EngineRequest] = {}
         self._owner: dict[int, tuple[EngineRequest, SequenceState]] = {}      # seq_id -> its request and state
-        self._compiled: OrderedDict[tuple, TokenConstraint] = OrderedDict()
-        self._shortest: OrderedDict[tuple, int | None] = OrderedDict()   # tokens of its shortest output, per constraint
+        # per constraint spec: its compiled constraint and the tokens of its shortest output (see `_constraint`)
+        self._compiled: OrderedDict[tuple, tuple[TokenConstraint, int | None]] = OrderedDict()
         self._advanced: dict[int, EngineRequest] = {}    # requests whose outputs the current step returns
         self._masks_ahead = MasksAhead()
         self._step_masks: dict[int, np.ndarray] = {}     # seq_id -> its mask for this step, computed during the pass
@@ -196,47 +196,43 @@ class LLMEngine:
         thread's steps go on while a constraint compiles."""
         checked = check_request(prompt, params or SamplingParams(), self.tokenizer, self.limits)
         if checked.params.constraint is not None:
-            checked.constraint = self.compile(checked.params.constraint)
-            shortest = self._shortest_output(checked.params.constraint)
+            checked.constraint, shortest = self._constraint(checked.params.constraint)
             if shortest is not None and shortest > checked.params.max_tokens:
                 raise RequestError(f"max_tokens={checked.params.max_tokens} is too small for the constraint: its "
                                    f"shortest output takes {shortest} tokens")
         return checked
 
-    def _shortest_output(self, spec: ConstraintSpec) -> int | None:
-        """Tokens in the shortest output `spec` allows (None when the vocabulary cannot tell), worked out once per
-        spec while it stays among the `CONSTRAINTS_KEPT` used last."""
-        key = spec.key()
-        with self._lock:
-            if key in self._shortest:
-                self._shortest.move_to_end(key)
-                return self._shortest[key]
-        closing = self.compile(spec).matcher().completion_tokens()
-        with self._lock:
-            return _kept(self._shortest, key, None if closing is None else len(closing))
-
     def compile(self, spec: ConstraintSpec) -> TokenConstraint:
-        """`spec` compiled for this model's vocabulary, once per spec while it stays among the `CONSTRAINTS_KEPT`
-        used last; RequestError when no token of the vocabulary can even start an output inside it."""
+        """`spec` compiled for this model's vocabulary; RequestError when no token of the vocabulary can even start
+        an output inside it."""
+        return self._constraint(spec)[0]
+
+    def _constraint(self, spec: ConstraintSpec) -> tuple[TokenConstraint, int | None]:
+        """`spec` compiled, with the tokens of its shortest output, once per spec while it stays among the
+        `CONSTRAINTS_KEPT` used last.  The compile and the search for the shortest output run outside the lock, so
+        another thread's steps go on meanwhile (a server's loop; the constraint compiler shares its memos between
+        threads), on a grammar no other thread holds yet: a compiled grammar's parser takes no lock of its own, and
+        once kept it is used under the engine's lock only (its steps, the masks computed during a forward pass).
+        (Searched on the kept grammar, two requests with one new schema could be inside it at once.)"""
         key = spec.key()
         with self._lock:
-            compiled = self._compiled.get(key)
-            if compiled is not None:
+            kept = self._compiled.get(key)
+            if kept is not None:
                 self._compiled.move_to_end(key)
-                return compiled
-        # outside the lock: another thread's steps go on while this compiles (a server's loop; the constraint
-        # compiler shares its memos between threads)
+                return kept
         compiled = spec.compile(self.vocabulary)
-        if not len(compiled.matcher().allowed_token_ids()):
+        start = compiled.matcher()
+        if not len(start.allowed_token_ids()):
             raise RequestError("constraint: no token of this model's vocabulary can start an output that "
                                "matches it (the vocabulary cannot spell it)")
+        closing = start.completion_tokens()
         with self._lock:
-            return _kept(self._compiled, key, compiled)
+            return _kept(self._compiled, key, (compiled, None if closing is None else len(closing)))
 
     def prepare(self, spec: ConstraintSpec) -> None:
         """Compile `spec` and work out its shortest output, as a request holding it will ask: for another thread
         to do ahead of the request while this engine steps (RequestError / ValueError where it is refused)."""
-        self._shortest_output(spec)
+        self._constraint(spec)
 
     def add_request(self, prompt: str | Seq[int] | CheckedRequest, params: SamplingParams | None = None) -> int:
         """Queue a prompt (or an already checked request); returns its request id."""

@@ -124,7 +124,6 @@ def test_the_engine_keeps_only_the_most_recently_used_compiled_constraints(engin
 
     monkeypatch.setattr(llm_engine, "CONSTRAINTS_KEPT", 2)
     monkeypatch.setattr(engine, "_compiled", type(engine._compiled)())
-    monkeypatch.setattr(engine, "_shortest", type(engine._shortest)())
     one, two, three = Regex("a"), Regex("aa"), Regex("aaa")
     first = engine.compile(one)
     engine.compile(two)
@@ -142,7 +141,7 @@ def test_the_engine_keeps_only_the_most_recently_used_compiled_constraints(engin
     assert finished[queued].outputs[0].text == "aa"
     outputs, _, _ = run(engine, three, params)
     assert [o.outputs[0].text for o in outputs] == ["aaa"] * 3
-    assert len(engine._compiled) == 2 and len(engine._shortest) <= 2
+    assert len(engine._compiled) == 2
 
 
 def test_schemas_listing_their_properties_in_two_orders_keep_their_own_orders(engine):

@@ -537,6 +537,66 @@ def test_a_constraint_compiling_on_one_thread_holds_no_other_callers_steps(text_
     assert_idle(text_llm)
 
 
+class Watched:
+    """A compiled constraint that tells whether two threads were ever inside it at once: a search for its shortest
+    output waits (at most `hold` seconds) for a second one to come in."""
+
+    def __init__(self, inner, hold: float, searching: threading.Event):
+        self.inner, self.hold, self.searching = inner, hold, searching
+        self.together = threading.Barrier(2)
+        self.shared = False
+
+    def matcher(self, max_tokens=None):
+        return WatchedMatcher(self, self.inner.matcher(max_tokens))
+
+
+class WatchedMatcher:
+    def __init__(self, owner: Watched, inner):
+        self.owner, self.inner = owner, inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def completion_tokens(self):
+        self.owner.searching.set()
+        try:
+            self.owner.together.wait(self.owner.hold)
+            self.owner.shared = True
+        except threading.BrokenBarrierError:
+            pass
+        return self.inner.completion_tokens()
+
+
+class WatchedSpec:
+    def __init__(self, inner, hold: float):
+        self.inner, self.hold = inner, hold
+        self.compiled: list[Watched] = []
+        self.searching = threading.Event()      # set once a search for a shortest output began
+
+    def key(self) -> tuple:
+        return ("watched", id(self), *self.inner.key())
+
+    def compile(self, vocabulary):
+        self.compiled.append(Watched(self.inner.compile(vocabulary), self.hold, self.searching))
+        return self.compiled[-1]
+
+
+def test_two_requests_with_one_new_constraint_never_search_one_grammar_at_once(text_llm):
+    """A compiled grammar's parser takes no lock of its own: the engine searches a new constraint's shortest output
+    before keeping it, so a second request with the same constraint, checked meanwhile on another thread, works on a
+    grammar of its own (it searched the kept one, with the first request inside it).  An order of events: the second
+    check starts once the first is inside its search, which waits there for a second thread."""
+    spec = WatchedSpec(Regex(r"[0-9]{3}"), hold=1.0)
+    params = SamplingParams(max_tokens=5, constraint=spec)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(text_llm.engine.check, "x", params)
+        assert spec.searching.wait(20.0)
+        second = pool.submit(text_llm.engine.check, "y", params)
+        checked = [first.result(), second.result()]
+    assert not any(grammar.shared for grammar in spec.compiled)
+    assert all(c.constraint in spec.compiled for c in checked)
+
+
 def test_threads_sharing_one_llm_get_what_each_would_alone(text_llm):
     """Two threads calling generate() on one LLM: their steps take turns under the engine's lock and serve both
     batches (they failed with KeyErrors or ended requests after one token)."""

@@ -525,7 +525,7 @@ def test_a_constraint_whose_compile_hits_a_bug_is_a_500_for_it_alone(server, cli
     def broken(spec):
         raise FileNotFoundError("a file the grammar named")
 
-    monkeypatch.setattr(server.engine_loop.engine, "compile", broken)
+    monkeypatch.setattr(server.engine_loop.engine, "_constraint", broken)
     request = {"model": MODEL, "prompt": "p", "max_tokens": 5, "extra_body": {"regex": "[a-z]{4}"}}
     status, body = error_of(lambda: client.completions.create(**request))
     assert status == 500 and "could not be compiled" in body["message"]
