@@ -30,7 +30,11 @@ _IDS_CACHE_LIMIT = 1 << 8  # id lists take up to 8 bytes a token (800 KB on cl10
 
 
 class CompiledGrammar:
-    """A grammar compiled for one vocabulary; `.matcher()` starts a sequence."""
+    """A grammar compiled for one vocabulary; `.matcher()` starts a sequence.
+
+    One thread at a time: its matchers share its parser's stack arena and caches, which take no lock (a mask
+    releases the stacks it made, another thread's among them).  Grammars of their own may run on threads of
+    their own; the engine uses a grammar it keeps under its lock only."""
 
     def __init__(self, automaton: Automaton, vocabulary: Vocabulary):
         self.automaton = automaton
