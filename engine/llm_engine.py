@@ -419,7 +419,7 @@ class LLMEngine:
             metrics.time_to_first_token = time.perf_counter() - request.arrival
         for i, token in enumerate(sampled_tokens[:accepted + 1]):
             if i == accepted and state.constraint is not None:
-                if i and self.config.enable_forced_tokens and state.constraint.is_forced():
+                if i and self._jumps(state.seq.params) and state.constraint.is_forced():
                     break                       # the draft ended where the text is forced: the jump below appends it
                 token = state.constraint.admissible(token, self.vocabulary.eos_ids)    # closes in time
             if state.completion.logprobs is not None:
@@ -434,7 +434,7 @@ class LLMEngine:
         self._advanced[request.request_id] = request
         # jumps until the next token is a choice: a forced text that completes the output leaves eos forced next
         # (one jump a step took a forward pass of its own to sample the eos, the only token allowed)
-        while state.constraint is not None and not state.finished and self.config.enable_forced_tokens:
+        while state.constraint is not None and not state.finished and self._jumps(state.seq.params):
             room = state.seq.params.max_tokens - state.seq.num_output_tokens
             jumped = state.constraint.jump(self.vocabulary.eos_ids, room)
             if not jumped:
@@ -454,6 +454,13 @@ class LLMEngine:
         elif self.proposer is not None and state.seq.params.speculative and state.seq.params.num_beams == 1:
             # (beams read one token a step: each step ranks all of a request's candidates together)
             self._to_propose.append((request, state))
+
+    def _jumps(self, params: SamplingParams) -> bool:
+        """Whether a constrained request's forced continuations are appended without sampling: not where its own
+        processors may rule tokens out (`logit_bias`, `no_repeat_ngram_size`, `logits_processors`), which a jump's
+        tokens would pass by (a banned token came out in the forced text's canonical spelling)."""
+        return self.config.enable_forced_tokens and not (params.logit_bias or params.no_repeat_ngram_size
+                                                         or params.logits_processors)
 
     def _propose(self) -> None:
         """Draft the next tokens of every speculating sequence that accepted tokens this step, in one batch."""
@@ -483,7 +490,7 @@ class LLMEngine:
         masks = None
         if state.constraint is not None:         # cut at the first token the constraint rejects
             draft, masks = constrain_draft(state.constraint.matcher, draft, self.vocabulary.mask_words,
-                                           self.vocabulary.eos_ids, self.config.enable_forced_tokens)
+                                           self.vocabulary.eos_ids, self._jumps(state.seq.params))
         if draft:
             state.set_draft(draft, masks)
 

@@ -116,6 +116,35 @@ def test_regex_and_lark_constraints(engine):
         parser.parse(completion.text)
 
 
+def test_a_request_whose_processors_may_rule_tokens_out_takes_no_forced_jumps(engine):
+    """A forced continuation is appended in its canonical spelling without sampling, which passed by the request's
+    own processors: a token banned by `logit_bias` came out in a forced text, and a logits processor saw one row of
+    six tokens.  Such a request samples every token (the same text, spelled with tokens its processors allow)."""
+    text = " says hello world"
+    forced = Regex("(cat|dog)" + text)
+    canonical = engine.tokenizer.encode(text, add_special_tokens=False)
+    banned = [t for t in canonical if len(engine.tokenizer.decode([t])) > 1]
+    assert banned
+    plain, _, jumped = run(engine, forced, SamplingParams(max_tokens=40), prompts=("x",))
+    assert jumped > 0 and any(t in plain[0].outputs[0].token_ids for t in banned)
+    bias = SamplingParams(max_tokens=40, logit_bias={t: float("-inf") for t in banned})
+    outputs, steps, jumped = run(engine, forced, bias, prompts=("x",))
+    ids = outputs[0].outputs[0].token_ids
+    assert jumped == 0 and not set(ids) & set(banned)
+    assert outputs[0].outputs[0].text == plain[0].outputs[0].text and steps == len(ids)
+    rows = []
+
+    def counting(token_ids, logits):
+        rows.append(len(token_ids))
+        return logits
+
+    outputs, steps, jumped = run(engine, forced, SamplingParams(max_tokens=40, logits_processors=[counting]),
+                                 prompts=("x",))
+    assert jumped == 0 and len(rows) == len(outputs[0].outputs[0].token_ids) == steps
+    outputs, _, jumped = run(engine, forced, SamplingParams(max_tokens=40, no_repeat_ngram_size=3), prompts=("x",))
+    assert jumped == 0 and outputs[0].outputs[0].text == plain[0].outputs[0].text
+
+
 def test_the_engine_keeps_only_the_most_recently_used_compiled_constraints(engine, monkeypatch):
     """A server meeting a new schema in every request keeps only the last `CONSTRAINTS_KEPT` grammars, each with its
     caches of masks: a constraint used again becomes the most recent, one dropped compiles again for a later
