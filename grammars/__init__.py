@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from . import ir
@@ -13,26 +12,15 @@ from .lark_grammar import lark_to_ir
 from .matcher import CompiledGrammar, Matcher
 from .regex import regex_dfa
 from .vocab import Vocabulary, as_vocabulary, vocabulary_for
-from .walk_cache import make_room
 from .warm_up import warm_up
 
-# the grammars of the regexes compiled last, per vocabulary, the most recently used last: each holds its caches of
-# masks, so a process compiling a new regex for every request must not keep them all
-_REGEX_CACHE: "weakref.WeakKeyDictionary[object, dict[str, CompiledGrammar]]" = weakref.WeakKeyDictionary()
-_REGEXES_KEPT = 64
-
-
 def compile_regex(pattern: str, tokenizer: Any) -> CompiledGrammar:
-    """Compile a Python-style regex (matched whole) for an HF tokenizer or a Vocabulary; raises RegexError."""
+    """Compile a Python-style regex (matched whole) for an HF tokenizer or a Vocabulary; raises RegexError.  Each
+    call makes a grammar of its own, as `compile_json_schema` and `compile_lark` do (its automaton and walks come
+    from the memos they share: about 50 us): a grammar is used by one thread at a time, and one handed out again
+    for the same pattern would be shared by callers that never knew."""
     regex_dfa(pattern)  # validate first so errors name the regex, not a grammar
-    vocabulary = as_vocabulary(tokenizer)
-    per_vocabulary = _REGEX_CACHE.setdefault(vocabulary, {})
-    hit = per_vocabulary.pop(pattern, None)
-    if hit is None:
-        hit = CompiledGrammar.from_ir(ir.Grammar({"start": ir.Terminal(pattern)}, "start"), vocabulary)
-    make_room(per_vocabulary, _REGEXES_KEPT)     # (a hit was popped above: it goes back as the most recent)
-    per_vocabulary[pattern] = hit
-    return hit
+    return CompiledGrammar.from_ir(ir.Grammar({"start": ir.Terminal(pattern)}, "start"), as_vocabulary(tokenizer))
 
 
 def compile_lark(grammar_text: str, tokenizer: Any) -> CompiledGrammar:

@@ -56,19 +56,13 @@ def test_random_walks_through_masks_fullmatch(tokenizer, pattern):
     assert done >= 10
 
 
-def test_compile_regex_keeps_the_grammars_of_the_last_patterns_used(monkeypatch):
-    """A pattern compiled again gets its grammar back while it is among the last `_REGEXES_KEPT` used; older ones
-    are dropped (each holds its caches of masks) and compile again."""
-    import leapgen.grammars as grammars
-
-    monkeypatch.setattr(grammars, "_REGEXES_KEPT", 2)
+def test_compile_regex_makes_a_grammar_of_its_own_each_time():
+    """A grammar is used by one thread at a time: a pattern compiled again got the same grammar back (kept among
+    the last 64 patterns), shared unknowingly by callers on two threads."""
     tok = tu.byte_level_bpe()
-    a = compile_regex("a+", tok)
-    b = compile_regex("b+", tok)
-    assert compile_regex("a+", tok) is a        # kept, and now the most recently used
-    compile_regex("c+", tok)                    # drops "b+"
-    assert list(grammars._REGEX_CACHE[a.vocabulary]) == ["a+", "c+"]
-    assert compile_regex("b+", tok) is not b
+    first, again = compile_regex("a+b", tok), compile_regex("a+b", tok)
+    assert first is not again and first.stacks is not again.stacks
+    assert np.array_equal(first.matcher().allowed_token_ids(), again.matcher().allowed_token_ids())
 
 
 def test_eos_only_when_complete_and_other_specials_never():
