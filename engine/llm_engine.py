@@ -737,11 +737,13 @@ class LLMEngine:
         """The checked request, or (on_error="return") its refusal as a finished output."""
         try:
             return self.check(prompt, params)
-        except (ValueError, TypeError) as exc:
-            error = RequestError(str(exc), index)
-            if on_error == "raise":
-                raise error from None
-            return self._refused(prompt, error)
+        except (ValueError, TypeError, RecursionError) as exc:
+            error, cause = RequestError(str(exc), index), None
+        except Exception as exc:    # a bug met checking one request (a constraint spec of the user's) is its alone
+            error, cause = RequestError(f"the request could not be checked: {exc!r}", index), exc
+        if on_error == "raise":
+            raise error from cause
+        return self._refused(prompt, error)
 
     def _refused(self, prompt: object, error: Exception) -> RequestOutput:
         text = prompt if isinstance(prompt, str) else None

@@ -466,8 +466,6 @@ def parse_quietly(pattern: str):
 
 
 def _parse(pattern: str):
-    if not isinstance(pattern, str):
-        raise RegexError(f"a regex must be a str, not {type(pattern).__name__}", repr(pattern))
     anchors = _scan(pattern)
     check_group_depth(pattern)
     try:
@@ -504,6 +502,8 @@ def _refusal(key: tuple, message: str, pattern: str, budget: str) -> AutomatonTo
 @functools.lru_cache(maxsize=MEMO_SIZE)
 def regex_dfa(pattern: str) -> DFA:
     """Minimal byte DFA of the UTF-8 encodings of the strings `pattern` fully matches."""
+    if not isinstance(pattern, str):    # (first: a number or bytes met the texts' split as an AttributeError)
+        raise RegexError(f"a regex must be a str, not {type(pattern).__name__}", repr(pattern))
     key = ("regex", pattern)
     _refused_before(key, pattern)
     words = _alternative_texts(pattern)

@@ -141,6 +141,33 @@ def test_on_error_return_runs_the_rest(plain_llm):
     assert_idle(plain_llm)
 
 
+class BuggySpec:
+    """A constraint spec of a user's whose compile meets a bug (not one of the compiler's refusals)."""
+
+    def key(self) -> tuple:
+        return ("buggy",)
+
+    def compile(self, vocabulary):
+        raise AttributeError("'NoneType' object has no attribute 'pattern'")
+
+
+def test_a_constraint_that_is_no_str_or_whose_compile_meets_a_bug_fails_its_request_alone(plain_llm):
+    """Regex(123) raised an AttributeError from inside the compiler, which no request's check caught: the whole
+    batch was lost, its good prompts too, under on_error="return"."""
+    good = SamplingParams(max_tokens=3, ignore_eos=True)
+    for spec, message in [(Regex(123), "prompts[0]: a regex must be a str, not int"),
+                          (Regex(b"[0-9]+"), "prompts[0]: a regex must be a str, not bytes"),
+                          (BuggySpec(), "prompts[0]: the request could not be checked: AttributeError(")]:
+        bad = SamplingParams(max_tokens=3, constraint=spec)
+        outputs = plain_llm.generate([[5, 6], [7]], [bad, good], on_error="return")
+        assert [o.finish_reason for o in outputs] == ["error", "length"]
+        assert outputs[0].error.startswith(message)
+        with pytest.raises(RequestError) as caught:
+            plain_llm.generate([[5, 6], [7]], [bad, good])
+        assert str(caught.value).startswith(message)
+        assert_idle(plain_llm)
+
+
 def test_a_failed_forward_pass_fails_its_requests_and_the_engine_goes_on(plain_llm, monkeypatch):
     runner = plain_llm.engine.runner
     real = runner.execute
