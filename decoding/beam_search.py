@@ -115,7 +115,7 @@ class BeamSearch:
         return bool(best_possible <= self.finished[-1].score)
 
     def best(self, n: int = 1) -> list[Hypothesis]:
-        """The n best finished hypotheses, best first."""
+        """The n best finished hypotheses, best first (fewer where fewer finished, as under a constraint)."""
         if not self.done:
             raise RuntimeError("BeamSearch.best called before the search finished")
         if not 1 <= n <= self.num_beams:

@@ -365,6 +365,14 @@ def test_beam_search_under_a_constraint_returns_valid_instances(text_llm, num_be
     assert_idle(text_llm)
 
 
+def test_beams_under_a_constraint_of_fewer_instances_than_n_return_each_once(text_llm):
+    """What the README says: four beams asked for four outputs under a constraint with two instances give two."""
+    output = text_llm.generate(["x"], SamplingParams(max_tokens=4, num_beams=4, n=4), constraint=Regex("a|b"))[0]
+    assert sorted(c.text for c in output.outputs) == ["a", "b"]
+    assert {c.finish_reason for c in output.outputs} == {"stop"}
+    assert_idle(text_llm)
+
+
 def _drive(engine, prompts, params, max_steps: int) -> list:
     """Run `prompts` through `engine` step by step, at most `max_steps` steps (a stalled scheduler fails the test
     instead of hanging it); the outputs in prompt order."""
