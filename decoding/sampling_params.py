@@ -80,6 +80,8 @@ class SamplingParams:
             self._listed(name)
         if is_integer(self.seed):
             self.seed = int(self.seed)      # numpy's integers too
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = [int(t) if is_integer(t) else t for t in self.stop_token_ids]
         if isinstance(self.logit_bias, dict):
             self.logit_bias = _logit_bias(self.logit_bias)
         self._check_int("max_tokens", minimum=1)
@@ -102,7 +104,7 @@ class SamplingParams:
         # underflow to ties at lengths of thousands, which a penalty of this size would flatten anyway)
         self._check_float("length_penalty", lambda x: -10 <= x <= 10, "must be in [-10, 10] (0: none)")
         for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
+            value = self._as_number(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or not 0 <= value <= MAX_LOGPROBS):
                 raise ValueError(f"SamplingParams.{name} must be None or an int in [0, {MAX_LOGPROBS}], got {value!r}")
@@ -139,6 +141,19 @@ class SamplingParams:
         dividing the logits by it would overflow them to infinity (1e-38 left no token to sample)."""
         return self.temperature < _GREEDY_BELOW
 
+    def _as_number(self, name: str) -> object:
+        """The field, a Python int or float where numpy's number was given (a grid from `np.arange` or
+        `np.linspace`: a np.int64 `max_tokens` was refused where a np.int64 seed was taken)."""
+        value = getattr(self, name)
+        if is_integer(value) and type(value) is not int:
+            value = int(value)
+        elif isinstance(value, Real) and type(value) is not float and not isinstance(value, (bool, int)):
+            value = float(value)    # (np.float64 is a float: kept a float of Python's too)
+        else:
+            return value
+        setattr(self, name, value)
+        return value
+
     def _listed(self, name: str) -> None:
         """A list field given as another iterable (a tuple, a generator) kept as a list, read once: checked as it
         came, a generator was used up by the check and the request then read it empty."""
@@ -150,12 +165,12 @@ class SamplingParams:
         setattr(self, name, list(value))
 
     def _check_int(self, name: str, minimum: int) -> None:
-        value = getattr(self, name)
+        value = self._as_number(name)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise ValueError(f"SamplingParams.{name} must be an int >= {minimum}, got {value!r}")
 
     def _check_float(self, name: str, ok, requirement: str) -> None:
-        value = getattr(self, name)
+        value = self._as_number(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
         if not ok(value):

@@ -164,6 +164,25 @@ def test_a_boolean_json_schema_is_a_schema(llm):
         leapgen.JsonSchema('"person"').as_dict()
 
 
+def test_numpy_numbers_are_taken_in_every_numeric_field():
+    """A grid of settings from numpy (`np.arange`, `np.linspace`): np.int64 seeds and biases were taken, but a
+    np.int64 max_tokens, n, top_k or logprobs and a np.float32 temperature were refused as not ints or floats."""
+    import numpy as np
+    params = SamplingParams(max_tokens=np.int64(8), n=np.int32(2), top_k=np.int64(3), logprobs=np.int64(2),
+                            temperature=np.float32(0.5), top_p=np.float64(0.9), repetition_penalty=np.float32(1.25),
+                            stop_token_ids=[np.int64(7)])
+    read = (params.max_tokens, params.n, params.top_k, params.logprobs, params.temperature, params.top_p,
+            params.repetition_penalty, params.stop_token_ids)
+    assert read == (8, 2, 3, 2, 0.5, 0.9, 1.25, [7])
+    assert [type(v) for v in read[:7]] == [int] * 4 + [float] * 3 and type(read[7][0]) is int
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 1, got 0"):
+        SamplingParams(max_tokens=np.int64(0))
+    with pytest.raises(ValueError, match="temperature must be a finite number, got nan"):
+        SamplingParams(temperature=np.float32("nan"))
+    with pytest.raises(ValueError, match="n must be an int >= 1, got 1.0"):
+        SamplingParams(n=np.float64(1.0))
+
+
 def test_token_ids_as_json_or_numpy_gives_them(llm):
     import numpy as np
     assert SamplingParams(logit_bias={"5": 1.5, np.int64(6): -2}).logit_bias == {5: 1.5, 6: -2}
