@@ -37,7 +37,7 @@ def build_array(ctx: SchemaContext, parts: list[Part]) -> Expr:
     for p in parts:
         legacy = isinstance(p.get("items"), list)  # before 2020-12, items as an array was prefixItems
         prefix_key, tail_key = ("items", "additionalItems") if legacy else ("prefixItems", "items")
-        prefix = p.get(prefix_key) or []
+        prefix = p.get(prefix_key, [])
         if not isinstance(prefix, list):    # (the message only on failure: every array comes here)
             raise SchemaError(f"{prefix_key} must be an array", p.at(prefix_key))
         tail = p.sub(p.get(tail_key), tail_key) if p.has(tail_key) else None
@@ -46,7 +46,10 @@ def build_array(ctx: SchemaContext, parts: list[Part]) -> Expr:
         lo = max(lo, n) if n is not None else lo
         n = count_of(p, "maxItems")
         hi = n if hi is None else (min(hi, n) if n is not None else hi)
-        unique = unique or p.get("uniqueItems") is True
+        flag = p.get("uniqueItems", False)
+        if type(flag) is not bool:
+            raise SchemaError("uniqueItems must be a boolean", p.at("uniqueItems"))
+        unique = unique or flag
     width = max((len(prefix) for prefix, _ in layouts), default=0)
     prefixes = [[prefix[i] if i < len(prefix) else tail for prefix, tail in layouts
                  if i < len(prefix) or tail is not None] for i in range(width)]

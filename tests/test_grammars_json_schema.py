@@ -665,6 +665,19 @@ def test_a_count_past_any_float_is_refused_naming_its_keyword(key):
         json_schema_to_grammar(schema)
 
 
+@pytest.mark.parametrize("schema,message", [
+    ({"type": "array", "prefixItems": {}}, "prefixItems must be an array (at /prefixItems)"),
+    ({"items": {"type": "array", "prefixItems": None}}, "prefixItems must be an array (at /items/prefixItems)"),
+    ({"type": "array", "uniqueItems": "yes"}, "uniqueItems must be a boolean (at /uniqueItems)"),
+    ({"type": "array", "uniqueItems": 1}, "uniqueItems must be a boolean (at /uniqueItems)"),
+])
+def test_array_keywords_of_the_wrong_type_are_refused_naming_them(schema, message):
+    """An empty object as prefixItems read as no prefix, and a string as uniqueItems as false, where every other
+    keyword of the wrong type is refused."""
+    with pytest.raises(SchemaError, match=re.escape(message)):
+        json_schema_to_grammar(schema)
+
+
 def test_a_key_that_depends_on_itself_compiles():
     check({"dependentRequired": {"a": ["a"]}}, valid=[{}, {"a": 1}, {"b": 1, "a": 2}])
     check({"dependencies": {"a": ["a", "b"]}}, valid=[{"b": 1, "a": 1}, {"a": 1, "b": 1}], invalid=[{"a": 1}])
