@@ -88,6 +88,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:     # (here: before a model loads)
+            raise ValueError(f"EngineConfig.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"max_num_seqs ({self.max_num_seqs}), a decode step's token each: lower max_num_seqs "
+                             "with it")
 
     def cache_bytes(self, device: torch.device, bytes_per_token: int, max_model_len: int) -> int:
         """The KV cache budget in bytes: as configured; on CUDA 85% of free memory; on CPU room for every

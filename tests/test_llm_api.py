@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,20 @@ def test_threads_set_torchs_thread_count(byte_level_model_dir):
             leapgen.LLM(byte_level_model_dir, threads=0)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_token_budget_below_the_batch_is_refused_before_the_model_loads(monkeypatch):
+    """max_num_batched_tokens under max_num_seqs (256 by default) failed only once the model had loaded, as the
+    scheduler's, with no word of max_num_seqs."""
+    from leapgen import llm as llm_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(llm_module, "load_model", no_load)
+    with pytest.raises(ValueError, match=re.escape("max_num_batched_tokens (64) must be >= max_num_seqs (256), a "
+                                                   "decode step's token each: lower max_num_seqs with it")):
+        leapgen.LLM(None, max_num_batched_tokens=64)
 
 
 def test_cpu_kv_cache_is_sized_from_the_model(byte_level_model_dir):
