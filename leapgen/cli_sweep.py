@@ -188,6 +188,15 @@ def _check_writable(flag: str, path: str) -> None:
         raise CliError(f"{flag} {path}: is a directory, not a file")
     if not target.parent.is_dir():
         raise CliError(f"{flag} {path}: no such directory {target.parent}")
+    # opened now, appending nothing: a file the sweep could not write was found only after every cell had run
+    existed = target.exists()
+    try:
+        with open(target, "ab"):
+            pass
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def _file_of(flag: str, value: str | None) -> str | None:

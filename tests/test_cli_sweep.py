@@ -75,6 +75,24 @@ def test_other_bad_flags_are_one_line(cli_model, capsys, argv, expected):
     assert expected in error_line(code, err, alone=False)
 
 
+@pytest.mark.parametrize("flag,path", [("--output", "/proc/leapgen-sweep.jsonl"), ("--plot", "/proc/leapgen.png")])
+def test_a_file_the_sweep_cannot_write_is_refused_before_the_model_loads(cli_model, capsys, no_model_load, flag,
+                                                                          path):
+    """It was found only when the samples were written, after every cell had run: the samples were lost."""
+    code, out, err = sweep(capsys, "--model", cli_model, "--prompt", "w3", flag, path)
+    assert f"{flag} {path}: cannot write it" in error_line(code, err) and out == ""
+
+
+def test_the_check_that_a_file_can_be_written_leaves_it_as_it_was(tmp_path):
+    from leapgen.cli_sweep import _check_writable
+
+    new, old = tmp_path / "new.jsonl", tmp_path / "old.jsonl"
+    old.write_text("kept\n")
+    _check_writable("--output", str(new))
+    _check_writable("--output", str(old))
+    assert not new.exists() and old.read_text() == "kept\n"
+
+
 def test_a_2x2_grid_is_four_rows_and_every_sample_in_the_output(cli_model, tmp_path, capsys, monkeypatch):
     calls = []
     original = LLM.generate
