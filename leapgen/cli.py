@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 import warnings
@@ -176,6 +177,9 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     print(f"leapgen: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
 
 
+_CLOSED_PIPE = 141     # the status a shell gives a tool that SIGPIPE ended (128 + 13), as `yes | head` has it
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `leapgen` command; bad input exits with status 2 and one `leapgen: error:` line."""
     try:
@@ -184,6 +188,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():     # (restores the way warnings show for a caller in this process)
             warnings.showwarning = _one_line_warning
             return commands[args.command](args)
+    except BrokenPipeError:                 # the reader went away (`| head -1`): nothing is wrong, nothing to say
+        # (the interpreter flushes stdout once more at exit, which would fail again and print its own message)
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):       # a stdout with no file behind it (a caller's capture)
+            pass
+        return _CLOSED_PIPE
     except (ValueError, OSError) as exc:    # CliError, and what the engine refuses (RequestError)
         print_error(exc)
         return 2

@@ -432,3 +432,16 @@ def test_a_warning_is_one_line_of_its_own(monkeypatch, capsys):
     assert main(["generate", "--prompt", "x"]) == 0
     assert capsys.readouterr().err == "leapgen: warning: running it through the transformers fallback\n"
     assert warnings.showwarning is not cli._one_line_warning     # (the process's own way is back)
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(cli_model):
+    """`leapgen generate ... | head -1`: the closed pipe was reported as bad input ("leapgen: error: [Errno 32]
+    Broken pipe", status 2); it ends as a tool the pipe's signal ends does, saying nothing."""
+    import subprocess
+
+    process = subprocess.Popen([sys.executable, "-m", "leapgen.cli", "generate", "--model", cli_model, "--prompt",
+                                "w3", "--max-tokens", "4", "--json", "--threads", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()          # before the command writes anything
+    _, err = process.communicate(timeout=600)
+    assert (process.returncode, err) == (141, b"")
