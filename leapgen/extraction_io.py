@@ -66,8 +66,12 @@ def read_records(path: str | Path, id_field: str | None = None, text_field: str 
         raise InputError(f"{path}: no such file or folder")
     elif path.suffix.lower() in JSONL_SUFFIXES:
         records = _with_ids(path, _read_jsonl(path), id_field)
+        if not records:     # (a wrong path or a failed earlier step, nearly always: a run of nothing said nothing)
+            raise InputError(f"{path}: no records; expected a JSON object per line")
     elif path.suffix.lower() == ".csv":
         records = _with_ids(path, _read_csv(path), id_field)
+        if not records:
+            raise InputError(f"{path}: no records; expected a row per record under the header")
     else:
         raise InputError(f"{path}: expected a .jsonl file, a .csv file or a folder of .txt files")
     _refuse_duplicates(records)
