@@ -14,6 +14,7 @@ from .regex import regex_dfa
 from .vocab import Vocabulary, as_vocabulary, vocabulary_for
 from .warm_up import warm_up
 
+
 def compile_regex(pattern: str, tokenizer: Any) -> CompiledGrammar:
     """Compile a Python-style regex (matched whole) for an HF tokenizer or a Vocabulary; raises RegexError.  Each
     call makes a grammar of its own, as `compile_json_schema` and `compile_lark` do (its automaton and walks come
