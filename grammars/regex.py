@@ -291,6 +291,8 @@ class _Builder:
                 self.seq(branch.data, src, dst, flags, lead, trail)
         elif op is C.SUBPATTERN:
             _group, add, remove, sub = av
+            if add & _TYPE_FLAGS:   # a group's (?u:...) inside (?a) reads Unicode classes again, as Python's does
+                flags &= ~_TYPE_FLAGS
             self.seq(sub.data, src, dst, (flags | add) & ~remove, lead, trail)
         elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
             self.repeat(av, src, dst, flags)
@@ -584,6 +586,8 @@ def _meet(pattern: str, also: tuple[str | Language, ...]) -> DFA:
         dfa.built_states = built
     return dfa
 
+
+_TYPE_FLAGS = re.ASCII | re.LOCALE | re.UNICODE   # one of them at a time: which classes \w, \d, \s and \b read
 
 #: The characters a regex escapes to mean themselves.
 REGEX_META = frozenset(".^$*+?{}[]\\|()")

@@ -28,6 +28,8 @@ PATTERNS = [
     r"^-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?$",
     r"[^a]\D\W\S",
     r"(?a)\w+",
+    r"(?a:(?u:\w)|(?u:\W)\d)",   # a scoped (?u:...) reads Unicode classes again inside (?a) (it stayed ASCII)
+    r"(?a)\w(?u:\s|\d)",
     r"x{3}y{2,}z{,2}",
     r"é|e\u0301|[😀-😏]",
     r"(?:a|b)*?c+?",
