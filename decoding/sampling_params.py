@@ -23,6 +23,19 @@ def is_integer(value: object) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
+def python_number(value: object) -> object:
+    """numpy's (or another library's) integer as an int and real number as a float; anything else as it came, for
+    the checks to name (a bool, a string, a real no float holds)."""
+    if is_integer(value):
+        return value if type(value) is int else int(value)
+    if isinstance(value, Real) and type(value) is not float and not isinstance(value, (bool, int)):
+        try:
+            return float(value)
+        except OverflowError:
+            pass
+    return value
+
+
 MAX_LOGPROBS = 20   # top alternatives per token; as OpenAI's API, and bounded so a typo cannot sort the vocabulary
 
 
@@ -81,7 +94,7 @@ class SamplingParams:
         if is_integer(self.seed):
             self.seed = int(self.seed)      # numpy's integers too
         if self.stop_token_ids is not None:
-            self.stop_token_ids = [int(t) if is_integer(t) else t for t in self.stop_token_ids]
+            self.stop_token_ids = [python_number(t) for t in self.stop_token_ids]
         if isinstance(self.logit_bias, dict):
             self.logit_bias = _logit_bias(self.logit_bias)
         self._check_int("max_tokens", minimum=1)
@@ -144,13 +157,7 @@ class SamplingParams:
     def _as_number(self, name: str) -> object:
         """The field, a Python int or float where numpy's number was given (a grid from `np.arange` or
         `np.linspace`: a np.int64 `max_tokens` was refused where a np.int64 seed was taken)."""
-        value = getattr(self, name)
-        if is_integer(value) and type(value) is not int:
-            value = int(value)
-        elif isinstance(value, Real) and type(value) is not float and not isinstance(value, (bool, int)):
-            value = float(value)    # (np.float64 is a float: kept a float of Python's too)
-        else:
-            return value
+        value = python_number(getattr(self, name))
         setattr(self, name, value)
         return value
 
@@ -179,7 +186,7 @@ class SamplingParams:
 
 def _logit_bias(bias: dict) -> dict:
     """`logit_bias` with its token ids as ints where they are given as OpenAI's JSON sends them ("50256") or as
-    numpy's integers, and its biases as floats where numpy's; other keys are left for `validate` to name."""
+    numpy's integers, and its biases as Python's numbers where numpy's; other keys are left for `validate` to name."""
     out: dict = {}
     for token, value in bias.items():
         if is_integer(token):
@@ -188,10 +195,5 @@ def _logit_bias(bias: dict) -> dict:
             token = int(token)
         if token in out:
             raise ValueError(f"SamplingParams.logit_bias gives token {token!r} twice")
-        if isinstance(value, Real) and not isinstance(value, (bool, int, float)):
-            try:
-                value = float(value)    # numpy's numbers
-            except OverflowError:
-                pass                    # (left for `validate` to name)
-        out[token] = value
+        out[token] = python_number(value)
     return out
